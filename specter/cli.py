@@ -1,0 +1,110 @@
+"""The `specter` command line: parse, call one library function, print. Bad input exits 2 with a one-line error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from specter import __version__
+from specter.errors import SpecterError
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from specter.models.adapter import ARCHITECTURES
+
+    width = max(len(k) for k in ARCHITECTURES)
+    for model_type, spec in sorted(ARCHITECTURES.items()):
+        print(f"{model_type:<{width}}  {spec.name}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from specter.models.loading import describe_model
+
+    s = describe_model(args.model_dir)
+    if args.json:
+        print(json.dumps(s.as_dict(), indent=2))
+        return 0
+    total = s.routed_expert_bytes + s.non_expert_bytes
+    rows = [
+        ("model", f"{s.path} ({s.family}, model_type {s.model_type}, {s.dtype})"),
+        ("layers", f"{s.num_layers} ({len(s.moe_layers)} MoE: {_ranges(s.moe_layers)})"),
+        ("experts per layer", f"{s.experts_per_layer} routed, top-{s.top_k}" + (", plus shared" if s.shared_experts else "")),
+        ("bytes per expert", f"{s.bytes_per_expert} ({_fmt_bytes(s.bytes_per_expert)}; {s.params_per_expert} params)"),
+        ("routed expert bytes", f"{s.routed_expert_bytes} ({_fmt_bytes(s.routed_expert_bytes)}, "
+                                f"{100 * s.routed_expert_bytes / total:.1f}% of weights)"),
+        ("non-expert bytes", f"{s.non_expert_bytes} ({_fmt_bytes(s.non_expert_bytes)})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_build_model(args: argparse.Namespace) -> int:
+    from specter.models.builders import build_model
+
+    path = build_model(args.name, args.out, seed=args.seed)
+    print(f"wrote {args.name} to {path}")
+    return 0
+
+
+def _ranges(xs: list[int]) -> str:
+    """[1, 2, 3, 5] -> '1-3, 5'."""
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specter", description="Offloaded mixture-of-experts inference benchmark suite.")
+    parser.add_argument("--version", action="version", version=f"specter {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("models", help="list the supported MoE architectures")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("inspect", help="layers, experts, top-k and bytes of a local checkpoint (no weights are read)")
+    p.add_argument("model_dir", metavar="DIR", help="a checkpoint directory written by save_pretrained")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_inspect)
+
+    from specter.models.builders import BUILDERS
+
+    p = sub.add_parser("build-model", help="build a model checkpoint offline: " + ", ".join(BUILDERS))
+    p.add_argument("name", metavar="NAME", help="one of: " + ", ".join(BUILDERS))
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not hold a model already)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.set_defaults(func=cmd_build_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except SpecterError as err:
+        print(f"specter: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Loading a local MoE checkpoint offline, with one clear error for every way a directory can be wrong.
+
+`load_moe_model` loads weights; `describe_model` instantiates the model on the meta device (no weights read, so it works
+on a 90 GB checkpoint in a second) to count layers, experts and bytes for `specter inspect`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, CONFIG_MAPPING, AutoConfig
+
+from specter.errors import SpecterError
+from specter.models.adapter import ARCHITECTURES, MoEModel, supported_list
+
+# Config keys by which transformers' MoE configs declare experts; a config without any of them is dense.
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def read_model_config(path: str | Path) -> dict:
+    """The checkpoint's config.json as a dict, after checking that it is a supported MoE architecture."""
+    path = Path(path)
+    if not path.is_dir():
+        raise SpecterError(f"model directory {str(path)!r} does not exist; pass a directory written by save_pretrained")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise SpecterError(
+            f"{str(path)!r} holds no model (no config.json); pass a directory written by save_pretrained, "
+            "e.g. the output of `specter build-model`"
+        )
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise SpecterError(f"{config_file} is not valid JSON ({err}); re-save the checkpoint") from None
+    model_type = config.get("model_type")
+    if model_type in ARCHITECTURES:
+        return config
+    if model_type is None:
+        raise SpecterError(f"{config_file} has no model_type; supported architectures: {supported_list()}")
+    if model_type in CONFIG_MAPPING and not any(config.get(k) for k in _EXPERT_KEYS):
+        raise SpecterError(
+            f"{str(path)!r} is a dense {model_type!r} model, not a mixture of experts; "
+            f"supported MoE architectures: {supported_list()}"
+        )
+    raise SpecterError(f"unsupported architecture {model_type!r} in {config_file}; supported: {supported_list()}")
+
+
+def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: str = "cpu") -> MoEModel:
+    """Load a checkpoint from a local directory (never the network) and wrap it in the adapter.
+
+    Experts run through the eager per-expert path: the batched paths are slow on CPU prefill, and the runtime replaces
+    expert execution anyway.
+    """
+    read_model_config(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=dtype, local_files_only=True, experts_implementation="eager"
+    )
+    return MoEModel(model.to(device).eval())
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What `specter inspect` prints: the shape of the offloading problem a checkpoint poses."""
+
+    path: str
+    model_type: str
+    family: str
+    dtype: str
+    num_layers: int
+    moe_layers: list[int]
+    experts_per_layer: int
+    top_k: int
+    shared_experts: bool
+    params_per_expert: int
+    bytes_per_expert: int
+    routed_expert_bytes: int
+    non_expert_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def describe_model(path: str | Path) -> ModelSummary:
+    """Summarize a checkpoint from its config alone: the model is built on the meta device, no weights are read."""
+    read_model_config(path)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    dtype = getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    moe = MoEModel(model)
+    first = moe.moe_layers[0]
+    return ModelSummary(
+        path=str(path),
+        model_type=moe.model_type,
+        family=moe.spec.name,
+        dtype=str(dtype).removeprefix("torch."),
+        num_layers=moe.num_layers,
+        moe_layers=[m.layer_index for m in moe.moe_layers],
+        experts_per_layer=first.num_experts,
+        top_k=first.top_k,
+        shared_experts=first.shared is not None,
+        params_per_expert=first.expert_params(),
+        bytes_per_expert=first.expert_bytes(dtype),
+        routed_expert_bytes=moe.routed_expert_bytes(),
+        non_expert_bytes=moe.non_expert_bytes(),
+    )

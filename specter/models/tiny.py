@@ -1,0 +1,139 @@
+"""Seeded, randomly initialised tiny checkpoints of every supported MoE class, for tests.
+
+Each model has a few layers and 8-16 experts, small enough to build, save and run in well under a second, and is saved
+with `save_pretrained` so that it goes through the same loading path as a real checkpoint. The shapes exercise what the
+adapter must handle: shared experts (Qwen2-MoE, DeepSeek), a leading dense layer (DeepSeek), group-limited routing
+(DeepSeek-V2 and V3), a correction bias (V3), sparsemixer (PhiMoE), and GPT-OSS's transposed, interleaved, biased experts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+# Common to every tiny model: [vocab 256, hidden 64, 4 heads of 16, 2 KV heads].
+_COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+# Per model_type: the keyword arguments of its stock config class.
+TINY_CONFIGS: dict[str, dict] = {
+    "mixtral": dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": dict(
+        num_hidden_layers=2,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        qkv_bias=False,
+    ),
+    "qwen3_moe": dict(
+        num_hidden_layers=2,
+        head_dim=16,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+    ),
+    "phimoe": dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "olmoe": dict(num_hidden_layers=2, intermediate_size=32, num_experts=16, num_experts_per_tok=4),
+    "deepseek_v2": dict(
+        num_hidden_layers=3,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=16,
+        n_shared_experts=1,
+        num_experts_per_tok=4,
+        first_k_dense_replace=1,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=1.0,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        num_key_value_heads=4,
+    ),
+    "deepseek_v3": dict(
+        num_hidden_layers=3,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=16,
+        n_shared_experts=1,
+        num_experts_per_tok=4,
+        first_k_dense_replace=1,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        num_key_value_heads=4,
+    ),
+    "gpt_oss": dict(
+        num_hidden_layers=2,
+        head_dim=16,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+    ),
+}
+
+
+def tiny_config(model_type: str) -> PretrainedConfig:
+    """The stock config of a tiny `model_type` model (eager attention and experts, so CPU runs are exact and fast)."""
+    if model_type not in TINY_CONFIGS:
+        raise KeyError(f"no tiny config for {model_type!r}; known: {', '.join(sorted(TINY_CONFIGS))}")
+    kwargs = {**_COMMON, **TINY_CONFIGS[model_type]}
+    config = AutoConfig.for_model(model_type, **kwargs)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
+    return config
+
+
+def build_tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A randomly initialised tiny model; the same seed gives the same weights."""
+    config = tiny_config(model_type)
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        _randomize_biases(model, seed)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return model.eval()
+
+
+def _randomize_biases(model: torch.nn.Module, seed: int) -> None:
+    """Give zero-initialised routing biases small random values so that tests exercise them (DeepSeek-V3, GPT-OSS)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    for name, tensor in model.state_dict().items():
+        if name.endswith("e_score_correction_bias") or name.endswith("router.bias") or "proj_bias" in name:
+            tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.05)
+
+
+def save_tiny_model(model_type: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Build a tiny model and save it with `save_pretrained` to `out_dir`; returns the directory."""
+    out = Path(out_dir)
+    build_tiny_model(model_type, seed=seed).save_pretrained(out)
+    return out

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random models of every supported class, saved once per session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specter.models.tiny import TINY_CONFIGS, save_tiny_model
+
+ARCHS = sorted(TINY_CONFIGS)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, str]:
+    """{model_type: directory of a saved tiny checkpoint}."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: str(save_tiny_model(arch, root / arch, seed=0)) for arch in ARCHS}

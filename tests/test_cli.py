@@ -1,0 +1,80 @@
+"""The CLI skeleton: version, supported models, inspect, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from transformers import LlamaConfig
+
+from specter import __version__
+from specter.cli import main
+from specter.models.adapter import ARCHITECTURES
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_models_lists_every_supported_architecture(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for model_type in ARCHITECTURES:
+        assert model_type in out
+
+
+def test_inspect_tiny_mixtral_counts_experts_and_bytes(tiny_dirs, capsys):
+    assert main(["inspect", tiny_dirs["mixtral"], "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    # tiny Mixtral: 2 layers x 8 experts, hidden 64, expert width 32, fp32 (see specter/models/tiny.py)
+    assert s["experts_per_layer"] == 8 and s["top_k"] == 2 and s["moe_layers"] == [0, 1]
+    assert s["params_per_expert"] == 3 * 64 * 32
+    assert s["bytes_per_expert"] == 3 * 64 * 32 * 4
+    assert s["routed_expert_bytes"] == 2 * 8 * 3 * 64 * 32 * 4
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["mixtral"])
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    total += sum(b.numel() * b.element_size() for b in model.buffers())
+    assert s["routed_expert_bytes"] + s["non_expert_bytes"] == total
+
+
+def test_inspect_human_readable(tiny_dirs, capsys):
+    assert main(["inspect", tiny_dirs["deepseek_v3"]]) == 0
+    out = capsys.readouterr().out
+    assert "16 routed, top-4, plus shared" in out
+    assert "3 (2 MoE: 1-2)" in out
+
+
+def _bad_dirs(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    dense = tmp_path / "dense"
+    LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(dense)
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "not_a_real_arch", "num_experts": 8}))
+    return {
+        "no model": (empty, "holds no model"),
+        "missing": (tmp_path / "nope", "does not exist"),
+        "dense": (dense, "not a mixture of experts"),
+        "unknown": (unknown, "unsupported architecture 'not_a_real_arch'"),
+    }
+
+
+@pytest.mark.parametrize("case", ["no model", "missing", "dense", "unknown"])
+def test_bad_model_dir_is_one_line_and_exit_2(case, tmp_path):
+    path, message = _bad_dirs(tmp_path)[case]
+    proc = subprocess.run([sys.executable, "-m", "specter", "inspect", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("specter: error:")]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    if case in ("dense", "unknown"):
+        assert "supported" in lines[0] and "mixtral" in lines[0]
