@@ -59,6 +59,27 @@ def cmd_build_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
+    from specter.timing.hardware import load_profile
+    from specter.timing.profiler import default_sizes, profile_bandwidth, profile_summary
+
+    csv_path, yaml_path = profile_bandwidth(
+        args.out, device=args.device, sizes=default_sizes(args.max_bytes), repeats=args.repeats, name=args.name
+    )
+    print(profile_summary(load_profile(yaml_path)))
+    print(f"wrote {csv_path} and {yaml_path} (pass it as --hardware {yaml_path})")
+    return 0
+
+
+def cmd_hardware(args: argparse.Namespace) -> int:
+    from specter.timing.hardware import load_profile, preset_names
+    from specter.timing.profiler import profile_summary
+
+    for name in preset_names():
+        print(profile_summary(load_profile(name)))
+    return 0
+
+
 def _ranges(xs: list[int]) -> str:
     """[1, 2, 3, 5] -> '1-3, 5'."""
     out, start = [], None
@@ -92,6 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not hold a model already)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.set_defaults(func=cmd_build_model)
+
+    p = sub.add_parser("hardware", help="list the hardware presets with their key numbers")
+    p.set_defaults(func=cmd_hardware)
+
+    p = sub.add_parser("profile-bandwidth", help="measure this machine and write a hardware profile YAML")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for bandwidth.csv and profile.yaml")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="default: cuda if available")
+    p.add_argument("--max-bytes", type=int, default=1 << 30, help="largest transfer size (default 1 GiB)")
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats per size, median taken (>= 10)")
+    p.add_argument("--name", default=None, help="profile name (default: measured-<device>)")
+    p.set_defaults(func=cmd_profile_bandwidth)
     return parser
 
 

@@ -1,0 +1,35 @@
+"""Time: the Engine interface (streams, events, ops), the simulated and CUDA engines, cost model, profiles, bounds."""
+
+from specter.timing.cost import CostModel
+from specter.timing.engine import COMPUTE, H2D, HOST, Engine, Event, Op, Timeline
+from specter.timing.hardware import HardwareProfile, load_profile, preset_names
+from specter.timing.sim import SimEngine
+
+__all__ = [
+    "COMPUTE",
+    "H2D",
+    "HOST",
+    "CostModel",
+    "Engine",
+    "Event",
+    "HardwareProfile",
+    "Op",
+    "SimEngine",
+    "Timeline",
+    "load_profile",
+    "make_engine",
+    "preset_names",
+]
+
+
+def make_engine(kind: str, profile: HardwareProfile) -> Engine:
+    """The engine named `kind` ("sim" or "cuda"); the profile drives the simulator and labels CUDA runs."""
+    if kind == "sim":
+        return SimEngine(profile)
+    if kind == "cuda":
+        from specter.timing.cuda import CudaEngine
+
+        return CudaEngine()
+    from specter.errors import SpecterError
+
+    raise SpecterError(f"unknown engine {kind!r}; engines: sim, cuda")

@@ -1,0 +1,131 @@
+"""The Engine interface: work scheduled on streams with events, as on CUDA, and turned into time by an engine.
+
+Systems describe what they do as `Op`s launched on named streams:
+
+- `COMPUTE`: the device's compute stream (kernels: attention, experts, the LM head).
+- `H2D`: the host-to-device copy stream (expert weights crossing the link).
+- `HOST`: a host worker (experts computed on the CPU, as Fiddler does).
+
+An op carries its cost inputs (FLOPs, bytes read from memory, bytes copied over the link) and a function that does the
+numerics. Ordering follows CUDA: ops on one stream run in launch order; `wait(stream, event)` makes later ops on that
+stream start after the work recorded by the event; `synchronize(event)` blocks the host thread, so ops launched after it
+start no earlier. `SimEngine` places each op on a deterministic clock from a cost model; `CudaEngine` runs it on real
+streams and measures. No system branches on which engine it has.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+COMPUTE = "compute"
+H2D = "h2d"
+HOST = "host"
+STREAMS = (COMPUTE, H2D, HOST)
+
+
+@dataclass
+class Op:
+    """One unit of scheduled work. Exactly one of the cost groups applies, by the stream it runs on:
+
+    compute/host: `flops` and `bytes_read`; h2d: `bytes_copied` (with `pinned`).
+    """
+
+    label: str
+    fn: Callable[[], Any] | None = None
+    flops: float = 0.0
+    bytes_read: float = 0.0
+    bytes_copied: float = 0.0
+    pinned: bool = True
+    launches: int = 1  # kernels this op stands for (each pays the launch overhead)
+
+
+@dataclass
+class Event:
+    """A point in one stream's work. `time` (seconds since the engine's origin) is known once the engine resolves it."""
+
+    stream: str
+    time: float | None = None
+    handle: Any = None  # the engine's native event (torch.cuda.Event on CUDA)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One op on the timeline (seconds since the engine's origin)."""
+
+    stream: str
+    label: str
+    start: float
+    end: float
+    bytes_copied: float = 0.0
+
+
+@dataclass
+class Stall:
+    """Time a stream sat idle waiting on another stream's event (compute waiting on a copy, say)."""
+
+    stream: str
+    waited_on: str
+    seconds: float
+
+
+@dataclass
+class Timeline:
+    spans: list[Span] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
+
+    def stall_seconds(self, stream: str = COMPUTE, waited_on: str | None = None) -> float:
+        return sum(s.seconds for s in self.stalls if s.stream == stream and (waited_on is None or s.waited_on == waited_on))
+
+    def busy_seconds(self, stream: str) -> float:
+        return sum(s.end - s.start for s in self.spans if s.stream == stream)
+
+
+class Engine(abc.ABC):
+    """Streams, events and ops; subclasses decide what time is."""
+
+    #: "sim" or "cuda": recorded in every run record, never branched on by a system.
+    kind: str = ""
+
+    def __init__(self) -> None:
+        self.timeline = Timeline()
+
+    @property
+    @abc.abstractmethod
+    def device(self) -> str:
+        """The torch device the numerics run on ("cpu" for the simulator)."""
+
+    @abc.abstractmethod
+    def launch(self, stream: str, op: Op) -> Any:
+        """Enqueue `op` on `stream`; returns what `op.fn` returned (on CUDA, tensors still being computed)."""
+
+    @abc.abstractmethod
+    def record(self, stream: str) -> Event:
+        """An event that completes when the work launched so far on `stream` completes."""
+
+    @abc.abstractmethod
+    def wait(self, stream: str, event: Event) -> None:
+        """Later ops on `stream` start after `event`."""
+
+    @abc.abstractmethod
+    def synchronize(self, event: Event | None = None) -> float:
+        """Block the host until `event` (or all work) completes; returns the time then, seconds since origin."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The host thread's current time, seconds since origin."""
+
+    def event_time(self, event: Event) -> float:
+        """When `event` completed, seconds since origin (on CUDA this waits for it)."""
+        return event.time
+
+    def finish(self) -> Timeline:
+        """Wait for all work and return the complete timeline."""
+        self.synchronize()
+        return self.timeline
+
+
+def check_stream(stream: str) -> None:
+    if stream not in STREAMS:
+        raise ValueError(f"unknown stream {stream!r}; streams: {', '.join(STREAMS)}")

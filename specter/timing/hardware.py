@@ -1,0 +1,202 @@
+"""Hardware profiles: the numbers the cost model turns work into time, loaded from YAML presets or measured profiles.
+
+A profile is a YAML file with three sections (device, link, host) plus `sources`, a map from each field to where its
+number comes from. Presets live in `config/hardware/`; `specter profile-bandwidth` writes the same format from
+measurement. `--hardware` takes a preset name or a path to such a file. Units are in the key names: GB/s are 1e9 bytes
+per second, TFLOP/s 1e12 FLOP per second, us microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from specter.errors import SpecterError
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "config" / "hardware"
+
+# section -> {field: (required, minimum allowed value)}; every number must be finite and at least the minimum.
+_FIELDS: dict[str, dict[str, tuple[bool, float]]] = {
+    "device": {
+        "peak_tflops": (True, 1e-9),
+        "memory_bandwidth_gbps": (True, 1e-9),
+        "launch_overhead_us": (True, 0.0),
+        "memory_gb": (True, 1e-9),
+    },
+    "link": {
+        "h2d_pinned_gbps": (True, 1e-9),
+        "h2d_pageable_gbps": (True, 1e-9),
+        "latency_us": (True, 0.0),
+    },
+    "host": {
+        "peak_tflops": (True, 1e-9),
+        "memory_bandwidth_gbps": (True, 1e-9),
+        "launch_overhead_us": (True, 0.0),
+    },
+}
+
+
+@dataclass(frozen=True)
+class BandwidthPoint:
+    """A measured host-to-device bandwidth at one transfer size."""
+
+    size_bytes: int
+    pinned_gbps: float
+    pageable_gbps: float
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A device, its host link and its host CPU, in SI units (seconds, bytes, FLOP)."""
+
+    name: str
+    description: str
+    device_name: str
+    device_peak_flops: float  # FLOP/s, dense FP16/BF16 tensor math
+    device_memory_bandwidth: float  # bytes/s
+    device_launch_overhead: float  # s per kernel
+    device_memory_bytes: int
+    link_name: str
+    h2d_pinned_bandwidth: float  # bytes/s, large transfers
+    h2d_pageable_bandwidth: float  # bytes/s, large transfers
+    h2d_latency: float  # s per transfer
+    host_name: str
+    host_peak_flops: float  # FLOP/s
+    host_memory_bandwidth: float  # bytes/s
+    host_launch_overhead: float  # s per host op (thread hand-off)
+    h2d_by_size: tuple[BandwidthPoint, ...] = ()  # measured points, ascending size; empty for datasheet presets
+    measured: bool = False  # True when written by `specter profile-bandwidth`
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def h2d_bandwidth(self, size_bytes: int, pinned: bool = True) -> float:
+        """Bandwidth (bytes/s) of one transfer of `size_bytes`: log-size interpolation of the measured points if any,
+        else the large-transfer figure."""
+        if not self.h2d_by_size:
+            return self.h2d_pinned_bandwidth if pinned else self.h2d_pageable_bandwidth
+        pts = self.h2d_by_size
+        values = [(p.size_bytes, (p.pinned_gbps if pinned else p.pageable_gbps) * 1e9) for p in pts]
+        if size_bytes <= values[0][0]:
+            return values[0][1]
+        if size_bytes >= values[-1][0]:
+            return values[-1][1]
+        for (s0, b0), (s1, b1) in zip(values, values[1:]):
+            if s0 <= size_bytes <= s1:
+                t = (math.log(size_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return b0 + t * (b1 - b0)
+        raise AssertionError("unreachable: sizes are ascending")
+
+    def to_yaml_dict(self) -> dict:
+        """The YAML form `load_profile` reads back."""
+        out = {
+            "name": self.name,
+            "description": self.description,
+            "measured": self.measured,
+            "device": {
+                "name": self.device_name,
+                "peak_tflops": self.device_peak_flops / 1e12,
+                "memory_bandwidth_gbps": self.device_memory_bandwidth / 1e9,
+                "launch_overhead_us": self.device_launch_overhead * 1e6,
+                "memory_gb": self.device_memory_bytes / 1e9,
+            },
+            "link": {
+                "name": self.link_name,
+                "h2d_pinned_gbps": self.h2d_pinned_bandwidth / 1e9,
+                "h2d_pageable_gbps": self.h2d_pageable_bandwidth / 1e9,
+                "latency_us": self.h2d_latency * 1e6,
+            },
+            "host": {
+                "name": self.host_name,
+                "peak_tflops": self.host_peak_flops / 1e12,
+                "memory_bandwidth_gbps": self.host_memory_bandwidth / 1e9,
+                "launch_overhead_us": self.host_launch_overhead * 1e6,
+            },
+            "sources": dict(self.sources),
+        }
+        if self.h2d_by_size:
+            out["link"]["h2d_by_size"] = [
+                {"bytes": p.size_bytes, "pinned_gbps": p.pinned_gbps, "pageable_gbps": p.pageable_gbps}
+                for p in self.h2d_by_size
+            ]
+        return out
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A preset by name (`config/hardware/NAME.yaml`) or a profile YAML file by path."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise SpecterError(
+                f"unknown hardware preset {str(name_or_path)!r}; known presets: {', '.join(preset_names())}; "
+                "or pass the path of a profile YAML (e.g. from `specter profile-bandwidth`)"
+            )
+    if not path.is_file():
+        raise SpecterError(f"hardware profile file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecterError(f"hardware profile {path} is not valid YAML: {err}") from None
+    return profile_from_dict(data, origin=str(path))
+
+
+def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
+    """Validate a profile mapping; every missing, non-numeric or out-of-range field is one error naming it."""
+    if not isinstance(data, dict):
+        raise SpecterError(f"hardware profile {origin} must be a mapping with device, link and host sections")
+    values: dict[str, dict[str, float]] = {}
+    for section, fields_ in _FIELDS.items():
+        block = data.get(section)
+        if not isinstance(block, dict):
+            raise SpecterError(f"hardware profile {origin}: missing section {section!r} (needs {', '.join(fields_)})")
+        values[section] = {}
+        for key, (_required, minimum) in fields_.items():
+            where = f"{section}.{key}"
+            if key not in block:
+                raise SpecterError(f"hardware profile {origin}: missing field {where}")
+            value = block[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise SpecterError(f"hardware profile {origin}: {where} must be a number, got {value!r}")
+            if value < minimum:
+                bound = "positive" if minimum > 0 else "non-negative"
+                raise SpecterError(f"hardware profile {origin}: {where} must be {bound}, got {value!r}")
+            values[section][key] = float(value)
+    points = []
+    for i, row in enumerate(data["link"].get("h2d_by_size") or []):
+        try:
+            point = BandwidthPoint(int(row["bytes"]), float(row["pinned_gbps"]), float(row["pageable_gbps"]))
+        except (KeyError, TypeError, ValueError):
+            raise SpecterError(
+                f"hardware profile {origin}: link.h2d_by_size[{i}] needs bytes, pinned_gbps and pageable_gbps"
+            ) from None
+        if point.size_bytes <= 0 or point.pinned_gbps <= 0 or point.pageable_gbps <= 0:
+            raise SpecterError(f"hardware profile {origin}: link.h2d_by_size[{i}] must be positive, got {row!r}")
+        points.append(point)
+    points.sort(key=lambda p: p.size_bytes)
+    d, link, host = values["device"], values["link"], values["host"]
+    return HardwareProfile(
+        name=str(data.get("name") or Path(origin).stem),
+        description=str(data.get("description", "")),
+        device_name=str(data["device"].get("name", "")),
+        device_peak_flops=d["peak_tflops"] * 1e12,
+        device_memory_bandwidth=d["memory_bandwidth_gbps"] * 1e9,
+        device_launch_overhead=d["launch_overhead_us"] * 1e-6,
+        device_memory_bytes=int(d["memory_gb"] * 1e9),
+        link_name=str(data["link"].get("name", "")),
+        h2d_pinned_bandwidth=link["h2d_pinned_gbps"] * 1e9,
+        h2d_pageable_bandwidth=link["h2d_pageable_gbps"] * 1e9,
+        h2d_latency=link["latency_us"] * 1e-6,
+        host_name=str(data["host"].get("name", "")),
+        host_peak_flops=host["peak_tflops"] * 1e12,
+        host_memory_bandwidth=host["memory_bandwidth_gbps"] * 1e9,
+        host_launch_overhead=host["launch_overhead_us"] * 1e-6,
+        h2d_by_size=tuple(points),
+        measured=bool(data.get("measured", False)),
+        sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
+    )

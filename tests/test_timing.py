@@ -1,0 +1,203 @@
+"""The timing engines' semantics, the cost model, hardware presets and profiles, and the lower bound."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from specter.errors import SpecterError
+from specter.timing import COMPUTE, H2D, HOST, CostModel, Op, SimEngine, load_profile, preset_names
+from specter.timing.bounds import PassWork, belady_loads, decode_lower_bound_seconds
+from specter.timing.hardware import profile_from_dict
+
+
+def _unit_profile(**over):
+    """A profile where numbers are easy: 1 TFLOP/s, 1 GB/s memory, 1 GB/s link, no overheads."""
+    data = {
+        "name": "unit",
+        "device": {"peak_tflops": 1.0, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0, "memory_gb": 1},
+        "link": {"h2d_pinned_gbps": 1.0, "h2d_pageable_gbps": 0.5, "latency_us": 0},
+        "host": {"peak_tflops": 0.1, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0},
+    }
+    for key, value in over.items():
+        section, field = key.split("__")
+        data[section][field] = value
+    return profile_from_dict(data)
+
+
+MS10_COPY = Op("copy", bytes_copied=10e6)  # 10 MB at 1 GB/s = 10 ms
+MS10_COMPUTE = Op("compute", flops=10e9)  # 10 GFLOP at 1 TFLOP/s = 10 ms
+
+
+def test_copy_and_compute_on_two_streams_overlap():
+    eng = SimEngine(_unit_profile())
+    eng.launch(H2D, MS10_COPY)
+    eng.launch(COMPUTE, MS10_COMPUTE)
+    assert eng.synchronize() == pytest.approx(0.010)
+
+
+def test_compute_waiting_on_copy_event_ends_at_20ms():
+    eng = SimEngine(_unit_profile())
+    eng.launch(H2D, MS10_COPY)
+    eng.wait(COMPUTE, eng.record(H2D))
+    eng.launch(COMPUTE, MS10_COMPUTE)
+    done = eng.record(COMPUTE)
+    assert eng.event_time(done) == pytest.approx(0.020)
+    assert eng.timeline.stall_seconds(COMPUTE, waited_on=H2D) == pytest.approx(0.010)
+
+
+def test_ops_on_one_stream_serialize():
+    eng = SimEngine(_unit_profile())
+    for _ in range(3):
+        eng.launch(COMPUTE, MS10_COMPUTE)
+    assert eng.event_time(eng.record(COMPUTE)) == pytest.approx(0.030)
+    spans = [s for s in eng.timeline.spans if s.stream == COMPUTE]
+    assert [round(s.start, 6) for s in spans] == [0.0, 0.01, 0.02]
+
+
+def test_host_synchronize_delays_later_launches():
+    eng = SimEngine(_unit_profile())
+    eng.launch(H2D, MS10_COPY)
+    eng.synchronize(eng.record(H2D))  # host blocks on the copy
+    eng.launch(COMPUTE, MS10_COMPUTE)  # so compute cannot start before 10 ms
+    assert eng.event_time(eng.record(COMPUTE)) == pytest.approx(0.020)
+
+
+def test_numerics_run_and_return():
+    eng = SimEngine(_unit_profile())
+    out = eng.launch(COMPUTE, Op("add", fn=lambda: torch.ones(2) + 1, flops=2))
+    assert torch.equal(out, torch.full((2,), 2.0))
+
+
+def _schedule(eng):
+    for i in range(20):
+        eng.launch(H2D, Op(f"copy{i}", bytes_copied=1e6 * (i % 3 + 1), pinned=i % 2 == 0))
+        if i % 4 == 0:
+            eng.wait(COMPUTE, eng.record(H2D))
+        eng.launch(COMPUTE, Op(f"k{i}", flops=3e9, bytes_read=2e6, launches=2))
+        eng.launch(HOST, Op(f"h{i}", flops=1e8))
+        if i % 5 == 0:
+            eng.synchronize(eng.record(COMPUTE))
+    return eng.finish()
+
+
+def test_identical_schedules_give_identical_times():
+    a = _schedule(SimEngine(load_profile("a100-40gb-pcie4")))
+    b = _schedule(SimEngine(load_profile("a100-40gb-pcie4")))
+    assert a.spans == b.spans and a.stalls == b.stalls
+
+
+def test_cost_model_roofline_and_copy():
+    cost = CostModel(_unit_profile(device__launch_overhead_us=5, link__latency_us=10))
+    assert cost.compute_seconds(flops=1e9, bytes_read=0) == pytest.approx(5e-6 + 1e-3)  # compute bound
+    assert cost.compute_seconds(flops=0, bytes_read=2e6) == pytest.approx(5e-6 + 2e-3)  # memory bound
+    assert cost.copy_seconds(1e6, pinned=True) == pytest.approx(10e-6 + 1e-3)
+    assert cost.copy_seconds(1e6, pinned=False) == pytest.approx(10e-6 + 2e-3)
+    assert cost.host_seconds(flops=1e9, bytes_read=0) == pytest.approx(10e-3)
+
+
+def test_bandwidth_by_size_interpolates_in_log_size():
+    prof = _unit_profile()
+    data = prof.to_yaml_dict()
+    data["link"]["h2d_by_size"] = [
+        {"bytes": 1000, "pinned_gbps": 1.0, "pageable_gbps": 0.5},
+        {"bytes": 100000, "pinned_gbps": 3.0, "pageable_gbps": 1.5},
+    ]
+    p = profile_from_dict(data)
+    assert p.h2d_bandwidth(10000) == pytest.approx(2e9)
+    assert p.h2d_bandwidth(10, pinned=False) == pytest.approx(0.5e9)
+    assert p.h2d_bandwidth(10**9) == pytest.approx(3e9)
+
+
+@pytest.mark.parametrize("name", ["a100-40gb-pcie4", "rtx4090-pcie4", "rtx3090-pcie4", "h100-pcie5", "h200-pcie5", "t4-pcie3"])
+def test_every_preset_loads_with_sources(name):
+    assert name in preset_names()
+    p = load_profile(name)
+    assert p.name == name and p.h2d_pinned_bandwidth > p.h2d_pageable_bandwidth
+    for key in ("device.peak_tflops", "device.memory_bandwidth_gbps", "link.h2d_pageable_gbps"):
+        assert key in p.sources, f"{name}: no source for {key}"
+
+
+def test_profile_round_trips_through_yaml(tmp_path):
+    p = load_profile("a100-40gb-pcie4")
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(p.to_yaml_dict()))
+    assert load_profile(path) == p
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(SpecterError, match="known presets: a100-40gb-pcie4, h100-pcie5"):
+        load_profile("a100-80gb")
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["link"].pop("h2d_pinned_gbps"), "missing field link.h2d_pinned_gbps"),
+        (lambda d: d["device"].__setitem__("peak_tflops", -3), "device.peak_tflops must be positive"),
+        (lambda d: d["link"].__setitem__("latency_us", -1), "link.latency_us must be non-negative"),
+        (lambda d: d["host"].__setitem__("memory_bandwidth_gbps", "fast"), "must be a number"),
+        (lambda d: d.pop("host"), "missing section 'host'"),
+    ],
+)
+def test_bad_profile_is_one_clear_error(tmp_path, mutate, message):
+    data = load_profile("t4-pcie3").to_yaml_dict()
+    mutate(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecterError, match=message):
+        load_profile(path)
+
+
+def test_profile_bandwidth_cpu_writes_a_profile_hardware_accepts(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "specter", "profile-bandwidth", "--out", str(tmp_path), "--device", "cpu",
+         "--max-bytes", str(1 << 20)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    p = load_profile(tmp_path / "profile.yaml")
+    assert p.measured and len(p.h2d_by_size) == 5  # 4 KiB .. 1 MiB
+    rows = (tmp_path / "bandwidth.csv").read_text().splitlines()
+    assert rows[0] == "size_bytes,memory,median_s,gbps,repeats" and len(rows) == 6
+    SimEngine(p).launch(H2D, Op("copy", bytes_copied=1 << 20))
+
+
+def test_belady_loads():
+    # one slot, alternating experts: 1 stays cached (free fill), 2 streams through a staging buffer each time
+    assert belady_loads([{1}, {2}, {1}, {2}], slots=1) == 2
+    # two slots hold both: only the first fill, which is free
+    assert belady_loads([{1}, {2}, {1}, {2}], slots=2) == 0
+    assert belady_loads([{1}, {2}, {1}, {2}], slots=2, free_initial=False) == 2
+    # Belady keeps the experts needed soonest (1, 2) and streams 3; LRU would evict 1 and miss twice more
+    assert belady_loads([{1}, {2}, {3}, {1}, {2}], slots=2, free_initial=False) == 3
+    # a step needing more experts than slots streams the excess
+    assert belady_loads([{1, 2, 3}], slots=2, free_initial=False) == 3
+
+
+def test_lower_bound_is_max_of_compute_and_link():
+    cost = CostModel(_unit_profile())
+    passes = [PassWork(tokens=1, flops=1e9, bytes_read=0, launches=1)] * 4  # 4 ms of compute
+    assert decode_lower_bound_seconds(passes, link_bytes=2e6, cost=cost) == pytest.approx(4e-3)
+    assert decode_lower_bound_seconds(passes, link_bytes=9e6, cost=cost) == pytest.approx(9e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_engine_overlaps_copy_and_compute():
+    from specter.timing.cuda import CudaEngine
+
+    eng = CudaEngine()
+    src = torch.ones(64 << 20, dtype=torch.uint8).pin_memory()
+    dst = torch.empty_like(src, device="cuda")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    eng.launch(H2D, Op("copy", fn=lambda: dst.copy_(src, non_blocking=True), bytes_copied=src.numel()))
+    eng.launch(COMPUTE, Op("mm", fn=lambda: [a @ a for _ in range(20)], flops=20 * 2 * 4096**3))
+    timeline = eng.finish()
+    copy = next(s for s in timeline.spans if s.label == "copy")
+    mm = next(s for s in timeline.spans if s.label == "mm")
+    assert copy.start < mm.end and mm.start < copy.end  # they overlapped
+    assert torch.equal(dst.cpu(), src)
