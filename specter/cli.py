@@ -71,6 +71,17 @@ def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from specter.quant.quantize import quantize_draft
+
+    calibration = {"num_sequences": args.calibration_sequences, "seq_len": args.calibration_length}
+    meta = quantize_draft(args.model, args.out, method=args.method, bits=args.bits, group_size=args.group_size,
+                          calibration=calibration, progress=not args.quiet)
+    print(f"wrote {meta.method} INT{meta.bits} draft (group {meta.group_size}) of {meta.source_model} to {args.out}: "
+          f"{meta.quantized_bytes_per_expert} bytes per expert, {meta.seconds:.1f} s")
+    return 0
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
     from specter.timing.hardware import load_profile, preset_names
     from specter.timing.profiler import profile_summary
@@ -113,6 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not hold a model already)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.set_defaults(func=cmd_build_model)
+
+    p = sub.add_parser("quantize", help="quantize the routed experts into a draft (GPTQ via GPTQModel, or RTN)")
+    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
+    p.add_argument("--method", default="gptq", help="gptq (GPTQModel, calibrated) or rtn (round-to-nearest)")
+    p.add_argument("--bits", type=int, default=4, help="2, 3, 4 or 8 (default 4)")
+    p.add_argument("--group-size", type=int, default=128, help="inputs per quantization group (default 128)")
+    p.add_argument("--calibration-sequences", type=int, default=64, help="GPTQ calibration sequences (default 64)")
+    p.add_argument("--calibration-length", type=int, default=256, help="tokens per calibration sequence (default 256)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory for experts.safetensors and meta.json")
+    p.add_argument("--quiet", action="store_true", help="hide GPTQModel's own output")
+    p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("hardware", help="list the hardware presets with their key numbers")
     p.set_defaults(func=cmd_hardware)

@@ -101,3 +101,23 @@ def test_dense_first_layer_is_not_moe():
 def test_unknown_architecture_names_supported_list():
     with pytest.raises(SpecterError, match="supported: deepseek_v2, deepseek_v3"):
         arch_spec("switch_transformers")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_defused_projections_match_defuser(arch):
+    """Our reading of fused experts in GPTQModel's per-expert convention equals what its defuser produces."""
+    defuser = pytest.importorskip("defuser")
+    from specter.models import MoEModel
+
+    a = MoEModel(build_tiny_model(arch, seed=5))
+    split = build_tiny_model(arch, seed=5)
+    assert defuser.convert_model(split)
+    b = MoEModel(split)
+    for la, lb in zip(a.moe_layers, b.moe_layers):
+        for e in (0, la.num_experts - 1):
+            pa, pb = la.defused_projections(e), lb.defused_projections(e)
+            for proj in pa:
+                assert torch.equal(pa[proj][0], pb[proj][0]), (arch, e, proj)
+                assert (pa[proj][1] is None) == (pb[proj][1] is None)
+                if pa[proj][1] is not None:
+                    assert torch.equal(pa[proj][1], pb[proj][1])

@@ -10,6 +10,7 @@ layout GPTQModel quantizes, produced by its `defuser`). Dense layers (DeepSeek's
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -141,6 +142,25 @@ class MoELayer:
             down_bias=getattr(mod.down_proj, "bias", None),
         )
 
+    def defused_projections(self, e: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Expert e as GPTQModel's per-expert linears see it: {gate_proj, up_proj, down_proj: (weight [out, in], bias)}.
+
+        For GPT-OSS, gate_proj and up_proj are the two halves of the interleaved gate_up projection (see module_ffn).
+        """
+        if not self.fused:
+            mod = self.expert_module(e)
+            return {n: (_linear_weight(getattr(mod, n)), getattr(getattr(mod, n), "bias", None))
+                    for n in ("gate_proj", "up_proj", "down_proj")}
+        ex = self.experts
+        if self.spec.gpt_oss_layout:
+            gate_up, bias = ex.gate_up_proj[e].T, ex.gate_up_proj_bias[e]  # [2I, H] interleaved, [2I]
+            first, second = gate_up.chunk(2, dim=0)
+            b_first, b_second = bias.chunk(2)
+            return {"gate_proj": (first, b_first), "up_proj": (second, b_second),
+                    "down_proj": (ex.down_proj[e].T, ex.down_proj_bias[e])}
+        w = self.expert_weights(e)
+        return {"gate_proj": (w.gate, None), "up_proj": (w.up, None), "down_proj": (w.down, None)}
+
     def expert_forward(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e on tokens `x` [T, H] -> [T, H], with the storage's own kernels (quantized modules run quantized)."""
         if self.fused:
@@ -192,6 +212,7 @@ class MoEModel:
         self.spec = arch_spec(getattr(config, "model_type", None))
         self.model = model
         self.config = config
+        self.path: Path | None = None  # the checkpoint directory, when loaded from one
         self.decoder_layers = model.model.layers
         self.moe_layers: list[MoELayer] = [
             MoELayer(i, layer.mlp, self.spec, config)

@@ -58,7 +58,9 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=dtype, local_files_only=True, experts_implementation="eager"
     )
-    return MoEModel(model.to(device).eval())
+    moe = MoEModel(model.to(device).eval())
+    moe.path = Path(path)
+    return moe
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
 
-# Common to every tiny model: [vocab 256, hidden 64, 4 heads of 16, 2 KV heads].
+# Common to every tiny model: [vocab 260 = 256 bytes + 4 specials, hidden 64, 4 heads of 16, 2 KV heads].
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 256..259
 _COMMON = dict(
-    vocab_size=256,
+    vocab_size=256 + len(SPECIALS),
     hidden_size=64,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=512,
     tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
+    pad_token_id=256,
+    bos_token_id=257,
+    eos_token_id=258,
 )
 
 # Per model_type: the keyword arguments of its stock config class.
@@ -132,8 +133,37 @@ def _randomize_biases(model: torch.nn.Module, seed: int) -> None:
             tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.05)
 
 
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer whose ids 0-255 are the bytes themselves (no merges), so any text encodes; specials follow."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_to_char = _bytes_to_unicode()
+    vocab = {byte_to_char[b]: b for b in range(256)}
+    vocab.update({tok: 256 + i for i, tok in enumerate(SPECIALS)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters (what the ByteLevel pre-tokenizer emits)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
 def save_tiny_model(model_type: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Build a tiny model and save it with `save_pretrained` to `out_dir`; returns the directory."""
+    """Build a tiny model and save it, with its byte tokenizer, to `out_dir`; returns the directory."""
     out = Path(out_dir)
     build_tiny_model(model_type, seed=seed).save_pretrained(out)
+    byte_tokenizer().save_pretrained(out)
     return out

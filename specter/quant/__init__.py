@@ -1,0 +1,1 @@
+"""Drafts: routed experts quantized by GPTQ (GPTQModel) or round-to-nearest, loaded over the target's shared weights."""

@@ -1,0 +1,159 @@
+"""The draft model: the target itself with its routed experts replaced by quantized ones, everything else shared.
+
+`load_draft` builds a second module tree over the target: every module on the path from the root to each MoE block's
+`experts` is shallow-copied (so the target keeps its own experts), the `experts` are replaced by `QuantizedExperts`, and
+every other module is the target's own object. Attention, routers, norms, embeddings and shared experts are therefore
+the target's tensors, not copies (tests check `data_ptr`). The quantized experts compute with weights dequantized from
+the stored codes once at load, so the draft's numerics are exactly those of the quantized weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specter.errors import SpecterError
+from specter.models.adapter import MoEModel
+from specter.models.experts import Activation, module_ffn
+from specter.quant.meta import DraftMeta, model_hash
+from specter.quant.packing import PackedLinear, dequantize
+from specter.quant.quantize import PROJECTIONS
+
+
+class DequantizedLinear(torch.nn.Module):
+    """A linear whose weight [out, in] was dequantized from a draft; `packed_bytes` is its stored size."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed_bytes: int) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("bias", bias)
+        self.packed_bytes = packed_bytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+class QuantizedExpert(torch.nn.Module):
+    def __init__(self, gate_proj, up_proj, down_proj) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+
+class QuantizedExperts(torch.nn.Module):
+    """Drop-in for a stock experts module: forward(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])."""
+
+    def __init__(self, experts: list[QuantizedExpert], activation: Activation, interleaved: bool) -> None:
+        super().__init__()
+        for e, mod in enumerate(experts):
+            self.add_module(str(e), mod)
+        self.num_experts = len(experts)
+        self.activation = activation
+        self.interleaved = interleaved
+
+    def __getitem__(self, e: int) -> QuantizedExpert:
+        return getattr(self, str(int(e)))
+
+    def __len__(self) -> int:
+        return self.num_experts
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        out = torch.zeros_like(hidden_states)
+        for e in top_k_index.unique().tolist():
+            token_idx, slot = torch.where(top_k_index == e)
+            y = module_ffn(hidden_states[token_idx], getattr(self, str(e)), self.activation, self.interleaved)
+            out.index_add_(0, token_idx, (y * top_k_weights[token_idx, slot, None]).to(out.dtype))
+        return out
+
+
+@dataclass
+class Draft:
+    """A loaded draft: its module tree (sharing the target's), the adapter over it, and its sidecar."""
+
+    model: torch.nn.Module
+    moe: MoEModel
+    meta: DraftMeta
+
+    @property
+    def quantized_bytes_per_expert(self) -> int:
+        return self.meta.quantized_bytes_per_expert
+
+
+def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True) -> Draft:
+    """The draft in `draft_dir` over the loaded `target`; refused if it was made from another model."""
+    meta = DraftMeta.read(draft_dir)
+    if check_hash:
+        if target.path is None:
+            raise SpecterError("the target was not loaded from a directory, so the draft's source cannot be checked")
+        actual = model_hash(target.path)
+        if actual != meta.source_hash:
+            raise SpecterError(
+                f"draft {str(draft_dir)!r} was made from {meta.source_model} (hash {meta.source_hash[:12]}), "
+                f"not from {str(target.path)!r} (hash {actual[:12]}); quantize this model with `specter quantize`"
+            )
+    dtype = next(target.model.parameters()).dtype
+    device = next(target.model.parameters()).device
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(Path(draft_dir) / "experts.safetensors"), "pt") as f:
+        for key in f.keys():
+            tensors[key] = f.get_tensor(key)
+    replacements = {}
+    for layer in target.moe_layers:
+        experts = []
+        for e in range(layer.num_experts):
+            projs = {}
+            for proj in PROJECTIONS:
+                key = f"layers.{layer.layer_index}.experts.{e}.{proj}"
+                try:
+                    p = PackedLinear(*(tensors[f"{key}.{n}"] for n in ("qweight", "qzeros", "scales", "g_idx")),
+                                     bits=meta.bits)
+                except KeyError:
+                    raise SpecterError(f"draft {draft_dir} lacks {key}; quantize the draft again") from None
+                bias = tensors.get(f"{key}.bias")
+                projs[proj] = DequantizedLinear(
+                    dequantize(p, dtype).to(device),
+                    None if bias is None else bias.to(device=device, dtype=dtype),
+                    p.nbytes() + (0 if bias is None else bias.numel() * bias.element_size()),
+                )
+            experts.append(QuantizedExpert(**projs))
+        path = f"model.layers.{layer.layer_index}.{_attr_path(target, layer.block)}.experts"
+        replacements[path] = QuantizedExperts(experts, layer.activation, interleaved=layer.spec.gpt_oss_layout)
+    model = _with_replaced(target.model, replacements)
+    return Draft(model=model, moe=MoEModel(model), meta=meta)
+
+
+def _attr_path(target: MoEModel, block: torch.nn.Module) -> str:
+    for layer in target.decoder_layers:
+        for name, child in layer.named_children():
+            if child is block:
+                return name
+    raise AssertionError("MoE block not found under its decoder layer")
+
+
+def _with_replaced(root: torch.nn.Module, replacements: dict[str, torch.nn.Module]) -> torch.nn.Module:
+    """A new tree equal to `root` but for `replacements` (dotted path -> module); modules off those paths are shared."""
+    copies: dict[int, torch.nn.Module] = {}
+
+    def own(module: torch.nn.Module) -> torch.nn.Module:
+        if id(module) not in copies:
+            dup = copy.copy(module)  # shares parameters and buffers; gets its own child table and hook tables
+            dup._modules = dict(module._modules)
+            for name, value in vars(module).items():
+                if name.startswith(("_forward", "_backward")) and isinstance(value, dict):
+                    setattr(dup, name, type(value)(value))
+            copies[id(module)] = dup
+        return copies[id(module)]
+
+    new_root = own(root)
+    for path, new in replacements.items():
+        *parents, leaf = path.split(".")
+        node = new_root
+        for name in parents:
+            child = own(node._modules[name])
+            node._modules[name] = child
+            node = child
+        node._modules[leaf] = new
+    return new_root

@@ -1,0 +1,36 @@
+"""Child process for `specter quantize --method gptq`: GPTQModel quantizes the routed experts and saves a checkpoint.
+
+Run as `python -m specter.quant.gptq_worker '<json request>'` by `quantize.py`, never imported by the suite itself:
+GPTQModel patches transformers' MoE classes process-wide when imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+
+def main(request: dict) -> None:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(torch.get_num_threads()))
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from transformers import AutoTokenizer
+
+    from specter.data.corpus import calibration_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(request["model_dir"], local_files_only=True)
+    ids = calibration_token_ids(tokenizer, request["corpus"], request["num_sequences"], request["seq_len"])
+    samples = [{"input_ids": x, "attention_mask": [1] * len(x)} for x in ids]
+    # Quantize only per-expert linears (`...experts.<e>.<proj>`): the negative rule skips every other module.
+    qcfg = QuantizeConfig(bits=request["bits"], group_size=request["group_size"], sym=True, desc_act=False,
+                          dynamic={r"-:^(?!.*\.experts\.\d+\.).*": {}})
+    model = GPTQModel.load(request["model_dir"], qcfg, device="cpu")
+    model.quantize(samples, batch_size=1)
+    model.save(request["out_dir"])
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

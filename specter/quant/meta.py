@@ -1,0 +1,75 @@
+"""The draft's sidecar `meta.json` and the model hash that ties a draft to the target it was made from.
+
+Loaders read the sidecar; nothing is inferred from file names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specter.errors import SpecterError
+
+META_FILE = "meta.json"
+
+
+def model_hash(model_dir: str | Path) -> str:
+    """sha256 over config.json and every weight file's bytes (sorted by name): the target's identity."""
+    root = Path(model_dir)
+    h = hashlib.sha256()
+    files = [root / "config.json", *sorted(root.glob("*.safetensors")), *sorted(root.glob("*.bin"))]
+    for path in files:
+        h.update(path.name.encode())
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    import specter
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "specter": specter.__version__}
+    try:
+        from importlib.metadata import version
+
+        out["gptqmodel"] = version("gptqmodel")
+    except Exception:  # noqa: BLE001 - any failure means "not installed"
+        out["gptqmodel"] = "not installed"
+    return out
+
+
+@dataclass(frozen=True)
+class DraftMeta:
+    method: str  # "gptq" or "rtn"
+    bits: int
+    group_size: int
+    sym: bool
+    source_model: str  # absolute path of the target when quantized (informational)
+    source_hash: str  # model_hash of the target: what loaders check
+    calibration: dict | None  # corpus, num_sequences, seq_len (GPTQ only)
+    quantized_bytes_per_expert: int  # packed codes, zeros, scales, g_idx, biases of the largest expert
+    seconds: float
+    versions: dict = field(default_factory=dict)
+
+    def write(self, out_dir: Path) -> None:
+        (out_dir / META_FILE).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def read(cls, draft_dir: str | Path) -> "DraftMeta":
+        path = Path(draft_dir) / META_FILE
+        if not path.is_file():
+            raise SpecterError(
+                f"{str(draft_dir)!r} is not a draft (no {META_FILE}); make one with `specter quantize --model DIR --out DIR`"
+            )
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError) as err:
+            raise SpecterError(f"{path} is not a valid draft sidecar ({err}); quantize the draft again") from None

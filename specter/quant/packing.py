@@ -1,0 +1,81 @@
+"""The GPTQ (v1 checkpoint) storage format for one quantized linear, read and written in plain torch.
+
+For a linear of `in` inputs and `out` outputs at `bits` bits with groups of `g` inputs:
+- `qweight` int32 [in * bits / 32, out]: codes along the input axis as one little-endian bit stream per output column;
+- `qzeros` int32 [in / g, out * bits / 32]: zero points minus one (the v1 quirk) as a bit stream along the output axis;
+- `scales` float16 [in / g, out];
+- `g_idx` int32 [in]: the group of each input.
+w[o, i] = scales[g_idx[i], o] * (q[i, o] - (qzeros[g_idx[i], o] + 1)). The bit stream layout covers 2, 3, 4 and 8 bits
+(3-bit codes straddle int32 words, as GPTQ packs them). GPTQModel writes this format; our round-to-nearest drafts use it
+too, so one reader serves both methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_BITS = (2, 3, 4, 8)
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    qweight: torch.Tensor  # int32 [in * bits / 32, out]
+    qzeros: torch.Tensor  # int32 [in / g, out * bits / 32]
+    scales: torch.Tensor  # float16 [in / g, out]
+    g_idx: torch.Tensor  # int32 [in]
+    bits: int
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales, "g_idx": self.g_idx}
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+
+def _pack_stream(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """codes int64 [n, cols] with values < 2**bits -> int32 [n * bits / 32, cols], a little-endian bit stream per col."""
+    n, cols = codes.shape
+    if (n * bits) % 32:
+        raise ValueError(f"{n} codes of {bits} bits do not fill whole 32-bit words")
+    shifts = torch.arange(bits, dtype=torch.int64)
+    bit_matrix = (codes[:, None, :] >> shifts[None, :, None]) & 1  # [n, bits, cols]
+    stream = bit_matrix.reshape(n * bits // 32, 32, cols)  # [words, 32, cols]
+    weights = (1 << torch.arange(32, dtype=torch.int64))[None, :, None]
+    words = (stream * weights).sum(dim=1)  # [words, cols], unsigned 32-bit values
+    return (words - ((words >> 31) << 32)).to(torch.int32)  # reinterpret as signed int32
+
+
+def _unpack_stream(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """int32 [n * bits / 32, cols] -> int64 codes [n, cols]."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    bit_matrix = (w[:, None, :] >> torch.arange(32, dtype=torch.int64)[None, :, None]) & 1  # [words, 32, cols]
+    bit_matrix = bit_matrix.reshape(n, bits, -1)
+    return (bit_matrix << torch.arange(bits, dtype=torch.int64)[None, :, None]).sum(dim=1)
+
+
+def pack(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int, bits: int) -> PackedLinear:
+    """codes int [out, in], zeros int [out, in / g] (true zero points), scales [out, in / g] -> the v1 format."""
+    out_features, in_features = codes.shape
+    qweight = _pack_stream(codes.T.to(torch.int64), bits)  # stream along the input axis
+    # zeros are packed along the output axis: the stream runs over out, one column per group
+    qzeros = _pack_stream(((zeros.to(torch.int64) - 1) & ((1 << bits) - 1)), bits).T.contiguous()  # [in/g, out*b/32]
+    g_idx = (torch.arange(in_features) // group_size).to(torch.int32)
+    return PackedLinear(qweight, qzeros, scales.T.contiguous().to(torch.float16), g_idx, bits)
+
+
+def unpack(p: PackedLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The v1 format -> (codes [out, in], zeros [out, groups] as true zero points, scales [out, groups] float32)."""
+    in_features = p.g_idx.numel()
+    codes = _unpack_stream(p.qweight, p.bits, in_features).T  # [out, in]
+    out_features = codes.shape[0]
+    zeros = (_unpack_stream(p.qzeros.T.contiguous(), p.bits, out_features) + 1)  # [out, groups]
+    return codes, zeros, p.scales.T.float()
+
+
+def dequantize(p: PackedLinear, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight [out, in] the quantized linear computes with."""
+    codes, zeros, scales = unpack(p)
+    g = p.g_idx.long()
+    return (scales[:, g] * (codes - zeros[:, g]).float()).to(dtype)

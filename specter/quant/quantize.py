@@ -1,0 +1,170 @@
+"""`specter quantize`: the draft's routed experts, quantized by GPTQ (GPTQModel) or round-to-nearest, plus `meta.json`.
+
+Only routed experts are quantized and written; every other tensor of the draft is the target's own (see `draft.py`).
+Both methods use GPTQ's symmetric grid per group of `group_size` inputs (scale = max|w| / ((2^bits - 1) / 2), zero point
+2^(bits-1)), so they differ only in GPTQ's error compensation. Output: `experts.safetensors` with keys
+`layers.{L}.experts.{e}.{gate_proj|up_proj|down_proj}.{qweight|qzeros|scales|g_idx|bias}` in the GPTQ v1 format, and
+`meta.json` (method, bits, group size, source model and its hash, calibration set, versions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from specter.errors import SpecterError
+from specter.models.loading import load_moe_model, read_model_config
+from specter.quant.meta import DraftMeta, model_hash, versions
+from specter.quant.packing import SUPPORTED_BITS, PackedLinear, pack
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+METHODS = ("gptq", "rtn")
+DEFAULT_CALIBRATION = dict(corpus="code", num_sequences=64, seq_len=256)
+
+
+def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int) -> PackedLinear:
+    """Round-to-nearest on GPTQ's symmetric grid, per output row and group of `group_size` inputs. weight [out, in]."""
+    out_features, in_features = weight.shape
+    maxq = 2**bits - 1
+    w = weight.detach().float().reshape(out_features, in_features // group_size, group_size)  # [out, groups, g]
+    xmax = w.abs().amax(dim=-1)  # [out, groups]
+    xmax = torch.where(xmax == 0, torch.ones_like(xmax), xmax)
+    scale = (2 * xmax / maxq).half().float()  # stored as float16: quantize against the stored scale
+    zero = torch.full_like(scale, (maxq + 1) // 2, dtype=torch.int64)
+    codes = torch.clamp(torch.round(w / scale[..., None]) + zero[..., None], 0, maxq).to(torch.int64)
+    return pack(codes.reshape(out_features, in_features), zero, scale, group_size, bits)
+
+
+def check_request(model_dir: str | Path, method: str, bits: int, group_size: int) -> dict:
+    """Validate a quantization request before any work; returns the model's config."""
+    config = read_model_config(model_dir)
+    if method not in METHODS:
+        raise SpecterError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
+    if bits not in SUPPORTED_BITS:
+        raise SpecterError(f"--bits {bits} is not supported; choose one of {', '.join(map(str, SUPPORTED_BITS))}")
+    widths = _expert_widths(config)
+    bad = [w for w in widths if w % group_size]
+    if group_size < 1 or bad:
+        raise SpecterError(
+            f"--group-size {group_size} does not divide the expert input widths {sorted(set(widths))}; "
+            f"choose a divisor of {_gcd(widths)} (e.g. {_gcd(widths)})"
+        )
+    return config
+
+
+def _expert_widths(config: dict) -> list[int]:
+    """Input widths of the expert projections: hidden (gate, up) and the expert's intermediate size (down)."""
+    from specter.models.adapter import ARCHITECTURES
+
+    spec = ARCHITECTURES[config["model_type"]]
+    return [config["hidden_size"], config[spec.intermediate_key]]
+
+
+def _gcd(xs: list[int]) -> int:
+    import math
+
+    return math.gcd(*xs)
+
+
+def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gptq", bits: int = 4,
+                   group_size: int = 128, calibration: dict | None = None, progress: bool = True) -> DraftMeta:
+    """Quantize the routed experts of `model_dir` into `out_dir`; returns the sidecar written there."""
+    check_request(model_dir, method, bits, group_size)
+    out = Path(out_dir)
+    if (out / "meta.json").exists():
+        raise SpecterError(f"{str(out)!r} already holds a draft; choose another --out or delete it first")
+    calibration = {**DEFAULT_CALIBRATION, **(calibration or {})}
+    t0 = time.perf_counter()
+    if method == "rtn":
+        packed = _quantize_rtn(model_dir, bits, group_size)
+        calibration_used = None
+    else:
+        packed = _quantize_gptq(model_dir, bits, group_size, calibration, progress)
+        calibration_used = calibration
+    tensors = {}
+    per_expert: dict[str, int] = {}
+    for (layer, expert, proj), (p, bias) in sorted(packed.items()):
+        key = f"layers.{layer}.experts.{expert}.{proj}"
+        for name, t in p.tensors().items():
+            tensors[f"{key}.{name}"] = t.contiguous()
+        nbytes = p.nbytes()
+        if bias is not None:
+            tensors[f"{key}.bias"] = bias.detach().to(torch.float16).contiguous()
+            nbytes += tensors[f"{key}.bias"].numel() * 2
+        per_expert[f"{layer}.{expert}"] = per_expert.get(f"{layer}.{expert}", 0) + nbytes
+    sizes = sorted(set(per_expert.values()))
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "experts.safetensors"))
+    meta = DraftMeta(
+        method=method,
+        bits=bits,
+        group_size=group_size,
+        sym=True,
+        source_model=str(Path(model_dir).resolve()),
+        source_hash=model_hash(model_dir),
+        calibration=calibration_used,
+        quantized_bytes_per_expert=max(sizes),
+        seconds=round(time.perf_counter() - t0, 3),
+        versions=versions(),
+    )
+    meta.write(out)
+    return meta
+
+
+def _quantize_rtn(model_dir, bits, group_size) -> dict:
+    """{(layer, expert, proj): (PackedLinear, bias)} from the target's weights in the per-expert layout GPTQModel uses."""
+    moe = load_moe_model(model_dir, dtype=torch.float32)
+    packed = {}
+    for layer in moe.moe_layers:
+        for e in range(layer.num_experts):
+            for proj, (weight, bias) in layer.defused_projections(e).items():
+                packed[(layer.layer_index, e, proj)] = (rtn_quantize(weight, bits, group_size), bias)
+    return packed
+
+
+_EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)$")
+
+
+def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
+    """GPTQ through GPTQModel in a child process, restricted to routed experts; reads back its checkpoint.
+
+    A child process because importing GPTQModel patches transformers' MoE block classes process-wide (its defuser), which
+    would change every model loaded afterwards in this process.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="specter-gptq-"))
+    try:
+        request = dict(model_dir=str(model_dir), out_dir=str(tmp), bits=bits, group_size=group_size, **calibration)
+        proc = subprocess.run(
+            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)],
+            stdout=None if progress else subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
+        )
+        if proc.returncode != 0:
+            tail = (proc.stderr or "")[-2000:] if not progress else "(see the output above)"
+            raise SpecterError(f"GPTQModel failed on {model_dir} (exit {proc.returncode}): {tail}")
+        packed: dict = {}
+        fields: dict = {}
+        for path in sorted(tmp.glob("*.safetensors")):
+            with safe_open(str(path), "pt") as f:
+                for key in f.keys():
+                    m = _EXPERT_KEY.match(key)
+                    if m:
+                        fields.setdefault((int(m[1]), int(m[2]), m[3]), {})[m[4]] = f.get_tensor(key)
+        if not fields:
+            raise SpecterError(f"GPTQModel wrote no quantized experts for {model_dir}; report this with its config")
+        for k, f in fields.items():
+            if "qweight" not in f:
+                raise SpecterError(f"GPTQModel left expert {k} unquantized; report this with the model's config")
+            packed[k] = (PackedLinear(f["qweight"], f["qzeros"], f["scales"], f["g_idx"], bits), f.get("bias"))
+        return packed
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

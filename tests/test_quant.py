@@ -1,0 +1,130 @@
+"""Drafts: both methods on every tiny architecture, storage shared with the target, the packing format, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specter.errors import SpecterError
+from specter.models import load_moe_model
+from specter.quant.draft import load_draft
+from specter.quant.packing import dequantize, pack, unpack
+from specter.quant.quantize import quantize_draft, rtn_quantize
+
+from conftest import ARCHS
+
+GROUP = 32  # divides the tiny models' widths (64 and 32)
+IDS = torch.tensor([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114]])
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_dirs, tmp_path_factory):
+    """{(arch, method): draft dir}; GPTQ with a small calibration so the suite stays fast."""
+    root = tmp_path_factory.mktemp("drafts")
+    out = {}
+    for arch in ARCHS:
+        for method in ("rtn", "gptq"):
+            d = root / f"{arch}-{method}"
+            quantize_draft(tiny_dirs[arch], d, method=method, bits=4, group_size=GROUP,
+                           calibration=dict(num_sequences=8, seq_len=64), progress=False)
+            out[(arch, method)] = d
+    return out
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_pack_unpack_round_trip(bits):
+    g = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 2**bits, (64, 64), generator=g)
+    zeros = torch.randint(1, 2**bits, (64, 2), generator=g)  # v1 stores zero - 1: zero 0 is not representable
+    scales = torch.rand(64, 2, generator=g).half().float()
+    c, z, s = unpack(pack(codes, zeros, scales, 32, bits))
+    assert torch.equal(c, codes) and torch.equal(z, zeros) and torch.equal(s, scales)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_rtn_error_shrinks_with_bits_and_stays_on_grid(bits):
+    w = torch.randn(32, 128, generator=torch.Generator().manual_seed(0))
+    p = rtn_quantize(w, bits, 64)
+    err = ((dequantize(p) - w).norm() / w.norm()).item()
+    assert err < {2: 0.75, 3: 0.3, 4: 0.15, 8: 0.01}[bits]
+    codes, _, _ = unpack(p)
+    assert int(codes.max()) <= 2**bits - 1 and int(codes.min()) >= 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_draft_loads_shares_storage_and_runs(arch, method, tiny_dirs, drafts):
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    draft = load_draft(target, drafts[(arch, method)])
+    meta = json.loads((drafts[(arch, method)] / "meta.json").read_text())
+    assert meta["method"] == method and meta["bits"] == 4 and meta["group_size"] == GROUP
+    assert (meta["calibration"] is None) == (method == "rtn")
+    target_params = dict(target.model.named_parameters())
+    shared = 0
+    for name, p in draft.model.named_parameters():
+        assert ".experts." not in name, f"draft expert {name} should be a dequantized buffer, not a parameter"
+        assert p.data_ptr() == target_params[name].data_ptr(), f"{name} is a copy, not the target's tensor"
+        shared += 1
+    assert shared == len([n for n in target_params if ".experts." not in n])
+    # the target keeps its own experts; the draft's are quantized ones
+    assert target.moe_layers[0].fused and not draft.moe.moe_layers[0].fused
+    with torch.no_grad():
+        a, b = target.model(IDS).logits, draft.model(IDS).logits
+        assert torch.isfinite(b).all() and not torch.equal(a, b)
+        # each quantized expert is close to its target expert (end-to-end logits are not compared: one near-tie in
+        # routing flips an expert choice and moves a whole position)
+        x = torch.randn(7, target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        for lt, ld in zip(target.moe_layers, draft.moe.moe_layers):
+            for e in (0, lt.num_experts - 1):
+                want, got = lt.expert_forward(e, x), ld.expert_forward(e, x)
+                assert ((got - want).norm() / want.norm()).item() < 0.3, (lt.layer_index, e)
+    assert draft.quantized_bytes_per_expert < target.moe_layers[0].expert_bytes(torch.float16)
+
+
+def test_draft_expert_numerics_are_the_quantized_weights(tiny_dirs, drafts):
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    draft = load_draft(target, drafts[("mixtral", "rtn")])
+    layer_t, layer_d = target.moe_layers[0], draft.moe.moe_layers[0]
+    for proj, (w, _) in layer_t.defused_projections(3).items():
+        expected = dequantize(rtn_quantize(w, 4, GROUP))
+        assert torch.equal(getattr(layer_d.expert_module(3), proj).weight, expected)
+
+
+def test_draft_of_another_model_is_refused(tiny_dirs, drafts):
+    target = load_moe_model(tiny_dirs["olmoe"], dtype=torch.float32)
+    with pytest.raises(SpecterError, match="was made from .*mixtral"):
+        load_draft(target, drafts[("mixtral", "rtn")])
+
+
+def _quantize_cli(*args):
+    return subprocess.run([sys.executable, "-m", "specter", "quantize", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "{missing}", "--method", "rtn"], "does not exist"),
+        (["--model", "{mixtral}", "--method", "rtn", "--bits", "5"], "--bits 5 is not supported"),
+        (["--model", "{mixtral}", "--method", "rtn", "--group-size", "48"], "--group-size 48 does not divide"),
+        (["--model", "{mixtral}", "--method", "awq"], "unknown method 'awq'"),
+    ],
+)
+def test_bad_quantize_input_is_one_line_exit_2(args, message, tiny_dirs, tmp_path):
+    args = [a.format(missing=str(tmp_path / "nope"), mixtral=tiny_dirs["mixtral"]) for a in args]
+    proc = _quantize_cli(*args, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr
+    assert not (tmp_path / "out").exists(), "a failed request must leave nothing behind"
+
+
+def test_quantize_cli_writes_a_loadable_draft(tiny_dirs, tmp_path):
+    proc = _quantize_cli("--model", tiny_dirs["qwen2_moe"], "--method", "rtn", "--bits", "3", "--group-size", "16",
+                         "--out", str(tmp_path / "d"))
+    assert proc.returncode == 0, proc.stderr
+    target = load_moe_model(tiny_dirs["qwen2_moe"], dtype=torch.float32)
+    assert load_draft(target, tmp_path / "d").meta.bits == 3
