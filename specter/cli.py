@@ -82,11 +82,38 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from specter.data.prompts import load_prompts
+    from specter.models.loading import load_moe_model
+    from specter.quant.draft import load_draft
+    from specter.quant.fidelity import fidelity, write_fidelity
+
+    torch.set_num_threads(args.threads)
+    target = load_moe_model(args.model, dtype=torch.float32)
+    draft = load_draft(target, args.draft)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
+    prompts = load_prompts(args.dataset, tokenizer, args.num_prompts, args.prefix_tokens)
+    summary, rows = fidelity(target, draft.moe, prompts, new_tokens=args.new_tokens, stride=args.stride)
+    meta = {"model": str(args.model), "draft": str(args.draft), "method": draft.meta.method, "bits": draft.meta.bits,
+            "group_size": draft.meta.group_size, "dataset": args.dataset, "num_prompts": args.num_prompts,
+            "prefix_tokens": args.prefix_tokens, "new_tokens": args.new_tokens, "stride": args.stride}
+    json_path = write_fidelity(summary, rows, args.out, meta)
+    a8 = summary.acceptance[7]
+    print(f"experts exact {summary.expert_exact:.1%} + partial {summary.expert_partial:.1%} "
+          f"(none {summary.expert_none:.1%}); top-1 agreement {summary.top1_agreement:.1%}; "
+          f"K=8: mean accepted {a8['mean_accepted']:.2f}, acceptance rate {a8['acceptance_rate']:.1%}")
+    print(f"wrote {args.out} and {json_path}")
+    return 0
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
     from specter.timing.hardware import load_profile, preset_names
     from specter.timing.profiler import profile_summary
 
-    for name in preset_names():
+    for name in args.profiles or preset_names():
         print(profile_summary(load_profile(name)))
     return 0
 
@@ -136,7 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="hide GPTQModel's own output")
     p.set_defaults(func=cmd_quantize)
 
-    p = sub.add_parser("hardware", help="list the hardware presets with their key numbers")
+    p = sub.add_parser("fidelity", help="how well a draft predicts its target: expert sets, top-1, acceptance vs K")
+    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
+    p.add_argument("--draft", required=True, metavar="DIR", help="a draft made by `specter quantize` from it")
+    p.add_argument("--dataset", default="code", help="a shipped prompt set (default: code)")
+    p.add_argument("--num-prompts", type=int, default=5, help="prompts (default 5, the artifact's protocol)")
+    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens the target generates per prompt (default 64)")
+    p.add_argument("--stride", type=int, default=4, help="speculate from every STRIDE-th position (default 4)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--out", required=True, metavar="FILE.csv", help="tidy CSV; the JSON summary goes beside it")
+    p.set_defaults(func=cmd_fidelity)
+
+    p = sub.add_parser("hardware", help="show hardware profiles: the presets, or the given preset names or YAML files")
+    p.add_argument("profiles", nargs="*", metavar="PRESET|FILE",
+                   help="what every --hardware option takes: a preset name or a profile YAML (default: all presets)")
     p.set_defaults(func=cmd_hardware)
 
     p = sub.add_parser("profile-bandwidth", help="measure this machine and write a hardware profile YAML")

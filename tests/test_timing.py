@@ -165,6 +165,9 @@ def test_profile_bandwidth_cpu_writes_a_profile_hardware_accepts(tmp_path):
     rows = (tmp_path / "bandwidth.csv").read_text().splitlines()
     assert rows[0] == "size_bytes,memory,median_s,gbps,repeats" and len(rows) == 6
     SimEngine(p).launch(H2D, Op("copy", bytes_copied=1 << 20))
+    shown = subprocess.run([sys.executable, "-m", "specter", "hardware", str(tmp_path / "profile.yaml")],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith("measured-cpu:"), shown.stderr
 
 
 def test_belady_loads():

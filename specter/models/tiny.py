@@ -167,3 +167,24 @@ def save_tiny_model(model_type: str, out_dir: str | Path, seed: int = 0) -> Path
     build_tiny_model(model_type, seed=seed).save_pretrained(out)
     byte_tokenizer().save_pretrained(out)
     return out
+
+
+def fit_tiny_model(model: torch.nn.Module, token_ids: list[int], steps: int = 300, batch: int = 16, seq_len: int = 64,
+                   lr: float = 3e-3, seed: int = 0) -> list[float]:
+    """Train a tiny model on a token stream (next-token loss) so that its routing and predictions carry signal; returns
+    the loss curve. Used where a random model would make a comparison meaningless (GPTQ vs RTN, acceptance rates)."""
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.tensor(token_ids)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=generator)
+        x = torch.stack([data[s : s + seq_len] for s in starts])  # [B, T]
+        loss = model(input_ids=x, labels=x).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses

@@ -14,8 +14,9 @@ import torch
 
 
 def main(request: dict) -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(torch.get_num_threads()))
+    # GPTQModel's CPU device pool must hold at least the 2 workers its model loader asks for, even where the caller
+    # (e.g. a 1-thread Snakemake job) limits torch to one thread.
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, torch.get_num_threads())))
     from gptqmodel import GPTQModel, QuantizeConfig
     from transformers import AutoTokenizer
 

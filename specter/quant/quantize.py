@@ -143,9 +143,10 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
     """
     tmp = Path(tempfile.mkdtemp(prefix="specter-gptq-"))
     try:
-        request = dict(model_dir=str(model_dir), out_dir=str(tmp), bits=bits, group_size=group_size, **calibration)
-        proc = subprocess.run(
-            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)],
+        request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(tmp), bits=bits, group_size=group_size,
+                       **calibration)
+        proc = subprocess.run(  # cwd: GPTQModel writes a logs/ folder into its working directory
+            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], cwd=tmp,
             stdout=None if progress else subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
         )
         if proc.returncode != 0:

@@ -1,0 +1,13 @@
+# Models the workflow builds offline (configured `build:` names); checkpoints given by `path:` are used as they are.
+
+
+rule build_model:
+    output:
+        config="results/models/{model}/config.json",
+    log:
+        "results/logs/build_model/{model}.log",
+    params:
+        name=lambda wc: config["models"][wc.model]["build"],
+        out=lambda wc: f"results/models/{wc.model}",
+    shell:
+        "rm -rf {params.out} && specter build-model {params.name} --out {params.out} > {log} 2>&1"
