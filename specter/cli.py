@@ -109,6 +109,35 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from specter.runner import RunRequest, run
+
+    torch.set_num_threads(args.threads)
+    try:
+        k = None if args.k is None else int(args.k)
+    except ValueError:
+        from specter.errors import SpecterError
+
+        raise SpecterError(f"--k must be an integer >= 1, got {args.k!r}") from None
+    req = RunRequest(system=args.system, model=args.model, draft=args.draft, dataset=args.dataset, field=args.field,
+                     num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens, max_new_tokens=args.max_new_tokens,
+                     hardware=args.hardware, device_memory_gb=args.device_memory_gb,
+                     resident_per_layer=args.resident_per_layer, k=k, prefetch=args.prefetch,
+                     temperature=args.temperature, seed=args.seed, engine=args.engine, out=args.out)
+    records = run(req)
+    import statistics
+
+    tpot = statistics.median(r.tpot_ms for r in records)
+    lb = statistics.median(r.lower_bound_tpot_ms for r in records)
+    label = f"simulated on {records[0].hardware}" if records[0].simulated else f"measured on {records[0].hardware}"
+    print(f"{args.system}: median TPOT {tpot:.3f} ms ({label}; lower bound {lb:.3f} ms) over {len(records)} prompts, "
+          f"{records[0].slots_per_layer}/{records[0].experts_per_layer} experts per layer resident")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
     from specter.timing.hardware import load_profile, preset_names
     from specter.timing.profiler import profile_summary
@@ -174,6 +203,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--out", required=True, metavar="FILE.csv", help="tidy CSV; the JSON summary goes beside it")
     p.set_defaults(func=cmd_fidelity)
+
+    p = sub.add_parser("run", help="run one system over a prompt set and write one JSON record per prompt")
+    p.add_argument("--system", required=True, help="a registered system (see the error for the list)")
+    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
+    p.add_argument("--draft", metavar="DIR", help="the draft (speculative systems), from `specter quantize`")
+    p.add_argument("--dataset", required=True, help="a shipped prompt set (code) or a JSONL/JSON/CSV/Parquet file")
+    p.add_argument("--field", help="the text column of a dataset file (default: the paper sets' conventions)")
+    p.add_argument("--num-prompts", type=int, default=5, help="first N non-empty inputs (default 5)")
+    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--hardware", required=True, help="a preset name or a profile YAML (see `specter hardware`)")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--device-memory-gb", type=float, help="device memory for the run, GB (1e9 bytes)")
+    budget.add_argument("--resident-per-layer", type=int, help="expert slots per MoE layer")
+    p.add_argument("--k", help="draft window K (speculative systems), an integer >= 1")
+    p.add_argument("--prefetch", default="adaptive", help="adaptive, none, early or late (default adaptive)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
+    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="the records, one JSON line per prompt")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("hardware", help="show hardware profiles: the presets, or the given preset names or YAML files")
     p.add_argument("profiles", nargs="*", metavar="PRESET|FILE",

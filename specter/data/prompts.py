@@ -1,28 +1,75 @@
-"""Prompt sets by name, loaded offline, cut to the artifact's protocol: the first N non-empty inputs, P tokens each.
+"""Prompt sets by name or local file, cut to the artifact's protocol: the first N non-empty inputs, P tokens each.
 
-Shipped today: `code` (held-out CPython standard-library files, disjoint from the calibration split). The other shipped
-sets and local dataset files are the default-model issue's work.
+Shipped: `code` (held-out CPython standard-library files, disjoint from the calibration split). Local files: JSONL, JSON,
+CSV or Parquet; the text column is `--field`, or else the first present of the paper's five sets' conventions: GSM8K
+`question`, HumanEval `prompt`, GPQA `Pre-Revision Question` then `Question`, WikiText-2 and C4 `text`.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from specter.data.corpus import corpus_texts
 from specter.errors import SpecterError
 
 DATASETS = ("code",)
+FIELD_CONVENTIONS = ("question", "prompt", "Pre-Revision Question", "Question", "text")
+READERS = {".jsonl": "json-lines", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int = 16) -> list[list[int]]:
-    """Token ids of the first `num_prompts` non-empty inputs of set `name`, each cut to `prefix_tokens` tokens."""
-    if name not in DATASETS:
-        raise SpecterError(f"unknown dataset {name!r}; shipped datasets: {', '.join(DATASETS)}")
+def read_texts(path: str | Path, field: str | None = None) -> list[str]:
+    """The non-empty texts of a local dataset file's text column."""
+    import pandas as pd
+
+    path = Path(path)
+    kind = READERS.get(path.suffix.lower())
+    if kind is None:
+        raise SpecterError(f"cannot read {path}: unknown format {path.suffix!r}; use one of {', '.join(READERS)}")
+    if path.stat().st_size == 0:
+        raise SpecterError(f"dataset file {path} is empty")
+    try:
+        if kind == "json-lines":
+            frame = pd.read_json(path, lines=True)
+        elif kind == "json":
+            frame = pd.read_json(path)
+        elif kind == "csv":
+            frame = pd.read_csv(path)
+        else:
+            frame = pd.read_parquet(path)
+    except (ValueError, OSError) as err:  # pandas raises ValueError for malformed JSON/CSV, OSError for bad Parquet
+        raise SpecterError(f"cannot read {path} as {kind}: {str(err).splitlines()[0]}") from None
+    if frame.empty:
+        raise SpecterError(f"dataset file {path} has no rows")
+    columns = [str(c) for c in frame.columns]
+    if field is None:
+        field = next((c for c in FIELD_CONVENTIONS if c in columns), None)
+        if field is None:
+            raise SpecterError(f"{path} has none of the known text fields {list(FIELD_CONVENTIONS)}; columns: {columns}; "
+                               "pass --field NAME")
+    elif field not in columns:
+        raise SpecterError(f"{path} has no field {field!r}; its columns: {columns}")
+    return [t for t in frame[field].astype(str).tolist() if t.strip() and t != "nan"]
+
+
+def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int = 16,
+                 field: str | None = None) -> list[list[int]]:
+    """Token ids of the first `num_prompts` non-empty inputs of `name` (a shipped set or a file), each cut to
+    `prefix_tokens` tokens."""
     if num_prompts < 1 or prefix_tokens < 1:
         raise SpecterError(f"need at least one prompt of at least one token, got {num_prompts} x {prefix_tokens}")
+    if name in DATASETS:
+        texts = corpus_texts("code", "held_out")
+    elif Path(name).is_file():
+        texts = read_texts(name, field)
+    else:
+        raise SpecterError(f"unknown dataset {name!r}: not a shipped set ({', '.join(DATASETS)}) and not a file")
     prompts = []
-    for text in corpus_texts("code", "held_out"):
+    for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:prefix_tokens]
-        if len(ids) == prefix_tokens:
+        if ids:
             prompts.append(ids)
         if len(prompts) == num_prompts:
             return prompts
-    raise SpecterError(f"dataset {name!r} has only {len(prompts)} inputs of {prefix_tokens} tokens")
+    if not prompts:
+        raise SpecterError(f"dataset {name!r} has no non-empty inputs")
+    return prompts

@@ -1,0 +1,80 @@
+"""The device ExpertCache: a fixed number of slots per MoE layer, LRU replacement, protection, events, counters.
+
+Each resident expert has a `ready` event (its copy landed) and a `last_use` event (its last compute finished). A copy
+into a slot waits on the evicted expert's `last_use`, so a slot is never overwritten while an expert that uses it still
+runs. Experts prefetched for the coming verification are protected from eviction until it ends. The cache is one
+OrderedDict per layer (least recently used first), as Mixtral-Offloading and the Specter artifact keep theirs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from specter.timing.engine import Event
+
+
+@dataclass
+class Slot:
+    ready: Event | None = None  # the copy that brought the expert in
+    last_use: Event | None = None  # the last compute that read it
+
+
+class ExpertCache:
+    def __init__(self, layers: tuple[int, ...], slots_per_layer: int) -> None:
+        if slots_per_layer < 1:
+            raise ValueError(f"slots_per_layer must be >= 1, got {slots_per_layer}")
+        self.slots_per_layer = slots_per_layer
+        self.entries: dict[int, OrderedDict[int, Slot]] = {layer: OrderedDict() for layer in layers}
+        self.protected: dict[int, set[int]] = {layer: set() for layer in layers}
+        self.hits = {layer: 0 for layer in layers}
+        self.misses = {layer: 0 for layer in layers}
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        layer, expert = key
+        return expert in self.entries[layer]
+
+    def resident(self, layer: int) -> list[int]:
+        return list(self.entries[layer])
+
+    def slot(self, layer: int, expert: int) -> Slot:
+        return self.entries[layer][expert]
+
+    def touch(self, layer: int, expert: int) -> None:
+        self.entries[layer].move_to_end(expert)
+
+    def victim(self, layer: int, keep: set[int] = frozenset()) -> int | None:
+        """The least recently used expert that is neither protected nor in `keep`; None if every slot is pinned."""
+        if len(self.entries[layer]) < self.slots_per_layer:
+            return None
+        for expert in self.entries[layer]:
+            if expert not in self.protected[layer] and expert not in keep:
+                return expert
+        return None
+
+    def has_room(self, layer: int, keep: set[int] = frozenset()) -> bool:
+        return len(self.entries[layer]) < self.slots_per_layer or self.victim(layer, keep) is not None
+
+    def insert(self, layer: int, expert: int, keep: set[int] = frozenset()) -> Slot | None:
+        """Make room (evicting the LRU victim) and add `expert`; returns the evicted slot (its `last_use` must be waited
+        on before the copy), or None if nothing was evicted. Raises if no slot can be freed."""
+        evicted = None
+        if len(self.entries[layer]) >= self.slots_per_layer:
+            victim = self.victim(layer, keep)
+            if victim is None:
+                raise RuntimeError(f"layer {layer}: every slot is protected or in use")
+            evicted = self.entries[layer].pop(victim)
+        self.entries[layer][expert] = Slot()
+        return evicted
+
+    def protect(self, layer: int, experts: set[int]) -> None:
+        self.protected[layer] |= experts
+
+    def unprotect_all(self) -> None:
+        for s in self.protected.values():
+            s.clear()
+
+    def fill(self, layer: int, experts: list[int]) -> None:
+        """Warm-start a layer with `experts` (no copies: used for the resident reference system)."""
+        for e in experts[: self.slots_per_layer]:
+            self.entries[layer][e] = Slot()

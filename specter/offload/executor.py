@@ -1,0 +1,133 @@
+"""The MoE layer executor: the target's routed experts for one pass, hot-first, on the engine's streams.
+
+Per MoE layer of a pass: the attention block (and router) runs and, unless every expert is resident, the host reads the
+routing (a synchronization: copies cannot be decided before it); then every resident expert the pass needs computes at once (waiting
+only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and computes as its
+copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this pass does not
+need, after that expert's last compute); if every slot is taken by experts the pass needs or by protected prefetches, it
+streams through a staging buffer without entering the cache. Prefetches (`prefetch`) go through the same slots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from specter.offload.cache import ExpertCache
+from specter.offload.work import ModelWork
+from specter.timing.bounds import PassWork
+from specter.timing.engine import COMPUTE, H2D, Engine, Event, Op
+
+
+@dataclass
+class TransferStats:
+    demand_hits: int = 0
+    demand_misses: int = 0
+    h2d_bytes_demand: int = 0
+    h2d_bytes_prefetch: int = 0
+    prefetches: int = 0
+    per_layer_hits: Counter = field(default_factory=Counter)
+    per_layer_misses: Counter = field(default_factory=Counter)
+
+
+class Executor:
+    def __init__(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats) -> None:
+        self.engine = engine
+        self.work = work
+        self.cache = cache
+        self.stats = stats
+        # A runtime whose cache can miss reads each layer's routing on the host to decide what to copy: the host waits
+        # for the router (a synchronization per MoE layer). With every expert resident, routing stays on the device.
+        self.host_reads_routes = cache.slots_per_layer < work.experts_per_layer
+        self.passes: list[PassWork] = []  # every target pass, at roofline (the lower bound's compute side)
+        self._acc: list[Op] | None = None
+
+    def _compute(self, op: Op) -> None:
+        if self._acc is not None:
+            self._acc.append(op)
+        self.engine.launch(COMPUTE, op)
+
+    def _copy_into_slot(self, layer: int, expert: int, keep: set[int], label: str) -> Event:
+        """Copy `expert` into a slot of `layer` (after the evicted expert's last use); returns the copy's event."""
+        evicted = self.cache.insert(layer, expert, keep)
+        if evicted is not None and evicted.last_use is not None:
+            self.engine.wait(H2D, evicted.last_use)
+        self.engine.launch(H2D, self.work.copy_op(label))
+        ready = self.engine.record(H2D)
+        self.cache.slot(layer, expert).ready = ready
+        return ready
+
+    def prefetch(self, layer: int, experts: list[int]) -> int:
+        """Copy those of `experts` that are not resident and fit (protected until `unprotect_all`); returns how many."""
+        issued = 0
+        for e in experts:
+            if (layer, e) in self.cache:
+                self.cache.protect(layer, {e})
+                continue
+            if not self.cache.has_room(layer):
+                break
+            self._copy_into_slot(layer, e, set(), f"L{layer}.prefetch.e{e}")
+            self.cache.protect(layer, {e})
+            self.stats.h2d_bytes_prefetch += self.work.expert_bytes
+            self.stats.prefetches += 1
+            issued += 1
+        return issued
+
+    def layer(self, layer: int, routes: list[tuple[int, ...]], context: int, tag: str) -> None:
+        """One decoder layer of a target pass over len(routes) tokens (routes empty for a dense layer)."""
+        n = max(1, len(routes))
+        self._compute(self.work.attention_op(layer, n, context, f"{tag}.L{layer}.attn"))
+        if layer not in self.work.moe_layers:
+            return
+        if self.host_reads_routes:
+            self.engine.synchronize(self.engine.record(COMPUTE))
+        tokens_per_expert = Counter(e for r in routes for e in r)
+        needed = set(tokens_per_expert)
+        resident = [e for e in self.cache.resident(layer) if e in needed]  # hot-first, in cache order
+        missing = sorted(needed - set(resident))
+        for e in resident:
+            slot = self.cache.slot(layer, e)
+            if slot.ready is not None:
+                self.engine.wait(COMPUTE, slot.ready)
+            self._compute(self.work.expert_op(tokens_per_expert[e], f"{tag}.L{layer}.e{e}"))
+            slot.last_use = self.engine.record(COMPUTE)
+            self.cache.touch(layer, e)
+        self.stats.demand_hits += len(resident)
+        self.stats.per_layer_hits[layer] += len(resident)
+        for e in missing:
+            self.stats.demand_misses += 1
+            self.stats.per_layer_misses[layer] += 1
+            self.stats.h2d_bytes_demand += self.work.expert_bytes
+            label = f"{tag}.L{layer}.demand.e{e}"
+            if self.cache.has_room(layer, keep=needed):
+                ready = self._copy_into_slot(layer, e, needed, label)
+            else:  # every slot holds an expert this pass needs or a protected prefetch: stream through a buffer
+                self.engine.launch(H2D, self.work.copy_op(label))
+                ready = self.engine.record(H2D)
+            self.engine.wait(COMPUTE, ready)
+            self._compute(self.work.expert_op(tokens_per_expert[e], f"{tag}.L{layer}.e{e}"))
+            if (layer, e) in self.cache:
+                self.cache.slot(layer, e).last_use = self.engine.record(COMPUTE)
+
+    def target_pass(self, routes: list[dict[int, tuple[int, ...]]], context: int, tag: str) -> Event:
+        """A full target pass over len(routes) tokens after `context` cached tokens; returns its end event (logits)."""
+        n = len(routes)
+        self._acc = []
+        for layer in self.work.layers:
+            per_token = [r[layer] for r in routes] if layer in self.work.moe_layers else []
+            self.layer(layer, per_token, context + n, tag)
+        self._compute(self.work.head_op(n, f"{tag}.head"))
+        ops, self._acc = self._acc, None
+        self.passes.append(PassWork(n, sum(o.flops for o in ops), sum(o.bytes_read for o in ops),
+                                    sum(o.launches for o in ops)))
+        return self.engine.record(COMPUTE)
+
+    def draft_step(self, routes: dict[int, tuple[int, ...]], context: int, expert_bytes: int, tag: str) -> Event:
+        """One draft step (one token): the target's shared attention blocks and the draft's resident quantized experts."""
+        for layer in self.work.layers:
+            self.engine.launch(COMPUTE, self.work.attention_op(layer, 1, context + 1, f"{tag}.L{layer}.attn"))
+            if layer in self.work.moe_layers:
+                for e in routes[layer]:
+                    self.engine.launch(COMPUTE, self.work.expert_op(1, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
+        self.engine.launch(COMPUTE, self.work.head_op(1, f"{tag}.head"))
+        return self.engine.record(COMPUTE)

@@ -1,0 +1,59 @@
+"""The device memory plan of a run: the resident part first, the rest becomes expert slots per MoE layer.
+
+Resident: the target's non-expert weights, the draft's quantized experts (speculative systems), the KV cache for the
+longest sequence, and a workspace of `STAGING_BUFFERS` expert-sized buffers for experts that stream through without a
+slot. A budget is `--device-memory-gb X` or `--resident-per-layer N`; a budget that cannot hold the resident part plus
+one slot per layer is refused, naming both numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from specter.errors import SpecterError
+from specter.offload.work import ModelWork
+
+STAGING_BUFFERS = 4  # as Mixtral-Offloading's shared device buffers
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    slots_per_layer: int
+    resident_bytes: int
+    non_expert_bytes: int
+    draft_bytes: int
+    kv_bytes: int
+    workspace_bytes: int
+    expert_slot_bytes: int  # slots_per_layer x MoE layers x expert bytes
+    budget_bytes: int | None  # None when the budget was given as slots
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int = 0, device_memory_gb: float | None = None,
+                resident_per_layer: int | None = None) -> MemoryPlan:
+    if (device_memory_gb is None) == (resident_per_layer is None):
+        raise SpecterError("give exactly one budget: --device-memory-gb X or --resident-per-layer N")
+    kv = work.kv_bytes(max_tokens)
+    workspace = STAGING_BUFFERS * work.expert_bytes
+    resident = work.non_expert_bytes() + draft_bytes + kv + workspace
+    per_slot_row = len(work.moe_layers) * work.expert_bytes  # one slot in every MoE layer
+    if resident_per_layer is not None:
+        if not 1 <= resident_per_layer <= work.experts_per_layer:
+            raise SpecterError(
+                f"--resident-per-layer {resident_per_layer} must be between 1 and {work.experts_per_layer} "
+                "(the experts per layer)"
+            )
+        slots, budget = resident_per_layer, None
+    else:
+        budget = int(device_memory_gb * 1e9)
+        slots = min(work.experts_per_layer, (budget - resident) // per_slot_row) if budget > resident else 0
+        if slots < 1:
+            raise SpecterError(
+                f"--device-memory-gb {device_memory_gb} ({budget} bytes) cannot hold the resident part "
+                f"({resident} bytes: weights {work.non_expert_bytes()}, draft {draft_bytes}, KV {kv}, workspace "
+                f"{workspace}) plus one expert slot per layer ({per_slot_row} bytes); give at least "
+                f"{(resident + per_slot_row) / 1e9:.6f}"
+            )
+    return MemoryPlan(slots, resident, work.non_expert_bytes(), draft_bytes, kv, workspace, slots * per_slot_row, budget)

@@ -1,0 +1,88 @@
+"""The target's and draft's work in the cost model's terms: FLOPs, bytes read and kernels per op.
+
+Weights are costed at FP16/BF16 (2 bytes a parameter, the paper's targets) whatever dtype the CPU numerics use; the
+draft's routed experts at their quantized size from the draft's sidecar. Per decoder layer and pass of n tokens over a
+context of c tokens:
+- attention block (norms, projections, attention, router, shared experts or a dense MLP): FLOPs 2 n P_layer +
+  4 n c d_attn, bytes P_layer x 2 + c x KV bytes per token; 8 kernels;
+- one routed expert on m tokens: FLOPs 2 m P_expert, bytes = the expert's stored size; 3 kernels;
+- LM head and final norm: FLOPs 2 n H V, bytes H V x 2; 2 kernels.
+These kernel counts and the attention FLOP formula are modelling choices, the same for every system.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specter.models.adapter import MoEModel
+from specter.timing.engine import Op
+
+WEIGHT_BYTES = 2  # FP16/BF16 target weights
+ATTN_KERNELS, EXPERT_KERNELS, HEAD_KERNELS = 8, 3, 2
+
+
+@dataclass(frozen=True)
+class ModelWork:
+    layers: tuple[int, ...]  # decoder layer indices, in order
+    moe_layers: tuple[int, ...]
+    experts_per_layer: int
+    layer_params: dict[int, int]  # non-routed-expert parameters of each decoder layer
+    head_params: int  # LM head (+ final norm)
+    expert_params: int  # one routed expert
+    expert_bytes: int  # one routed expert at WEIGHT_BYTES
+    attn_width: int  # heads x head dim (attention FLOPs per context token)
+    kv_bytes_per_token: int  # per layer, K and V at WEIGHT_BYTES
+    hidden: int
+    vocab: int
+
+    @classmethod
+    def of(cls, moe: MoEModel) -> "ModelWork":
+        cfg = moe.config
+        layer_params = {}
+        for i, layer in enumerate(moe.decoder_layers):
+            routed = {id(p) for p in layer.mlp.experts.parameters()} if hasattr(layer.mlp, "experts") else set()
+            layer_params[i] = sum(p.numel() for p in layer.parameters() if id(p) not in routed)
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        v_dim = getattr(cfg, "v_head_dim", None) or head_dim
+        qk_dim = (getattr(cfg, "qk_nope_head_dim", 0) or 0) + (getattr(cfg, "qk_rope_head_dim", 0) or 0) or head_dim
+        head_params = moe.model.lm_head.weight.numel() + moe.model.model.norm.weight.numel()
+        first = moe.moe_layers[0]
+        return cls(
+            layers=tuple(range(moe.num_layers)),
+            moe_layers=tuple(m.layer_index for m in moe.moe_layers),
+            experts_per_layer=first.num_experts,
+            layer_params=layer_params,
+            head_params=head_params,
+            expert_params=first.expert_params(),
+            expert_bytes=first.expert_params() * WEIGHT_BYTES,
+            attn_width=heads * max(qk_dim, v_dim),
+            kv_bytes_per_token=kv_heads * (qk_dim + v_dim) * WEIGHT_BYTES,
+            hidden=cfg.hidden_size,
+            vocab=cfg.vocab_size,
+        )
+
+    # ops -----------------------------------------------------------------------------------------------------------
+    def attention_op(self, layer: int, tokens: int, context: int, label: str) -> Op:
+        p = self.layer_params[layer]
+        return Op(label, flops=2.0 * tokens * p + 4.0 * tokens * context * self.attn_width,
+                  bytes_read=p * WEIGHT_BYTES + context * self.kv_bytes_per_token, launches=ATTN_KERNELS)
+
+    def expert_op(self, tokens: int, label: str, stored_bytes: int | None = None) -> Op:
+        return Op(label, flops=2.0 * tokens * self.expert_params,
+                  bytes_read=self.expert_bytes if stored_bytes is None else stored_bytes, launches=EXPERT_KERNELS)
+
+    def head_op(self, tokens: int, label: str) -> Op:
+        return Op(label, flops=2.0 * tokens * self.head_params, bytes_read=self.head_params * WEIGHT_BYTES,
+                  launches=HEAD_KERNELS)
+
+    def copy_op(self, label: str, pinned: bool = True) -> Op:
+        return Op(label, bytes_copied=self.expert_bytes, pinned=pinned)
+
+    # sizes ---------------------------------------------------------------------------------------------------------
+    def non_expert_bytes(self) -> int:
+        return (sum(self.layer_params.values()) + self.head_params + self.hidden * self.vocab) * WEIGHT_BYTES
+
+    def kv_bytes(self, tokens: int) -> int:
+        return tokens * self.kv_bytes_per_token * len(self.layers)

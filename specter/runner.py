@@ -1,0 +1,169 @@
+"""One `specter run`: validate the request, load model, draft and prompts, schedule every prompt, write the records.
+
+Everything that can be checked is checked before any model is loaded, and the JSONL is written to a temporary file and
+renamed at the end, so a bad request or a failure leaves no partial output. Numerics go through a `ForwardService`
+shared by every run in the process (keyed by model and draft), so a second system on the same prompts only schedules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specter.errors import SpecterError
+from specter.metrics import RunRecord, lower_bound_tpot_seconds, speculative_fields, tpot_seconds
+from specter.offload.memory import plan_memory
+from specter.offload.work import ModelWork
+from specter.spec.forward import ForwardService
+from specter.spec.lookahead import POLICIES
+from specter.systems import DecodeConfig, PromptContext, get_system
+from specter.timing import load_profile, make_engine
+from specter.timing.cost import CostModel
+
+ENGINES = ("sim",)  # the CUDA engine exists (specter.timing.cuda) but `specter run` does not drive it yet
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    system: str
+    model: str
+    dataset: str
+    hardware: str
+    out: str
+    draft: str | None = None
+    field: str | None = None
+    num_prompts: int = 5
+    prefix_tokens: int = 16
+    max_new_tokens: int = 128
+    device_memory_gb: float | None = None
+    resident_per_layer: int | None = None
+    k: int | None = None
+    prefetch: str = "adaptive"
+    temperature: float = 0.0
+    seed: int = 42
+    engine: str = "sim"
+    progress: bool = True
+
+
+_SERVICES: dict[tuple[str, str | None], tuple[object, object, ForwardService]] = {}
+
+
+def _service(model_dir: str, draft_dir: str | None):
+    """(target, draft, ForwardService) for this model and draft, loaded once per process."""
+    from specter.models.loading import load_moe_model
+    from specter.quant.draft import load_draft
+
+    key = (str(Path(model_dir).resolve()), None if draft_dir is None else str(Path(draft_dir).resolve()))
+    if key not in _SERVICES:
+        base = next((v for (m, _), v in _SERVICES.items() if m == key[0]), None)
+        target = base[0] if base else load_moe_model(model_dir, dtype=torch.float32)
+        draft = load_draft(target, draft_dir) if draft_dir else None
+        _SERVICES[key] = (target, draft, ForwardService(target, draft.moe if draft else None))
+    return _SERVICES[key]
+
+
+def validate(req: RunRequest):
+    """Every check that needs no model weights; returns (system, hardware profile)."""
+    from specter.models.loading import read_model_config
+
+    system = get_system(req.system)
+    if req.engine not in ENGINES:
+        raise SpecterError(f"--engine {req.engine} is not available for `specter run`; engines: {', '.join(ENGINES)}")
+    profile = load_profile(req.hardware)
+    read_model_config(req.model)
+    if system.speculative:
+        if req.draft is None:
+            raise SpecterError(f"system {req.system!r} speculates: pass --draft DIR (make one with `specter quantize`)")
+        if req.k is None or req.k < 1:
+            raise SpecterError(f"--k must be at least 1 for {req.system!r}, got {req.k}")
+    if req.prefetch not in POLICIES:
+        raise SpecterError(f"--prefetch {req.prefetch!r} is not a policy; policies: {', '.join(POLICIES)}")
+    if req.temperature != 0:
+        raise SpecterError("--temperature > 0 (rejection sampling) is not available in `specter run` yet; use 0")
+    if req.max_new_tokens < 2:
+        raise SpecterError(f"--max-new-tokens must be at least 2 (TPOT needs two tokens), got {req.max_new_tokens}")
+    if (req.device_memory_gb is None) == (req.resident_per_layer is None):
+        raise SpecterError("give exactly one budget: --device-memory-gb X or --resident-per-layer N")
+    out = Path(req.out)
+    if out.exists() and out.is_dir():
+        raise SpecterError(f"--out {req.out} is a directory; give a file name ending in .jsonl")
+    return system, profile
+
+
+def _git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(req: RunRequest) -> list[RunRecord]:
+    """Run `req` and write its records; returns them."""
+    from transformers import AutoTokenizer
+
+    from specter.data.prompts import load_prompts
+    from specter.quant.meta import versions
+
+    system, profile = validate(req)
+    tokenizer = AutoTokenizer.from_pretrained(req.model, local_files_only=True)
+    prompts = load_prompts(req.dataset, tokenizer, req.num_prompts, req.prefix_tokens, field=req.field)
+    target, draft, service = _service(req.model, req.draft if system.speculative else None)
+    work = ModelWork.of(target)
+    draft_bytes = draft.quantized_bytes_per_expert if draft else 0
+    if system.fixed_slots is not None:
+        slots = system.fixed_slots(work)
+        memory = None
+    else:
+        memory = plan_memory(work, req.prefix_tokens + req.max_new_tokens + (req.k or 0),
+                             draft_bytes * len(work.moe_layers) * work.experts_per_layer,
+                             req.device_memory_gb, req.resident_per_layer)
+        slots = memory.slots_per_layer
+    config = DecodeConfig(req.max_new_tokens, slots, req.k if system.speculative else None, req.prefetch, draft_bytes)
+    cost = CostModel(profile)
+    resolved = {**asdict(req), "slots_per_layer": slots, "memory": memory.as_dict() if memory else None,
+                "hardware_profile": profile.to_yaml_dict(), "initial_cache": "empty"}
+    resolved.pop("progress")
+    common = dict(system=req.system, model=req.model, dataset=req.dataset, engine=req.engine, hardware=profile.name,
+                  simulated=req.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
+                  config=resolved, seed=req.seed, versions=versions(), git_commit=_git_commit())
+    records = []
+    for index, prompt in enumerate(tqdm(prompts, desc=f"{req.system}", disable=not req.progress)):
+        wall = time.perf_counter()
+        trace = service.trace(prompt, req.max_new_tokens)
+        engine = make_engine(req.engine, profile)
+        ctx = PromptContext.fresh(engine, work, service, trace, config)
+        result = system.run(ctx)
+        timeline = engine.finish()
+        lb = lower_bound_tpot_seconds(result, trace.step_routes[: req.max_new_tokens - 1], slots, work.expert_bytes,
+                                      cost)
+        records.append(RunRecord(
+            prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
+            ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
+            lower_bound_tpot_ms=lb * 1e3, k=result.k,
+            demand_hits=result.stats.demand_hits, demand_misses=result.stats.demand_misses,
+            h2d_bytes_prefetch=result.stats.h2d_bytes_prefetch, h2d_bytes_demand=result.stats.h2d_bytes_demand,
+            stall_ms=timeline.stall_seconds() * 1e3, wall_s=time.perf_counter() - wall,
+            **speculative_fields(result), **common,
+        ))
+    write_records(records, req.out)
+    return records
+
+
+def write_records(records: list[RunRecord], out: str | Path) -> None:
+    """Write JSONL atomically: a temporary file beside `out`, renamed over it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    with tmp.open("w") as f:
+        for r in records:
+            f.write(json.dumps(r.as_dict()) + "\n")
+    tmp.replace(out)

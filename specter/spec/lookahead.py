@@ -1,0 +1,99 @@
+"""The lookahead analyzer and the prefetch planner (the artifact's Predictive I/O Orchestrator).
+
+Analyzer: the draft's routing over the window so far, as counts per (layer, expert); the plan of a layer is its top-M
+experts with a count of at least one (M = the layer's slots), ties broken by expert id.
+
+Planner policies:
+- `adaptive` (the artifact's): the first plan after max(1, int(0.2 K)) draft steps; after each plan, the next comes
+  ceil(bytes just issued / (bw_est x t_draft_step)) steps later, with bw_est (initially 12 GB/s) and t_draft_step
+  (initially 1 ms) exponential moving averages (0.75 old, 0.25 new) of measured copy bandwidth and draft-step time;
+  a final cleanup plan over the whole window right before verification.
+- `none`: no prefetch; `early`: one plan after the first draft step; `late`: one cumulative plan before verification.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from specter.offload.executor import Executor
+
+POLICIES = ("adaptive", "none", "early", "late")
+EMA_OLD = 0.75
+INITIAL_BW = 12e9  # bytes/s
+INITIAL_STEP = 1e-3  # s
+
+
+def plan_from_counts(counts: dict[int, Counter], slots: int) -> dict[int, list[int]]:
+    """{layer: top-`slots` experts by draft count (count >= 1), most counted first, ties by expert id}."""
+    return {layer: [e for e, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:slots]] for layer, c in counts.items()}
+
+
+@dataclass
+class PlannerState:
+    """What the planner learns across cycles of one prompt: the EMAs."""
+
+    bw_est: float = INITIAL_BW
+    t_step: float = INITIAL_STEP
+    pending: list[tuple[float, int, object]] = field(default_factory=list)  # (host issue time, bytes, last event)
+
+    def observe_step(self, seconds: float) -> None:
+        if seconds > 0:
+            self.t_step = EMA_OLD * self.t_step + (1 - EMA_OLD) * seconds
+
+    def observe_copies(self, executor: Executor) -> None:
+        """Fold in the bandwidth of copy batches that have landed by now (host time)."""
+        now = executor.engine.now()
+        still = []
+        for issued, nbytes, event in self.pending:
+            landed = executor.engine.event_time(event) if event.time is not None or event.handle is not None else None
+            if landed is not None and landed <= now and landed > issued:
+                self.bw_est = EMA_OLD * self.bw_est + (1 - EMA_OLD) * nbytes / (landed - issued)
+            elif landed is None or landed > now:
+                still.append((issued, nbytes, event))
+        self.pending = still
+
+
+class Planner:
+    """One window's prefetch decisions."""
+
+    def __init__(self, policy: str, k: int, executor: Executor, slots: int, state: PlannerState) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown prefetch policy {policy!r}; policies: {', '.join(POLICIES)}")
+        self.policy, self.k, self.executor, self.slots, self.state = policy, k, executor, slots, state
+        self.next_plan = max(1, int(0.2 * k)) if policy == "adaptive" else (1 if policy == "early" else None)
+        self.plan: dict[int, list[int]] = {}
+
+    def _issue(self, counts: dict[int, Counter]) -> None:
+        self.plan = plan_from_counts(counts, self.slots)
+        issued = 0
+        issued_at = self.executor.engine.now()
+        for layer, experts in self.plan.items():
+            issued += self.executor.prefetch(layer, experts)
+        if issued:
+            from specter.timing.engine import H2D
+
+            nbytes = issued * self.executor.work.expert_bytes
+            self.state.pending.append((issued_at, nbytes, self.executor.engine.record(H2D)))
+            if self.policy == "adaptive":
+                chunk = math.ceil(nbytes / (self.state.bw_est * self.state.t_step))
+                self.next_plan = self._step + max(1, chunk)
+        elif self.policy == "adaptive":
+            self.next_plan = self._step + 1
+
+    def after_step(self, step: int, counts: dict[int, Counter], step_seconds: float) -> None:
+        """Called after draft step `step` (1-based) with the window's counts so far."""
+        self._step = step
+        self.state.observe_step(step_seconds)
+        self.state.observe_copies(self.executor)
+        if self.next_plan is not None and step == self.next_plan and step < self.k:
+            if self.policy == "early":
+                self.next_plan = None
+            self._issue(counts)
+
+    def before_verify(self, counts: dict[int, Counter]) -> None:
+        """The final cleanup plan (adaptive, late) over the whole window."""
+        self._step = self.k
+        if self.policy in ("adaptive", "late"):
+            self._issue(counts)

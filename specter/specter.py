@@ -1,0 +1,81 @@
+"""Specter (arXiv 2511.14102): speculative decoding with a quantized self-draft whose routing drives expert prefetch.
+
+Each cycle: the draft (the target with INT4 experts, resident) proposes K tokens; its routing over the window, counted
+per (layer, expert), plans which experts the verification will need, and the planner copies them in on the H2D stream
+while the draft is still drafting. The target then verifies K+1 tokens in one pass, hot-first (resident and prefetched
+experts compute at once, the rest stream in on demand); greedy acceptance commits the accepted proposals and the
+target's own next token. Prefetched experts are protected from eviction until the verification ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from specter.spec.lookahead import Planner, PlannerState
+from specter.systems import PredictionCounts, PromptContext, PromptResult, System
+
+
+class Specter(System):
+    name = "specter"
+    speculative = True
+
+    def run(self, ctx: PromptContext) -> PromptResult:
+        result = self.prefill(ctx)
+        trace, cfg, engine, ex = ctx.trace, ctx.config, ctx.engine, ctx.executor
+        k = cfg.k
+        if k is None or k < 1:
+            raise ValueError("Specter needs a window K >= 1")
+        result.k = k
+        state = PlannerState()
+        prompt_len = len(trace.prompt)
+        t = prompt_len + 1  # committed tokens
+        cycle = 0
+        while len(result.tokens) < cfg.max_new_tokens:
+            cycle += 1
+            window = ctx.service.window(trace, t, k)
+            accepted = window.accepted(k)
+            planner = Planner(cfg.prefetch, k, ex, ctx.cache.slots_per_layer, state)
+            counts = {layer: Counter() for layer in ctx.work.moe_layers}
+            previous = engine.now()
+            for i in range(1, k + 1):  # draft step i reads the token at position t - 2 + i
+                end = ex.draft_step(window.draft_routes[i - 1], context=t - 2 + i, expert_bytes=cfg.draft_expert_bytes,
+                                    tag=f"c{cycle}.draft{i}")
+                engine.synchronize(end)  # the host reads the proposal
+                for layer in counts:
+                    counts[layer].update(window.draft_routes[i - 1][layer])
+                now = engine.event_time(end)
+                planner.after_step(i, counts, now - previous)
+                previous = now
+            planner.before_verify(counts)
+            verify = window.verify_routes[: k + 1]
+            end = ex.target_pass(verify, context=t - 1, tag=f"c{cycle}.verify")
+            engine.synchronize(end)
+            done = engine.event_time(end)
+            new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
+            new_tokens = new_tokens[: cfg.max_new_tokens - len(result.tokens)]
+            expected = trace.tokens[len(result.tokens) : len(result.tokens) + len(new_tokens)]
+            if new_tokens != expected:
+                raise RuntimeError(
+                    f"verification at position {t} disagreed with the target's incremental greedy decode "
+                    f"({new_tokens} vs {expected}): a near-tie flipped under float noise; run the model in float32"
+                )
+            result.tokens += new_tokens
+            result.commit_times += [done] * len(new_tokens)
+            result.proposed += k
+            result.checked += accepted + 1 if accepted < k else k
+            result.accepted += accepted
+            result.accepted_lengths[accepted] += 1
+            for d in range(1, k + 1):  # draft step d and verification input d - 1 read the same token
+                for layer in ctx.work.moe_layers:
+                    predicted, actual = set(window.draft_routes[d - 1][layer]), set(verify[d - 1][layer])
+                    c = result.prediction.setdefault((layer, d), PredictionCounts())
+                    c.tp += len(predicted & actual)
+                    c.predicted += len(predicted)
+                    c.actual += len(actual)
+            for layer in ctx.work.moe_layers:
+                used = {e for r in verify for e in r[layer]}
+                result.window_needed += len(used)
+                result.window_hits += len(used & set(planner.plan.get(layer, [])))
+            ctx.cache.unprotect_all()
+            t += accepted + 1
+        return result

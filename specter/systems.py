@@ -1,0 +1,122 @@
+"""The System protocol, what one prompt's run produces, and the registry of system names.
+
+A system turns one prompt's numerics (from the forward service) into a schedule on the engine: which copies, which
+compute, in what order, waiting on what. Every system is lossless: at greedy decoding it commits the target's tokens.
+Systems never branch on the engine's kind. The registry finds reference systems here, Specter in `specter.specter`, and
+baselines in `baselines/` by module name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specter.errors import SpecterError
+from specter.offload.cache import ExpertCache
+from specter.offload.executor import Executor, TransferStats
+from specter.offload.work import ModelWork
+from specter.spec.forward import ForwardService, PromptTrace
+from specter.timing.engine import Engine
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int
+    slots_per_layer: int
+    k: int | None = None  # draft window (speculative systems); None: not speculative or chosen by the governor
+    prefetch: str = "adaptive"
+    draft_expert_bytes: int = 0  # one quantized draft expert as stored (speculative systems)
+
+
+@dataclass
+class PredictionCounts:
+    """Expert prediction of one (layer, lookahead distance): true positives, predicted and actual set sizes."""
+
+    tp: int = 0
+    predicted: int = 0
+    actual: int = 0
+
+
+@dataclass
+class PromptResult:
+    tokens: list[int]
+    commit_times: list[float]  # seconds since the prompt started, one per committed token
+    stats: TransferStats
+    executor: Executor
+    k: int | None = None
+    proposed: int = 0
+    checked: int = 0
+    accepted: int = 0
+    accepted_lengths: Counter = field(default_factory=Counter)
+    prediction: dict[tuple[int, int], PredictionCounts] = field(default_factory=dict)
+    window_hits: int = 0  # planned experts the verification used
+    window_needed: int = 0  # experts the verification used
+    first_decode_pass: int = 1  # index in executor.passes of the first pass after the first commit
+
+
+@dataclass
+class PromptContext:
+    engine: Engine
+    work: ModelWork
+    cache: ExpertCache
+    executor: Executor
+    service: ForwardService
+    trace: PromptTrace
+    config: DecodeConfig
+
+    @classmethod
+    def fresh(cls, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,
+              config: DecodeConfig) -> "PromptContext":
+        """A context with an empty cache: every prompt starts from the same state (the artifact restores it)."""
+        cache = ExpertCache(work.moe_layers, config.slots_per_layer)
+        stats = TransferStats()
+        return cls(engine, work, cache, Executor(engine, work, cache, stats), service, trace, config)
+
+
+class System:
+    """Base of every system: `run` schedules one prompt and returns its commits."""
+
+    name: str = ""
+    speculative: bool = False
+    #: slots per layer this system keeps regardless of the budget (the resident upper bound), else None
+    fixed_slots: Callable[[ModelWork], int] | None = None
+
+    def run(self, ctx: PromptContext) -> PromptResult:
+        raise NotImplementedError
+
+    def prefill(self, ctx: PromptContext) -> PromptResult:
+        """The prompt in one target pass (experts on demand); the first token commits when its logits are ready."""
+        trace = ctx.trace
+        end = ctx.executor.target_pass(trace.prefill_routes, context=0, tag="prefill")
+        ctx.engine.synchronize(end)
+        return PromptResult(tokens=[trace.tokens[0]], commit_times=[ctx.engine.event_time(end)], stats=ctx.executor.stats,
+                            executor=ctx.executor)
+
+
+REFERENCE_SYSTEMS = {"resident": "specter.reference", "on-demand": "specter.reference", "specter": "specter.specter"}
+BASELINE_PACKAGE = "baselines"
+
+
+def registry() -> dict[str, type[System]]:
+    """{name: System class} of every system the suite knows."""
+    import pkgutil
+
+    found: dict[str, type[System]] = {}
+    modules = set(REFERENCE_SYSTEMS.values())
+    base = importlib.import_module(BASELINE_PACKAGE)
+    modules |= {f"{BASELINE_PACKAGE}.{m.name}" for m in pkgutil.iter_modules(base.__path__)}
+    for module_name in sorted(modules):
+        module = importlib.import_module(module_name)
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, System) and obj is not System and obj.name:
+                found[obj.name] = obj
+    return found
+
+
+def get_system(name: str) -> System:
+    systems = registry()
+    if name not in systems:
+        raise SpecterError(f"unknown system {name!r}; known systems: {', '.join(sorted(systems))}")
+    return systems[name]()
