@@ -116,11 +116,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     try:
-        k = None if args.k is None else int(args.k)
+        k = None if args.k is None else (args.k if args.k in ("auto", "profile") else int(args.k))
     except ValueError:
         from specter.errors import SpecterError
 
-        raise SpecterError(f"--k must be an integer >= 1, got {args.k!r}") from None
+        raise SpecterError(f"--k must be an integer >= 1, auto or profile, got {args.k!r}") from None
     req = RunRequest(system=args.system, model=args.model, draft=args.draft, dataset=args.dataset, field=args.field,
                      num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens, max_new_tokens=args.max_new_tokens,
                      hardware=args.hardware, device_memory_gb=args.device_memory_gb,
@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--device-memory-gb", type=float, help="device memory for the run, GB (1e9 bytes)")
     budget.add_argument("--resident-per-layer", type=int, help="expert slots per MoE layer")
-    p.add_argument("--k", help="draft window K (speculative systems), an integer >= 1")
+    p.add_argument("--k", help="draft window K (speculative systems): an integer >= 1, auto (the amortization "
+                               "model) or profile (empirical, over 2..32)")
     p.add_argument("--prefetch", default="adaptive", help="adaptive, none, early or late (default adaptive)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")

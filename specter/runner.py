@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from specter.systems import DecodeConfig, PromptContext, get_system
 from specter.timing import load_profile, make_engine
 from specter.timing.cost import CostModel
 
+GOVERNORS = ("auto", "profile")
 ENGINES = ("sim",)  # the CUDA engine exists (specter.timing.cuda) but `specter run` does not drive it yet
 
 
@@ -44,7 +45,7 @@ class RunRequest:
     max_new_tokens: int = 128
     device_memory_gb: float | None = None
     resident_per_layer: int | None = None
-    k: int | None = None
+    k: int | str | None = None  # an integer, or "auto" / "profile" for the governor
     prefetch: str = "adaptive"
     temperature: float = 0.0
     seed: int = 42
@@ -52,21 +53,28 @@ class RunRequest:
     progress: bool = True
 
 
-_SERVICES: dict[tuple[str, str | None], tuple[object, object, ForwardService]] = {}
+_SERVICES: dict[str, tuple[object, dict, ForwardService]] = {}  # by target: (target, {draft dir: draft}, service)
 
 
 def _service(model_dir: str, draft_dir: str | None):
-    """(target, draft, ForwardService) for this model and draft, loaded once per process."""
+    """(target, draft, ForwardService) for this model, loaded once per process; the service memoizes the target's
+    numerics for every system and each draft's windows separately."""
     from specter.models.loading import load_moe_model
     from specter.quant.draft import load_draft
 
-    key = (str(Path(model_dir).resolve()), None if draft_dir is None else str(Path(draft_dir).resolve()))
+    key = str(Path(model_dir).resolve())
     if key not in _SERVICES:
-        base = next((v for (m, _), v in _SERVICES.items() if m == key[0]), None)
-        target = base[0] if base else load_moe_model(model_dir, dtype=torch.float32)
-        draft = load_draft(target, draft_dir) if draft_dir else None
-        _SERVICES[key] = (target, draft, ForwardService(target, draft.moe if draft else None))
-    return _SERVICES[key]
+        target = load_moe_model(model_dir, dtype=torch.float32)
+        _SERVICES[key] = (target, {}, ForwardService(target))
+    target, drafts, service = _SERVICES[key]
+    draft = None
+    if draft_dir is not None:
+        draft_key = str(Path(draft_dir).resolve())
+        if draft_key not in drafts:
+            drafts[draft_key] = load_draft(target, draft_dir)
+        draft = drafts[draft_key]
+        service.draft, service.draft_key = draft.moe, draft_key
+    return target, draft, service
 
 
 def validate(req: RunRequest):
@@ -81,12 +89,14 @@ def validate(req: RunRequest):
     if system.speculative:
         if req.draft is None:
             raise SpecterError(f"system {req.system!r} speculates: pass --draft DIR (make one with `specter quantize`)")
-        if req.k is None or req.k < 1:
+        if isinstance(req.k, str) and req.k not in GOVERNORS:
+            raise SpecterError(f"--k must be an integer >= 1 or one of {', '.join(GOVERNORS)}, got {req.k!r}")
+        if req.k is None or (isinstance(req.k, int) and req.k < 1):
             raise SpecterError(f"--k must be at least 1 for {req.system!r}, got {req.k}")
     if req.prefetch not in POLICIES:
         raise SpecterError(f"--prefetch {req.prefetch!r} is not a policy; policies: {', '.join(POLICIES)}")
-    if req.temperature != 0:
-        raise SpecterError("--temperature > 0 (rejection sampling) is not available in `specter run` yet; use 0")
+    if req.temperature < 0:
+        raise SpecterError(f"--temperature must be >= 0 (0 = greedy), got {req.temperature}")
     if req.max_new_tokens < 2:
         raise SpecterError(f"--max-new-tokens must be at least 2 (TPOT needs two tokens), got {req.max_new_tokens}")
     if (req.device_memory_gb is None) == (req.resident_per_layer is None):
@@ -123,39 +133,72 @@ def run(req: RunRequest) -> list[RunRecord]:
         slots = system.fixed_slots(work)
         memory = None
     else:
-        memory = plan_memory(work, req.prefix_tokens + req.max_new_tokens + (req.k or 0),
+        from specter.spec.governor import PROFILE_KS
+
+        window = req.k if isinstance(req.k, int) else (max(PROFILE_KS) if req.k else 0)  # speculative KV positions
+        memory = plan_memory(work, req.prefix_tokens + req.max_new_tokens + window,
                              draft_bytes * len(work.moe_layers) * work.experts_per_layer,
                              req.device_memory_gb, req.resident_per_layer)
         slots = memory.slots_per_layer
-    config = DecodeConfig(req.max_new_tokens, slots, req.k if system.speculative else None, req.prefetch, draft_bytes)
     cost = CostModel(profile)
+    governor = None
+    k = req.k if system.speculative else None
+    if isinstance(k, str):
+        governor = _govern(k, tokenizer, req, service, work, cost, slots, draft_bytes, profile)
+        k = governor.k
+    config = DecodeConfig(req.max_new_tokens, slots, k, req.prefetch, draft_bytes, req.temperature, req.seed)
     resolved = {**asdict(req), "slots_per_layer": slots, "memory": memory.as_dict() if memory else None,
                 "hardware_profile": profile.to_yaml_dict(), "initial_cache": "empty"}
     resolved.pop("progress")
     common = dict(system=req.system, model=req.model, dataset=req.dataset, engine=req.engine, hardware=profile.name,
                   simulated=req.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
-                  config=resolved, seed=req.seed, versions=versions(), git_commit=_git_commit())
+                  config=resolved, versions=versions(), git_commit=_git_commit())
     records = []
     for index, prompt in enumerate(tqdm(prompts, desc=f"{req.system}", disable=not req.progress)):
         wall = time.perf_counter()
-        trace = service.trace(prompt, req.max_new_tokens)
+        if req.temperature > 0:
+            trace = service.sampled_trace(prompt, req.max_new_tokens, req.temperature, req.seed + index)
+            config = replace(config, seed=req.seed + index)
+        else:
+            trace = service.trace(prompt, req.max_new_tokens)
         engine = make_engine(req.engine, profile)
         ctx = PromptContext.fresh(engine, work, service, trace, config)
         result = system.run(ctx)
         timeline = engine.finish()
-        lb = lower_bound_tpot_seconds(result, trace.step_routes[: req.max_new_tokens - 1], slots, work.expert_bytes,
-                                      cost)
+        decode_routes = result.decode_routes if result.decode_routes is not None else trace.step_routes
+        lb = lower_bound_tpot_seconds(result, decode_routes[: req.max_new_tokens - 1], slots, work.expert_bytes, cost)
         records.append(RunRecord(
             prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
             ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
             lower_bound_tpot_ms=lb * 1e3, k=result.k,
             demand_hits=result.stats.demand_hits, demand_misses=result.stats.demand_misses,
             h2d_bytes_prefetch=result.stats.h2d_bytes_prefetch, h2d_bytes_demand=result.stats.h2d_bytes_demand,
-            stall_ms=timeline.stall_seconds() * 1e3, wall_s=time.perf_counter() - wall,
+            stall_ms=timeline.stall_seconds() * 1e3, wall_s=time.perf_counter() - wall, seed=config.seed,
             **speculative_fields(result), **common,
+            extra={"governor": asdict(governor)} if governor else {},
         ))
     write_records(records, req.out)
     return records
+
+
+def _govern(kind, tokenizer, req, service, work, cost, slots, draft_bytes, profile):
+    """Choose K on a profiling prompt from the calibration split (never an evaluation prompt)."""
+    from specter.data.corpus import calibration_token_ids
+    from specter.spec.governor import PROFILE_KS, choose_k_auto, choose_k_profile
+    from specter.specter import Specter
+
+    prompt = calibration_token_ids(tokenizer, "code", 1, req.prefix_tokens)[0]
+    trace = service.trace(prompt, max(64, req.max_new_tokens, 2 * max(PROFILE_KS) + 2))
+    if kind == "auto":
+        return choose_k_auto(service, trace, work, cost, slots, draft_bytes)
+
+    def tpot_with(k: int) -> float:
+        cfg = DecodeConfig(len(trace.tokens), slots, k, req.prefetch, draft_bytes)
+        engine = make_engine("sim", profile)
+        result = Specter().run(PromptContext.fresh(engine, work, service, trace, cfg))
+        return tpot_seconds(result.commit_times)
+
+    return choose_k_profile(tpot_with)
 
 
 def write_records(records: list[RunRecord], out: str | Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specter.spec.lookahead import Planner, PlannerState
+from specter.spec.sampling import SamplingSession
 from specter.systems import PredictionCounts, PromptContext, PromptResult, System
 
 
@@ -30,10 +31,19 @@ class Specter(System):
         prompt_len = len(trace.prompt)
         t = prompt_len + 1  # committed tokens
         cycle = 0
+        session = None
+        if cfg.temperature > 0:  # live rejection sampling; the first token equals the trace's (same seed, same draw)
+            session = SamplingSession(ctx.service.target, ctx.service.draft, trace.prompt, cfg.temperature, cfg.seed)
+            result.decode_routes = []
         while len(result.tokens) < cfg.max_new_tokens:
             cycle += 1
-            window = ctx.service.window(trace, t, k)
-            accepted = window.accepted(k)
+            if session is None:
+                window = ctx.service.window(trace, t, k)
+                accepted = window.accepted(k)
+                new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
+            else:
+                window, accepted, new_tokens = session.cycle(k)
+                result.decode_routes += window.verify_routes[: accepted + 1]
             planner = Planner(cfg.prefetch, k, ex, ctx.cache.slots_per_layer, state)
             counts = {layer: Counter() for layer in ctx.work.moe_layers}
             previous = engine.now()
@@ -51,10 +61,9 @@ class Specter(System):
             end = ex.target_pass(verify, context=t - 1, tag=f"c{cycle}.verify")
             engine.synchronize(end)
             done = engine.event_time(end)
-            new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
             new_tokens = new_tokens[: cfg.max_new_tokens - len(result.tokens)]
             expected = trace.tokens[len(result.tokens) : len(result.tokens) + len(new_tokens)]
-            if new_tokens != expected:
+            if session is None and new_tokens != expected:
                 raise RuntimeError(
                     f"verification at position {t} disagreed with the target's incremental greedy decode "
                     f"({new_tokens} vs {expected}): a near-tie flipped under float noise; run the model in float32"

@@ -28,6 +28,8 @@ class DecodeConfig:
     k: int | None = None  # draft window (speculative systems); None: not speculative or chosen by the governor
     prefetch: str = "adaptive"
     draft_expert_bytes: int = 0  # one quantized draft expert as stored (speculative systems)
+    temperature: float = 0.0  # 0: greedy (memoized numerics); > 0: live sampling with `seed`
+    seed: int = 42
 
 
 @dataclass
@@ -54,6 +56,7 @@ class PromptResult:
     window_hits: int = 0  # planned experts the verification used
     window_needed: int = 0  # experts the verification used
     first_decode_pass: int = 1  # index in executor.passes of the first pass after the first commit
+    decode_routes: list | None = None  # routes of the committed decode inputs, where they differ from the trace's
 
 
 @dataclass

@@ -8,6 +8,7 @@ same Python version (recorded with every draft).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sysconfig
 from pathlib import Path
@@ -34,7 +35,8 @@ def _held_out(rel: str) -> bool:
     return int(hashlib.sha256(rel.encode()).hexdigest(), 16) % HELD_OUT_SHARE == 0
 
 
-def corpus_texts(name: str, split: str) -> list[str]:
+@functools.lru_cache(maxsize=4)
+def corpus_texts(name: str, split: str) -> tuple[str, ...]:
     """Texts of corpus `name`, `split` "calibration" or "held_out", in a fixed order."""
     if name not in CORPORA:
         raise SpecterError(f"unknown corpus {name!r}; corpora: {', '.join(CORPORA)}")
@@ -47,7 +49,7 @@ def corpus_texts(name: str, split: str) -> list[str]:
             text = path.read_text(encoding="utf-8", errors="replace")
             if text.strip():
                 texts.append(text)
-    return texts
+    return tuple(texts)
 
 
 def calibration_token_ids(tokenizer, corpus: str, num_sequences: int, seq_len: int) -> list[list[int]]:

@@ -24,8 +24,20 @@ from specter.models.adapter import MoEModel
 TokenRoutes = dict[int, tuple[int, ...]]  # one token's routed experts: {decoder layer: sorted expert ids}
 
 
+def new_cache(moe: MoEModel):
+    """An empty KV cache that can be rolled back: sliding-window layers (GPT-OSS) keep their past states for `crop`."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=moe.config)
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+    return cache
+
+
 def _forward(moe: MoEModel, ids: list[int], cache) -> tuple[torch.Tensor, list[TokenRoutes], object]:
-    """One forward of `ids` after `cache`: (logits [T, V], routes of each token, updated cache)."""
+    """One forward of `ids` after `cache` (None: a fresh one): (logits [T, V], routes of each token, updated cache)."""
+    cache = new_cache(moe) if cache is None else cache
     with moe.record_routing() as log, torch.no_grad():
         out = moe.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
     per_layer = {layer: calls[-1].tolist() for layer, calls in log.items()}  # {layer: [T][k]}
@@ -70,7 +82,7 @@ class PromptTrace:
     tokens: list[int]  # generated tokens (the target's greedy output)
     prefill_routes: list[TokenRoutes]  # routes of the prompt tokens
     step_routes: list[TokenRoutes]  # routes of decode step j (input seq[P + j - 1]), j = 1 .. N - 1
-    windows: dict[int, Window] = field(default_factory=dict)
+    windows: dict[tuple[str, int], Window] = field(default_factory=dict)  # by (draft, rebase point)
     _cache: object = None  # target KV over seq[:-1]; dropped from pickles
 
     @property
@@ -86,9 +98,10 @@ class PromptTrace:
 class ForwardService:
     """Memoized numerics of a target (and optionally its draft) over prompts; greedy decoding."""
 
-    def __init__(self, target: MoEModel, draft: MoEModel | None = None) -> None:
+    def __init__(self, target: MoEModel, draft: MoEModel | None = None, draft_key: str = "draft") -> None:
         self.target = target
         self.draft = draft
+        self.draft_key = draft_key  # windows are memoized per draft: one service serves every draft of its target
         self.traces: dict[tuple[tuple[int, ...], int], PromptTrace] = {}
         self.forward_calls = 0  # model forwards actually run (a replayed run adds none)
 
@@ -110,9 +123,23 @@ class ForwardService:
         self.traces[key] = trace
         return trace
 
+    def sampled_trace(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> PromptTrace:
+        """The target's own sampled decode (live, not memoized across seeds): what non-speculative systems commit."""
+        from specter.spec.sampling import SamplingSession
+
+        key = (tuple(prompt), max_new_tokens, temperature, seed)
+        if key in self.traces:
+            return self.traces[key]
+        session = SamplingSession(self.target, None, prompt, temperature, seed)
+        step_routes = [session.step() for _ in range(max_new_tokens - 1)]
+        self.forward_calls += max_new_tokens
+        trace = PromptTrace(list(prompt), session.seq[len(prompt) :], session.prefill_routes, step_routes)
+        self.traces[key] = trace
+        return trace
+
     def window(self, trace: PromptTrace, t: int, k: int) -> Window:
         """The speculative window of at least k proposals at rebase point t (memoized, extended on demand)."""
-        cached = trace.windows.get(t)
+        cached = trace.windows.get((self.draft_key, t))
         if cached is not None and cached.kmax >= k:
             return cached
         if self.draft is None:
@@ -134,5 +161,5 @@ class ForwardService:
         logits, routes, _ = _forward(self.target, [pending, *draft_tokens], _crop(trace._cache, t - 1))
         self.forward_calls += 1
         window = Window(t, draft_tokens, draft_routes, logits.argmax(-1).tolist(), routes)
-        trace.windows[t] = window
+        trace.windows[(self.draft_key, t)] = window
         return window

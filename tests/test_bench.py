@@ -1,0 +1,59 @@
+"""Speed of the suite itself (pytest-benchmark; goals are read from the figures, never asserted as timings).
+
+Run with `python -m pytest tests/test_bench.py --benchmark-enable`: a live Specter run of 128 new tokens on a tiny model
+(the numerics computed), the same prompts replayed by a second system (scheduling only), and the scheduler's own time
+per committed token. With benchmarks disabled (the default) each runs once as a plain test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specter.quant.quantize import quantize_draft
+from specter.runner import RunRequest, _SERVICES, run
+
+NEW_TOKENS = 128
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_dirs, tmp_path_factory):
+    draft = tmp_path_factory.mktemp("bench") / "draft"
+    quantize_draft(tiny_dirs["mixtral"], draft, method="rtn", bits=4, group_size=32)
+    torch.set_num_threads(2)
+
+    def request(system, out):
+        return RunRequest(system=system, model=tiny_dirs["mixtral"], draft=str(draft), dataset="code",
+                          hardware="a100-40gb-pcie4", out=str(out), max_new_tokens=NEW_TOKENS, resident_per_layer=2,
+                          k=8, progress=False)
+
+    return request
+
+
+def test_bench_live_specter_run(benchmark, setup, tmp_path):
+    def live():
+        _SERVICES.clear()
+        return run(setup("specter", tmp_path / "live.jsonl"))
+
+    records = benchmark.pedantic(live, rounds=3, iterations=1)
+    assert len(records) == 5 and all(len(r.output_token_ids) == NEW_TOKENS for r in records)
+
+
+def test_bench_replayed_second_system(benchmark, setup, tmp_path):
+    _SERVICES.clear()
+    run(setup("specter", tmp_path / "warm.jsonl"))  # the numerics, once
+    service = next(iter(_SERVICES.values()))[2]
+    calls = service.forward_calls
+    records = benchmark.pedantic(lambda: run(setup("on-demand", tmp_path / "replay.jsonl")), rounds=5, iterations=1)
+    assert service.forward_calls == calls  # nothing recomputed: replay is scheduling only
+    benchmark.extra_info["committed_tokens"] = sum(len(r.output_token_ids) for r in records)
+
+
+def test_bench_scheduler_per_token(benchmark, setup, tmp_path):
+    _SERVICES.clear()
+    run(setup("specter", tmp_path / "warm.jsonl"))
+    records = benchmark.pedantic(lambda: run(setup("specter", tmp_path / "again.jsonl")), rounds=5, iterations=1)
+    tokens = sum(len(r.output_token_ids) for r in records)
+    benchmark.extra_info["committed_tokens"] = tokens
+    if benchmark.stats:  # with --benchmark-enable: the scheduler's time per committed token
+        benchmark.extra_info["scheduler_ms_per_token"] = benchmark.stats.stats.median * 1e3 / tokens

@@ -1,0 +1,190 @@
+"""The runtime: lossless greedy outputs, rejection sampling's distribution, determinism, bounds, replay, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specter.models import load_moe_model
+from specter.quant.quantize import quantize_draft
+from specter.runner import RunRequest, _SERVICES, run
+from specter.spec.sampling import SamplingSession, probabilities, rejection_sample
+
+SYSTEMS = ("resident", "on-demand", "specter")
+EQUALITY_ARCHS = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss")
+
+
+@pytest.fixture(scope="module")
+def rtn_drafts(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("rtn")
+    out = {}
+    for arch in EQUALITY_ARCHS + ("olmoe",):
+        quantize_draft(tiny_dirs[arch], root / arch, method="rtn", bits=4, group_size=32)
+        out[arch] = str(root / arch)
+    return out
+
+
+def _request(tiny_dirs, rtn_drafts, arch, system, out, **over):
+    base = dict(system=system, model=tiny_dirs[arch], draft=rtn_drafts[arch], dataset="code", hardware="a100-40gb-pcie4",
+                out=str(out), num_prompts=5, prefix_tokens=16, max_new_tokens=24, resident_per_layer=2, k=4,
+                progress=False)
+    base.update(over)
+    return RunRequest(**base)
+
+
+@pytest.mark.parametrize("arch", EQUALITY_ARCHS)
+def test_greedy_outputs_equal_transformers_generate(arch, tiny_dirs, rtn_drafts, tmp_path):
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    outputs = {}
+    for system in SYSTEMS:
+        records = run(_request(tiny_dirs, rtn_drafts, arch, system, tmp_path / f"{system}.jsonl"))
+        outputs[system] = [r.output_token_ids for r in records]
+        for r in records:
+            assert r.tpot_ms >= r.lower_bound_tpot_ms > 0, (system, r.tpot_ms, r.lower_bound_tpot_ms)
+            assert r.simulated and r.hardware == "a100-40gb-pcie4"
+    prompts = [r.prompt_token_ids for r in records]
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            # runs commit exactly max_new_tokens (no stop at end-of-sequence, as the artifact's protocol)
+            ref = target.model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                                        pad_token_id=target.config.pad_token_id)[0, len(prompt):].tolist()
+        for system in SYSTEMS:
+            assert outputs[system][i] == ref, f"{arch} {system} prompt {i}"
+
+
+def test_identical_simulated_runs_write_identical_records(tiny_dirs, rtn_drafts, tmp_path):
+    _SERVICES.clear()
+    a = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "a.jsonl"))
+    _SERVICES.clear()
+    b = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "b.jsonl"))
+    strip = lambda r: {k: v for k, v in r.as_dict().items() if k not in ("wall_s", "config")}  # noqa: E731
+    assert [strip(r) for r in a] == [strip(r) for r in b]
+    assert [r.config | {"out": None} for r in a] == [r.config | {"out": None} for r in b]
+
+
+def test_replayed_records_equal_live_ones(tiny_dirs, rtn_drafts, tmp_path):
+    _SERVICES.clear()
+    live = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "live.jsonl", k=3))
+    _SERVICES.clear()
+    # another budget and hardware: different schedules, the same numerics, so this run fills the memo for the replay
+    run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "warm.jsonl", k=3, resident_per_layer=5,
+                 hardware="t4-pcie3"))
+    service = next(iter(_SERVICES.values()))[2]
+    calls = service.forward_calls
+    replay = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "replay.jsonl", k=3))
+    strip = lambda r: {k: v for k, v in r.as_dict().items() if k not in ("wall_s", "config")}  # noqa: E731
+    assert [strip(r) for r in replay] == [strip(r) for r in live]
+    assert service.forward_calls == calls, "replay ran the model again"
+
+
+def test_specter_records_speculation_metrics(tiny_dirs, rtn_drafts, tmp_path):
+    (r, *_) = run(_request(tiny_dirs, rtn_drafts, "mixtral", "specter", tmp_path / "s.jsonl", k=4))
+    assert 0 <= r.acceptance_rate <= 1 and 0 <= r.window_utilization <= r.acceptance_rate
+    assert sum(r.accepted_length_histogram.values()) >= 1
+    distances = {p["distance"] for p in r.expert_prediction}
+    assert distances == {1, 2, 3, 4}
+    assert 0 <= r.window_recall <= 1
+    assert r.h2d_bytes_prefetch > 0
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    """Unit level: the committed token after one proposal is distributed as p, whatever q is (chi-square)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.05, 0.4, 0.1, 0.25, 0.2], [0.2] * 5], dtype=torch.float64)
+    q = torch.tensor([[0.3, 0.1, 0.3, 0.1, 0.2]], dtype=torch.float64)
+    n = 20000
+    counts = torch.zeros(5)
+    for _ in range(n):
+        d = int(torch.multinomial(q[0].float(), 1, generator=g))
+        accepted, token = rejection_sample(p, q, [d], g)
+        counts[d if accepted else token] += 1
+    assert _chi2_p(counts, p[0] * n) > 0.01
+
+
+def _chi2_p(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """p-value of Pearson's chi-square, cells with expected count < 5 merged into one."""
+    small = expected < 5
+    obs = torch.cat([observed[~small], observed[small].sum()[None]]) if small.any() else observed
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]) if small.any() else expected
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(obs) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def test_speculative_sampling_matches_target_sampling_on_a_model(tiny_dirs, rtn_drafts):
+    """End to end on a tiny model: the second generated token, over many seeds, follows the target's own marginal."""
+    from specter.quant.draft import load_draft
+
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    draft = load_draft(target, rtn_drafts["mixtral"])
+    prompt, temperature = [104, 101, 108, 108, 111], 1.0
+    with torch.no_grad():
+        p1 = probabilities(target.model(torch.tensor([prompt])).logits[0, -1], temperature)  # [V]
+        vocab = p1.numel()
+        batch = torch.tensor([prompt + [x] for x in range(vocab)])
+        p2 = probabilities(target.model(batch).logits[:, -1], temperature)  # [V, V]: p(y | prompt, x)
+    marginal = (p1[:, None] * p2).sum(0)
+    n = 1500
+    counts = torch.zeros(vocab)
+    for seed in range(n):
+        session = SamplingSession(target, draft.moe, prompt, temperature, seed)
+        _, _, committed = session.cycle(2)
+        counts[committed[0]] += 1
+    assert _chi2_p(counts, marginal.float() * n) > 0.01
+
+
+def _cli_run(tiny_dirs, rtn_drafts, tmp_path, *extra, system="specter", arch="mixtral", draft=None):
+    out = tmp_path / "out.jsonl"
+    args = [sys.executable, "-m", "specter", "run", "--system", system, "--model", tiny_dirs[arch], "--dataset", "code",
+            "--hardware", "a100-40gb-pcie4", "--resident-per-layer", "2", "--max-new-tokens", "8", "--out", str(out),
+            "--draft", draft or rtn_drafts[arch], *extra]
+    return subprocess.run(args, capture_output=True, text=True), out
+
+
+@pytest.mark.parametrize(
+    "case, extra, message",
+    [
+        ("unknown system", ["--system", "warp-drive", "--k", "4"], "known systems: "),
+        ("K < 1", ["--k", "0"], "--k must be at least 1"),
+        ("empty prompt file", ["--k", "4", "--dataset", "{empty}"], "is empty"),
+        ("missing field", ["--k", "4", "--dataset", "{jsonl}", "--field", "query"], "has no field 'query'"),
+        ("draft of another model", ["--k", "4", "--draft", "{olmoe_draft}"], "was made from"),
+        ("budget too small", ["--k", "4", "--device-memory-gb", "0.000001"], "cannot hold the resident part"),
+    ],
+)
+def test_bad_run_input_is_one_line_exit_2_and_no_output(case, extra, message, tiny_dirs, rtn_drafts, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    jsonl = tmp_path / "q.jsonl"
+    jsonl.write_text(json.dumps({"question": "What is 2 + 2?"}) + "\n")
+    extra = [e.format(empty=empty, jsonl=jsonl, olmoe_draft=rtn_drafts["olmoe"]) for e in extra]
+    if "--system" in extra:
+        i = extra.index("--system")
+        system, extra = extra[i + 1], extra[:i] + extra[i + 2:]
+    else:
+        system = "specter"
+    if "--device-memory-gb" in extra:  # replaces the slot budget
+        proc, out = _cli_run(tiny_dirs, rtn_drafts, tmp_path, *extra, system=system)
+        args = proc.args
+        k = args.index("--resident-per-layer")
+        proc = subprocess.run(args[:k] + args[k + 2:], capture_output=True, text=True)
+    else:
+        proc, out = _cli_run(tiny_dirs, rtn_drafts, tmp_path, *extra, system=system)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert not out.exists() and not list(tmp_path.glob(".out.jsonl.tmp*"))
+
+
+def test_local_jsonl_dataset_runs(tiny_dirs, rtn_drafts, tmp_path):
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps({"question": q}) + "\n" for q in ["Tom has 3 apples.", "", "A train leaves."]))
+    proc, out = _cli_run(tiny_dirs, rtn_drafts, tmp_path, "--k", "3", "--dataset", str(data), system="on-demand")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2  # the empty question is skipped
