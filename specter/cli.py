@@ -125,7 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                      num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens, max_new_tokens=args.max_new_tokens,
                      hardware=args.hardware, device_memory_gb=args.device_memory_gb,
                      resident_per_layer=args.resident_per_layer, k=k, prefetch=args.prefetch,
-                     temperature=args.temperature, seed=args.seed, engine=args.engine, out=args.out)
+                     temperature=args.temperature, seed=args.seed, engine=args.engine, out=args.out,
+                     system_options=tuple(_key_values(args.system_option)))
     records = run(req)
     import statistics
 
@@ -136,6 +137,18 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{records[0].slots_per_layer}/{records[0].experts_per_layer} experts per layer resident")
     print(f"wrote {args.out}")
     return 0
+
+
+def _key_values(items: list[str] | None) -> list[tuple[str, str]]:
+    out = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            from specter.errors import SpecterError
+
+            raise SpecterError(f"--system-option {item!r} must look like NAME=VALUE")
+        out.append((key, value))
+    return out
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
@@ -223,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
     p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
+    p.add_argument("--system-option", action="append", metavar="NAME=VALUE",
+                   help="a system's own setting (e.g. depth=2 for mixtral-offloading); repeatable")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
     p.add_argument("--out", required=True, metavar="FILE.jsonl", help="the records, one JSON line per prompt")
     p.set_defaults(func=cmd_run)

@@ -26,8 +26,11 @@ def tpot_seconds(commit_times: list[float]) -> float:
 
 
 def lower_bound_tpot_seconds(result: PromptResult, decode_routes: list[dict[int, tuple[int, ...]]], slots: int,
-                             expert_bytes: int, cost: CostModel) -> float:
-    """The fastest the run's decode could be on this hardware with this budget; see the module docstring."""
+                             work, cost: CostModel, host_compute: bool = False) -> float:
+    """The fastest the run's decode could be on this hardware with this budget; see the module docstring.
+
+    For a system that may compute a missing expert on the host instead of copying it (`host_compute`), each unavoidable
+    load counts at the cheaper of the two ways, halved (the link and the host can work at once)."""
     n = len(result.commit_times)
     if n < 2:
         return 0.0
@@ -35,7 +38,12 @@ def lower_bound_tpot_seconds(result: PromptResult, decode_routes: list[dict[int,
     loads = 0
     for layer in decode_routes[0] if decode_routes else {}:
         loads += belady_loads([r[layer] for r in decode_routes], slots)
-    bound = decode_lower_bound_seconds(passes, loads * expert_bytes, cost) / (n - 1)
+    link_bytes = loads * work.expert_bytes
+    if host_compute:
+        host_s = cost.host_seconds(2.0 * work.expert_params, work.expert_bytes, 1)
+        fastest_bw = max([cost.profile.h2d_pinned_bandwidth, *(p.pinned_gbps * 1e9 for p in cost.profile.h2d_by_size)])
+        link_bytes = loads * min(work.expert_bytes, host_s * fastest_bw) / 2
+    bound = decode_lower_bound_seconds(passes, link_bytes, cost) / (n - 1)
     return bound * (1 - 1e-12)  # where the run met its bound exactly, summation order must not put the bound above it
 
 

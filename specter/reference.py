@@ -6,11 +6,14 @@ from __future__ import annotations
 from specter.systems import PromptContext, PromptResult, System
 
 
-def decode_one_by_one(ctx: PromptContext, result: PromptResult) -> PromptResult:
-    """Decode the remaining tokens one target pass each, committing each when its logits are ready."""
+def decode_one_by_one(ctx: PromptContext, result: PromptResult, before_step=None) -> PromptResult:
+    """Decode the remaining tokens one target pass each, committing each when its logits are ready.
+    `before_step(j)` runs before decode step j (1-based) is scheduled."""
     trace = ctx.trace
     prompt_len = len(trace.prompt)
     for j in range(1, ctx.config.max_new_tokens):
+        if before_step is not None:
+            before_step(j)
         # input seq[P + j - 1] after P + j - 1 cached tokens
         end = ctx.executor.target_pass([trace.step_routes[j - 1]], context=prompt_len + j - 1, tag=f"d{j}")
         ctx.engine.synchronize(end)  # the host reads the next token

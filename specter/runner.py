@@ -50,6 +50,8 @@ class RunRequest:
     temperature: float = 0.0
     seed: int = 42
     engine: str = "sim"
+    system_options: tuple[tuple[str, str], ...] = ()
+    warmup_prompts: int = 8  # calibration-split prompts for systems that learn from history (MoE-Infinity, Fiddler)
     progress: bool = True
 
 
@@ -81,7 +83,7 @@ def validate(req: RunRequest):
     """Every check that needs no model weights; returns (system, hardware profile)."""
     from specter.models.loading import read_model_config
 
-    system = get_system(req.system)
+    system = get_system(req.system, dict(req.system_options))
     if req.engine not in ENGINES:
         raise SpecterError(f"--engine {req.engine} is not available for `specter run`; engines: {', '.join(ENGINES)}")
     profile = load_profile(req.hardware)
@@ -129,6 +131,9 @@ def run(req: RunRequest) -> list[RunRecord]:
     target, draft, service = _service(req.model, req.draft if system.speculative else None)
     work = ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
+    draft_resident = draft_bytes * len(work.moe_layers) * work.experts_per_layer
+    if system.separate_draft:  # its own copy of every non-expert weight
+        draft_resident += work.non_expert_bytes()
     if system.fixed_slots is not None:
         slots = system.fixed_slots(work)
         memory = None
@@ -137,8 +142,8 @@ def run(req: RunRequest) -> list[RunRecord]:
 
         window = req.k if isinstance(req.k, int) else (max(PROFILE_KS) if req.k else 0)  # speculative KV positions
         memory = plan_memory(work, req.prefix_tokens + req.max_new_tokens + window,
-                             draft_bytes * len(work.moe_layers) * work.experts_per_layer,
-                             req.device_memory_gb, req.resident_per_layer)
+                             draft_resident, req.device_memory_gb, req.resident_per_layer,
+                             kv_copies=2 if system.separate_draft else 1)
         slots = memory.slots_per_layer
     cost = CostModel(profile)
     governor = None
@@ -147,7 +152,18 @@ def run(req: RunRequest) -> list[RunRecord]:
         governor = _govern(k, tokenizer, req, service, work, cost, slots, draft_bytes, profile)
         k = governor.k
     config = DecodeConfig(req.max_new_tokens, slots, k, req.prefetch, draft_bytes, req.temperature, req.seed)
-    resolved = {**asdict(req), "slots_per_layer": slots, "memory": memory.as_dict() if memory else None,
+    warm: list = []
+
+    def warmup():
+        """Traces of warm-up prompts from the calibration split (never the evaluation prompts), computed once."""
+        if not warm:
+            from specter.data.corpus import calibration_token_ids
+
+            for p in calibration_token_ids(tokenizer, "code", req.warmup_prompts, req.prefix_tokens):
+                warm.append(service.trace(p, req.max_new_tokens))
+        return warm
+
+    resolved = {**asdict(req), "system_settings": system.settings(), "slots_per_layer": slots, "memory": memory.as_dict() if memory else None,
                 "hardware_profile": profile.to_yaml_dict(), "initial_cache": "empty"}
     resolved.pop("progress")
     common = dict(system=req.system, model=req.model, dataset=req.dataset, engine=req.engine, hardware=profile.name,
@@ -162,11 +178,12 @@ def run(req: RunRequest) -> list[RunRecord]:
         else:
             trace = service.trace(prompt, req.max_new_tokens)
         engine = make_engine(req.engine, profile)
-        ctx = PromptContext.fresh(engine, work, service, trace, config)
+        ctx = PromptContext.fresh(engine, work, service, trace, config, cost, warmup)
         result = system.run(ctx)
         timeline = engine.finish()
         decode_routes = result.decode_routes if result.decode_routes is not None else trace.step_routes
-        lb = lower_bound_tpot_seconds(result, decode_routes[: req.max_new_tokens - 1], slots, work.expert_bytes, cost)
+        lb = lower_bound_tpot_seconds(result, decode_routes[: req.max_new_tokens - 1], slots, work, cost,
+                                      host_compute=system.host_compute)
         records.append(RunRecord(
             prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
             ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
@@ -175,7 +192,8 @@ def run(req: RunRequest) -> list[RunRecord]:
             h2d_bytes_prefetch=result.stats.h2d_bytes_prefetch, h2d_bytes_demand=result.stats.h2d_bytes_demand,
             stall_ms=timeline.stall_seconds() * 1e3, wall_s=time.perf_counter() - wall, seed=config.seed,
             **speculative_fields(result), **common,
-            extra={"governor": asdict(governor)} if governor else {},
+            extra={**({"governor": asdict(governor)} if governor else {}),
+                   "link_bytes_activations": result.stats.link_bytes_activations},
         ))
     write_records(records, req.out)
     return records
@@ -195,7 +213,7 @@ def _govern(kind, tokenizer, req, service, work, cost, slots, draft_bytes, profi
     def tpot_with(k: int) -> float:
         cfg = DecodeConfig(len(trace.tokens), slots, k, req.prefetch, draft_bytes)
         engine = make_engine("sim", profile)
-        result = Specter().run(PromptContext.fresh(engine, work, service, trace, cfg))
+        result = Specter().run(PromptContext.fresh(engine, work, service, trace, cfg, cost))
         return tpot_seconds(result.commit_times)
 
     return choose_k_profile(tpot_with)

@@ -20,10 +20,17 @@ class Specter(System):
     name = "specter"
     speculative = True
 
+    def planner(self, ctx: PromptContext, k: int, state: PlannerState):
+        """This window's prefetch planner (the lookahead analyzer's top-M plans, by `--prefetch` policy)."""
+        return Planner(ctx.config.prefetch, k, ctx.executor, ctx.cache.slots_per_layer, state)
+
+    def window_size(self, ctx: PromptContext) -> int | None:
+        return ctx.config.k
+
     def run(self, ctx: PromptContext) -> PromptResult:
         result = self.prefill(ctx)
         trace, cfg, engine, ex = ctx.trace, ctx.config, ctx.engine, ctx.executor
-        k = cfg.k
+        k = self.window_size(ctx)
         if k is None or k < 1:
             raise ValueError("Specter needs a window K >= 1")
         result.k = k
@@ -38,13 +45,13 @@ class Specter(System):
         while len(result.tokens) < cfg.max_new_tokens:
             cycle += 1
             if session is None:
-                window = ctx.service.window(trace, t, k)
+                window = ctx.service.window(trace, t, k, own_kv=self.separate_draft)
                 accepted = window.accepted(k)
                 new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
             else:
                 window, accepted, new_tokens = session.cycle(k)
                 result.decode_routes += window.verify_routes[: accepted + 1]
-            planner = Planner(cfg.prefetch, k, ex, ctx.cache.slots_per_layer, state)
+            planner = self.planner(ctx, k, state)
             counts = {layer: Counter() for layer in ctx.work.moe_layers}
             previous = engine.now()
             for i in range(1, k + 1):  # draft step i reads the token at position t - 2 + i

@@ -18,6 +18,7 @@ from specter.offload.cache import ExpertCache
 from specter.offload.executor import Executor, TransferStats
 from specter.offload.work import ModelWork
 from specter.spec.forward import ForwardService, PromptTrace
+from specter.timing.cost import CostModel
 from specter.timing.engine import Engine
 
 
@@ -68,23 +69,43 @@ class PromptContext:
     service: ForwardService
     trace: PromptTrace
     config: DecodeConfig
+    cost: CostModel  # the hardware profile's cost model, for systems that plan from a latency model
+    warmup: Callable[[], list[PromptTrace]] | None = None  # traces of warm-up prompts (calibration split), lazily
 
     @classmethod
     def fresh(cls, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,
-              config: DecodeConfig) -> "PromptContext":
+              config: DecodeConfig, cost: CostModel,
+              warmup: Callable[[], list[PromptTrace]] | None = None) -> "PromptContext":
         """A context with an empty cache: every prompt starts from the same state (the artifact restores it)."""
         cache = ExpertCache(work.moe_layers, config.slots_per_layer)
         stats = TransferStats()
-        return cls(engine, work, cache, Executor(engine, work, cache, stats), service, trace, config)
+        return cls(engine, work, cache, Executor(engine, work, cache, stats), service, trace, config, cost, warmup)
 
 
 class System:
-    """Base of every system: `run` schedules one prompt and returns its commits."""
+    """Base of every system: `run` schedules one prompt and returns its commits.
+
+    `options`: {name: (type, default, help)} a system accepts through `--system-option NAME=VALUE`."""
 
     name: str = ""
     speculative: bool = False
+    #: the draft keeps its own weights and KV (memory for them, and its own prefill), instead of sharing the target's
+    separate_draft: bool = False
+    #: computes missing experts on the host: the lower bound's link term accounts for that alternative
+    host_compute: bool = False
     #: slots per layer this system keeps regardless of the budget (the resident upper bound), else None
     fixed_slots: Callable[[ModelWork], int] | None = None
+    options: dict[str, tuple[type, object, str]] = {}
+
+    def __init__(self, **options) -> None:
+        for key, (kind, default, _help) in self.options.items():
+            setattr(self, key.replace("-", "_"), kind(options.pop(key)) if key in options else default)
+        if options:
+            known = ", ".join(self.options) or "none"
+            raise SpecterError(f"system {self.name!r} has no option {', '.join(options)}; its options: {known}")
+
+    def settings(self) -> dict:
+        return {key: getattr(self, key.replace("-", "_")) for key in self.options}
 
     def run(self, ctx: PromptContext) -> PromptResult:
         raise NotImplementedError
@@ -118,8 +139,11 @@ def registry() -> dict[str, type[System]]:
     return found
 
 
-def get_system(name: str) -> System:
+def get_system(name: str, options: dict[str, str] | None = None) -> System:
     systems = registry()
     if name not in systems:
         raise SpecterError(f"unknown system {name!r}; known systems: {', '.join(sorted(systems))}")
-    return systems[name]()
+    try:
+        return systems[name](**(options or {}))
+    except ValueError as err:
+        raise SpecterError(f"bad --system-option for {name!r}: {err}") from None

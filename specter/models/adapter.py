@@ -268,6 +268,41 @@ class MoEModel:
                 h.remove()
 
 
+    @contextlib.contextmanager
+    def record_router_inputs(self) -> Iterator[dict[int, list[torch.Tensor]]]:
+        """Record every router's input: {decoder layer: [hidden [T, H] per call]} (forward pre-hooks)."""
+        log: dict[int, list[torch.Tensor]] = {moe.layer_index: [] for moe in self.moe_layers}
+        handles = []
+        for moe in self.moe_layers:
+
+            def hook(_module, inputs, layer_index=moe.layer_index):
+                log[layer_index].append(inputs[0].detach().reshape(-1, inputs[0].shape[-1]).clone())
+
+            handles.append(moe.router.register_forward_pre_hook(hook))
+        try:
+            yield log
+        finally:
+            for h in handles:
+                h.remove()
+
+    def guess_routes(self, inputs: dict[int, torch.Tensor], depth: int) -> list[dict[tuple[int, int], tuple[int, ...]]]:
+        """Mixtral-Offloading's speculative routing: the router of the MoE layer `d` ahead applied to this layer's router
+        input. Returns, per token, {(layer, d): experts} for d = 1..depth (where such a layer exists)."""
+        order = [m.layer_index for m in self.moe_layers]
+        tokens = next(iter(inputs.values())).shape[0]
+        out: list[dict[tuple[int, int], tuple[int, ...]]] = [{} for _ in range(tokens)]
+        with torch.no_grad():
+            for i, layer in enumerate(order):
+                for d in range(1, depth + 1):
+                    if i + d >= len(order):
+                        break
+                    ahead = self.layer(order[i + d])
+                    indices = ahead.route(inputs[layer]).indices.tolist()  # [T, k]
+                    for t in range(tokens):
+                        out[t][(layer, d)] = tuple(sorted(indices[t]))
+        return out
+
+
 def _linear_weight(linear: torch.nn.Module) -> torch.Tensor:
     """A linear module's weight [out, in]; quantized modules are dequantized (GPTQModel's `dequantize_weight`)."""
     weight = getattr(linear, "weight", None)

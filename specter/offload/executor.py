@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from specter.offload.cache import ExpertCache
 from specter.offload.work import ModelWork
@@ -25,6 +26,7 @@ class TransferStats:
     demand_misses: int = 0
     h2d_bytes_demand: int = 0
     h2d_bytes_prefetch: int = 0
+    link_bytes_activations: int = 0  # activations moved instead of weights (experts computed on the host)
     prefetches: int = 0
     per_layer_hits: Counter = field(default_factory=Counter)
     per_layer_misses: Counter = field(default_factory=Counter)
@@ -41,6 +43,10 @@ class Executor:
         self.host_reads_routes = cache.slots_per_layer < work.experts_per_layer
         self.passes: list[PassWork] = []  # every target pass, at roofline (the lower bound's compute side)
         self._acc: list[Op] | None = None
+        # Systems that prefetch from inside a pass set these: called once the host knows a layer's routing (target
+        # pass) and after each MoE layer of a draft step.
+        self.on_route: Callable[[int, list[tuple[int, ...]]], None] | None = None
+        self.on_draft_layer: Callable[[int, tuple[int, ...]], None] | None = None
 
     def _compute(self, op: Op) -> None:
         if self._acc is not None:
@@ -81,6 +87,12 @@ class Executor:
             return
         if self.host_reads_routes:
             self.engine.synchronize(self.engine.record(COMPUTE))
+        if self.on_route is not None:
+            self.on_route(layer, routes)
+        self.run_experts(layer, routes, tag)
+
+    def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
+        """The routed experts of one layer: resident first, then the missing ones on demand."""
         tokens_per_expert = Counter(e for r in routes for e in r)
         needed = set(tokens_per_expert)
         resident = [e for e in self.cache.resident(layer) if e in needed]  # hot-first, in cache order
@@ -124,10 +136,17 @@ class Executor:
 
     def draft_step(self, routes: dict[int, tuple[int, ...]], context: int, expert_bytes: int, tag: str) -> Event:
         """One draft step (one token): the target's shared attention blocks and the draft's resident quantized experts."""
+        return self.draft_pass([routes], context, expert_bytes, tag)
+
+    def draft_pass(self, routes: list[dict[int, tuple[int, ...]]], context: int, expert_bytes: int, tag: str) -> Event:
+        """A draft pass over len(routes) tokens after `context` cached tokens (its experts are all resident)."""
+        n = len(routes)
         for layer in self.work.layers:
-            self.engine.launch(COMPUTE, self.work.attention_op(layer, 1, context + 1, f"{tag}.L{layer}.attn"))
+            self.engine.launch(COMPUTE, self.work.attention_op(layer, n, context + n, f"{tag}.L{layer}.attn"))
             if layer in self.work.moe_layers:
-                for e in routes[layer]:
-                    self.engine.launch(COMPUTE, self.work.expert_op(1, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
-        self.engine.launch(COMPUTE, self.work.head_op(1, f"{tag}.head"))
+                for e, m in sorted(Counter(e for r in routes for e in r[layer]).items()):
+                    self.engine.launch(COMPUTE, self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
+                if self.on_draft_layer is not None and n == 1:
+                    self.on_draft_layer(layer, routes[0][layer])
+        self.engine.launch(COMPUTE, self.work.head_op(n, f"{tag}.head"))
         return self.engine.record(COMPUTE)

@@ -32,10 +32,10 @@ class MemoryPlan:
 
 
 def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int = 0, device_memory_gb: float | None = None,
-                resident_per_layer: int | None = None) -> MemoryPlan:
+                resident_per_layer: int | None = None, kv_copies: int = 1) -> MemoryPlan:
     if (device_memory_gb is None) == (resident_per_layer is None):
         raise SpecterError("give exactly one budget: --device-memory-gb X or --resident-per-layer N")
-    kv = work.kv_bytes(max_tokens)
+    kv = kv_copies * work.kv_bytes(max_tokens)  # a draft with its own KV doubles it
     workspace = STAGING_BUFFERS * work.expert_bytes
     resident = work.non_expert_bytes() + draft_bytes + kv + workspace
     per_slot_row = len(work.moe_layers) * work.expert_bytes  # one slot in every MoE layer
@@ -54,6 +54,6 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int = 0, device_m
                 f"--device-memory-gb {device_memory_gb} ({budget} bytes) cannot hold the resident part "
                 f"({resident} bytes: weights {work.non_expert_bytes()}, draft {draft_bytes}, KV {kv}, workspace "
                 f"{workspace}) plus one expert slot per layer ({per_slot_row} bytes); give at least "
-                f"{(resident + per_slot_row) / 1e9:.6f}"
+                f"{(resident + per_slot_row) / 1e9:.9g}"
             )
     return MemoryPlan(slots, resident, work.non_expert_bytes(), draft_bytes, kv, workspace, slots * per_slot_row, budget)

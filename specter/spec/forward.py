@@ -35,13 +35,19 @@ def new_cache(moe: MoEModel):
     return cache
 
 
-def _forward(moe: MoEModel, ids: list[int], cache) -> tuple[torch.Tensor, list[TokenRoutes], object]:
-    """One forward of `ids` after `cache` (None: a fresh one): (logits [T, V], routes of each token, updated cache)."""
+GUESS_DEPTH = 10  # Mixtral-Offloading tried 1, 2 and 10 layers ahead
+
+
+def _forward(moe: MoEModel, ids: list[int], cache, guesses: list | None = None):
+    """One forward of `ids` after `cache` (None: a fresh one): (logits [T, V], routes of each token, updated cache).
+    With a `guesses` list, appends each token's speculative routes (`MoEModel.guess_routes`) to it."""
     cache = new_cache(moe) if cache is None else cache
-    with moe.record_routing() as log, torch.no_grad():
+    with moe.record_routing() as log, moe.record_router_inputs() as inputs, torch.no_grad():
         out = moe.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
     per_layer = {layer: calls[-1].tolist() for layer, calls in log.items()}  # {layer: [T][k]}
     routes = [{layer: tuple(sorted(r[j])) for layer, r in per_layer.items()} for j in range(len(ids))]
+    if guesses is not None:
+        guesses.extend(moe.guess_routes({layer: calls[-1] for layer, calls in inputs.items()}, GUESS_DEPTH))
     return out.logits[0].float(), routes, out.cache
 
 
@@ -82,8 +88,10 @@ class PromptTrace:
     tokens: list[int]  # generated tokens (the target's greedy output)
     prefill_routes: list[TokenRoutes]  # routes of the prompt tokens
     step_routes: list[TokenRoutes]  # routes of decode step j (input seq[P + j - 1]), j = 1 .. N - 1
+    step_guesses: list[dict] = field(default_factory=list)  # per decode step: {(layer, d): experts guessed}
     windows: dict[tuple[str, int], Window] = field(default_factory=dict)  # by (draft, rebase point)
     _cache: object = None  # target KV over seq[:-1]; dropped from pickles
+    _draft_caches: dict = field(default_factory=dict)  # a draft's own KV over seq[:-1] (separate-KV drafts)
 
     @property
     def seq(self) -> list[int]:
@@ -92,6 +100,7 @@ class PromptTrace:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_cache"] = None
+        state["_draft_caches"] = {}
         return state
 
 
@@ -114,12 +123,13 @@ class ForwardService:
         self.forward_calls += 1
         tokens = [int(logits[-1].argmax())]
         step_routes: list[TokenRoutes] = []
+        guesses: list[dict] = []
         while len(tokens) < max_new_tokens:
-            logits, routes, cache = _forward(self.target, [tokens[-1]], cache)
+            logits, routes, cache = _forward(self.target, [tokens[-1]], cache, guesses)
             self.forward_calls += 1
             step_routes.append(routes[0])
             tokens.append(int(logits[-1].argmax()))
-        trace = PromptTrace(list(prompt), tokens, prefill_routes, step_routes, _cache=cache)
+        trace = PromptTrace(list(prompt), tokens, prefill_routes, step_routes, guesses, _cache=cache)
         self.traces[key] = trace
         return trace
 
@@ -131,15 +141,20 @@ class ForwardService:
         if key in self.traces:
             return self.traces[key]
         session = SamplingSession(self.target, None, prompt, temperature, seed)
-        step_routes = [session.step() for _ in range(max_new_tokens - 1)]
+        guesses: list[dict] = []
+        step_routes = [session.step(guesses) for _ in range(max_new_tokens - 1)]
         self.forward_calls += max_new_tokens
-        trace = PromptTrace(list(prompt), session.seq[len(prompt) :], session.prefill_routes, step_routes)
+        trace = PromptTrace(list(prompt), session.seq[len(prompt) :], session.prefill_routes, step_routes, guesses)
         self.traces[key] = trace
         return trace
 
-    def window(self, trace: PromptTrace, t: int, k: int) -> Window:
-        """The speculative window of at least k proposals at rebase point t (memoized, extended on demand)."""
-        cached = trace.windows.get((self.draft_key, t))
+    def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> Window:
+        """The speculative window of at least k proposals at rebase point t (memoized, extended on demand).
+
+        `own_kv`: the draft keeps its own KV of the committed prefix (a draft with separate weights and cache, as
+        SpecMoEOff's) instead of reading the target's."""
+        key = (self.draft_key + (":own-kv" if own_kv else ""), t)
+        cached = trace.windows.get(key)
         if cached is not None and cached.kmax >= k:
             return cached
         if self.draft is None:
@@ -149,7 +164,13 @@ class ForwardService:
             self.forward_calls += 1
         seq = trace.seq
         pending = seq[t - 1]
-        draft_cache = _crop(trace._cache, t - 1)
+        if own_kv:
+            if self.draft_key not in trace._draft_caches:
+                _, _, trace._draft_caches[self.draft_key] = _forward(self.draft, trace.seq[:-1], None)
+                self.forward_calls += 1
+            draft_cache = _crop(trace._draft_caches[self.draft_key], t - 1)
+        else:
+            draft_cache = _crop(trace._cache, t - 1)
         draft_tokens, draft_routes = [], []
         token = pending
         for _ in range(k):
@@ -161,5 +182,5 @@ class ForwardService:
         logits, routes, _ = _forward(self.target, [pending, *draft_tokens], _crop(trace._cache, t - 1))
         self.forward_calls += 1
         window = Window(t, draft_tokens, draft_routes, logits.argmax(-1).tolist(), routes)
-        trace.windows[(self.draft_key, t)] = window
+        trace.windows[key] = window
         return window

@@ -46,9 +46,9 @@ class SamplingSession:
         self.seq = list(prompt) + [sample(probabilities(logits[-1], temperature), self.generator)]
         self.prompt_len = len(prompt)
 
-    def step(self) -> TokenRoutes:
+    def step(self, guesses: list | None = None) -> TokenRoutes:
         """The target alone: one token sampled from p; returns the routes of the token it read."""
-        logits, routes, self.cache = _forward(self.target, [self.seq[-1]], self.cache)
+        logits, routes, self.cache = _forward(self.target, [self.seq[-1]], self.cache, guesses)
         self.seq.append(sample(probabilities(logits[-1], self.temperature), self.generator))
         return routes[0]
 

@@ -1,0 +1,113 @@
+"""`moe-infinity`: activation-aware prefetching and caching from a store of past expert activation matrices.
+
+Source: Xue et al., "MoE-Infinity: Offloading-Efficient MoE Model Serving" (arXiv 2401.14361),
+github.com/EfficientMoE/MoE-Infinity. Mechanism: each request keeps an Expert Activation Matrix (EAM, layers x experts
+token counts). A bounded store holds the EAMs of past requests; during decoding the request's EAM so far is matched to
+the store by cosine similarity, and the best match predicts which experts the coming layers will use. After each layer's
+routing, experts of the layers ahead are prefetched in order of predicted activation weighted by 1 - (i - l) / L for a
+layer i ahead of the current layer l (nearer layers first). Eviction drops the cached expert of lowest predicted
+activation instead of the least recently used. The store is filled from warm-up prompts of the calibration split, never
+from the evaluation prompts (`--system-option warmup=N`, default 8; 0 leaves it empty).
+Simplifications: the suite's budgets are per-layer slots (equal capacity for every system), so eviction chooses within
+a layer and the paper's preference for keeping earlier layers' experts, which arbitrates between layers of a global
+cache, does not arise; prefetches per step are capped at `per_step` (default 2 x top-k) so they do not flood the link.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specter.offload.cache import ExpertCache
+from specter.reference import decode_one_by_one
+from specter.systems import PromptContext, PromptResult, System
+
+
+def eam_of(trace, experts: int) -> torch.Tensor:
+    """[L, E] token counts of a whole trace: its prompt and every decode step."""
+    layers = sorted(trace.prefill_routes[0])
+    eam = torch.zeros(len(layers), experts)
+    for r in trace.prefill_routes + trace.step_routes:
+        for i, layer in enumerate(layers):
+            for e in r[layer]:
+                eam[i, e] += 1
+    return eam
+
+
+class PriorityCache(ExpertCache):
+    """Evicts the expert of lowest priority (predicted activation) rather than the least recently used."""
+
+    priority = None  # callable (layer, expert) -> float, set by the system
+
+    def victim(self, layer, keep=frozenset()):
+        if len(self.entries[layer]) < self.slots_per_layer:
+            return None
+        candidates = [e for e in self.entries[layer] if e not in self.protected[layer] and e not in keep]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda e: (self.priority(layer, e) if self.priority else 0.0, e))
+
+
+class MoEInfinity(System):
+    name = "moe-infinity"
+    options = {
+        "warmup": (int, 8, "warm-up prompts whose EAMs fill the store (0: empty store)"),
+        "per-step": (int, 0, "prefetches issued per layer step at most (0: 2 x top-k)"),
+    }
+
+    def run(self, ctx: PromptContext) -> PromptResult:
+        work, trace = ctx.work, ctx.trace
+        order = list(work.moe_layers)
+        experts = work.experts_per_layer
+        store = [eam_of(t, experts) for t in (ctx.warmup()[: self.warmup] if self.warmup and ctx.warmup else [])]
+        store = [m / m.norm() for m in store]
+        top_k = len(trace.prefill_routes[0][order[0]])
+        per_step = self.per_step or 2 * top_k
+        cache = PriorityCache(work.moe_layers, ctx.config.slots_per_layer)
+        ctx.cache = cache
+        ctx.executor.cache = cache
+        current = {"eam": torch.zeros(len(order), experts), "pred": None, "j": 0}
+
+        def predicted() -> torch.Tensor | None:
+            if not store:
+                return None
+            eam = current["eam"]
+            flat = eam.flatten() / (eam.norm() + 1e-12)
+            return max(store, key=lambda m: float((m.flatten() * flat).sum()))
+
+        cache.priority = lambda layer, e: (float(current["pred"][order.index(layer), e])
+                                           if current["pred"] is not None else 0.0)
+
+        def on_route(layer: int, routes) -> None:
+            i = order.index(layer)
+            for r in routes:
+                for e in r:
+                    current["eam"][i, e] += 1
+            pred = current["pred"]
+            if pred is None or not current["j"]:
+                return
+            ranked = []
+            for ahead in range(i + 1, len(order)):
+                weight = 1 - (ahead - i) / len(order)
+                for e in range(pred.shape[1]):
+                    if pred[ahead, e] > 0:
+                        ranked.append((-(float(pred[ahead, e]) * weight), ahead, e))
+            issued = 0
+            for _, ahead, e in sorted(ranked):
+                if issued >= per_step:
+                    break
+                target = order[ahead]
+                if (target, e) in cache:
+                    continue
+                victim = cache.victim(target)
+                if victim is not None and cache.priority(target, victim) >= cache.priority(target, e):
+                    continue  # only displace an expert predicted to be used less
+                issued += ctx.executor.prefetch(target, [e])
+
+        def before_step(j: int) -> None:
+            cache.unprotect_all()
+            current["j"] = j
+            current["pred"] = predicted()
+
+        ctx.executor.on_route = on_route
+        result = self.prefill(ctx)
+        return decode_one_by_one(ctx, result, before_step)

@@ -1,0 +1,107 @@
+"""Baselines: lossless on every tiny architecture, and each one's own mechanism visibly acting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ARCHS
+from specter.models import load_moe_model
+from specter.quant.quantize import quantize_draft
+from specter.runner import RunRequest, run
+
+BASELINES = ("naive", "mixtral-offloading", "moe-infinity", "sp-moe", "specmoeoff", "fiddler")
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bdrafts")
+    for arch in ARCHS:
+        quantize_draft(tiny_dirs[arch], root / arch, method="rtn", bits=4, group_size=32)
+    return {arch: str(root / arch) for arch in ARCHS}
+
+
+def _run(tiny_dirs, drafts, arch, system, tmp_path, options=(), **over):
+    base = dict(system=system, model=tiny_dirs[arch], draft=drafts[arch], dataset="code", hardware="a100-40gb-pcie4",
+                out=str(tmp_path / f"{system}.jsonl"), max_new_tokens=NEW, resident_per_layer=2, k=4, progress=False,
+                system_options=tuple(options), warmup_prompts=4)
+    base.update(over)
+    return run(RunRequest(**base))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_baseline_equals_transformers_greedy(arch, tiny_dirs, drafts, tmp_path):
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    for system in BASELINES:
+        records = _run(tiny_dirs, drafts, arch, system, tmp_path)
+        for r in records:
+            with torch.no_grad():
+                ref = target.model.generate(torch.tensor([r.prompt_token_ids]), max_new_tokens=NEW, do_sample=False,
+                                            eos_token_id=None, pad_token_id=target.config.pad_token_id)
+            assert r.output_token_ids == ref[0, len(r.prompt_token_ids):].tolist(), (arch, system, r.prompt_index)
+            assert r.tpot_ms >= r.lower_bound_tpot_ms, (arch, system)
+
+
+def _misses(records):
+    return sum(r.demand_misses for r in records)
+
+
+def _link_bytes(records):
+    return sum(r.h2d_bytes_demand + r.h2d_bytes_prefetch + r.extra["link_bytes_activations"] for r in records)
+
+
+# Mechanism tests: a tiny Mixtral (8 experts, top-2) with 4 slots per layer, 48 new tokens, so that eviction matters.
+MECH = dict(resident_per_layer=4, max_new_tokens=48)
+
+
+def test_mixtral_offloading_lookahead_reduces_demand_misses(tiny_dirs, drafts, tmp_path):
+    on = _run(tiny_dirs, drafts, "mixtral", "mixtral-offloading", tmp_path, [("depth", "1")], **MECH)
+    off = _run(tiny_dirs, drafts, "mixtral", "mixtral-offloading", tmp_path, [("depth", "0")], **MECH)
+    assert _misses(on) < _misses(off)
+    assert sum(r.h2d_bytes_prefetch for r in on) > 0 == sum(r.h2d_bytes_prefetch for r in off)
+
+
+def test_moe_infinity_filled_store_beats_empty_store(tiny_dirs, drafts, tmp_path):
+    filled = _run(tiny_dirs, drafts, "mixtral", "moe-infinity", tmp_path, [("warmup", "8")], warmup_prompts=8, **MECH)
+    empty = _run(tiny_dirs, drafts, "mixtral", "moe-infinity", tmp_path, [("warmup", "0")], warmup_prompts=8, **MECH)
+    assert _misses(filled) < _misses(empty)
+
+
+def test_fiddler_moves_fewer_bytes_than_naive(tiny_dirs, drafts, tmp_path):
+    fiddler = _run(tiny_dirs, drafts, "mixtral", "fiddler", tmp_path, **MECH)
+    naive = _run(tiny_dirs, drafts, "mixtral", "naive", tmp_path, **MECH)
+    assert _link_bytes(fiddler) < _link_bytes(naive)
+
+
+def test_naive_copies_every_expert_of_every_layer_each_pass(tiny_dirs, drafts, tmp_path):
+    (r, *_) = _run(tiny_dirs, drafts, "mixtral", "naive", tmp_path, **MECH)
+    passes = MECH["max_new_tokens"]  # the prefill and one pass per further token
+    assert r.h2d_bytes_demand == passes * 2 * 8 * 3 * 64 * 32 * 2  # passes x layers x experts x expert bytes (FP16)
+
+
+def test_sp_moe_draft_prefetch_reduces_demand_misses(tiny_dirs, drafts, tmp_path):
+    on = _run(tiny_dirs, drafts, "mixtral", "sp-moe", tmp_path, [("cutoff", "-1")], **MECH)
+    off = _run(tiny_dirs, drafts, "mixtral", "sp-moe", tmp_path, [("cutoff", "0")], **MECH)
+    assert _misses(on) < _misses(off)
+
+
+def test_specmoeoff_pays_for_its_separate_draft(tiny_dirs, drafts, tmp_path):
+    budget = dict(resident_per_layer=None, device_memory_gb=0.00045, max_new_tokens=24)
+    smo = _run(tiny_dirs, drafts, "mixtral", "specmoeoff", tmp_path, **budget)
+    spec = _run(tiny_dirs, drafts, "mixtral", "specter", tmp_path, **budget)
+    assert smo[0].slots_per_layer < spec[0].slots_per_layer  # its own weights and KV take device memory
+    assert smo[0].k == 3 and sum(r.h2d_bytes_prefetch for r in smo) > 0
+
+
+def test_unknown_system_option_is_one_line_exit_2(tiny_dirs, drafts, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "specter", "run", "--system", "naive", "--model", tiny_dirs["mixtral"],
+                           "--dataset", "code", "--hardware", "t4-pcie3", "--resident-per-layer", "2",
+                           "--system-option", "depth=2", "--out", str(tmp_path / "x.jsonl")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "has no option depth" in errors[0], proc.stderr[-1500:]
