@@ -109,25 +109,50 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import torch
+def _request(args: argparse.Namespace, system: str, out: str):
+    from specter.runner import RunRequest
 
-    from specter.runner import RunRequest, run
-
-    torch.set_num_threads(args.threads)
     try:
         k = None if args.k is None else (args.k if args.k in ("auto", "profile") else int(args.k))
     except ValueError:
         from specter.errors import SpecterError
 
         raise SpecterError(f"--k must be an integer >= 1, auto or profile, got {args.k!r}") from None
-    req = RunRequest(system=args.system, model=args.model, draft=args.draft, dataset=args.dataset, field=args.field,
-                     num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens, max_new_tokens=args.max_new_tokens,
-                     hardware=args.hardware, device_memory_gb=args.device_memory_gb,
-                     resident_per_layer=args.resident_per_layer, k=k, prefetch=args.prefetch,
-                     temperature=args.temperature, seed=args.seed, engine=args.engine, out=args.out,
-                     system_options=tuple(_key_values(args.system_option)))
-    records = run(req)
+    return RunRequest(system=system, model=args.model, draft=args.draft, dataset=args.dataset, field=args.field,
+                      num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens,
+                      max_new_tokens=args.max_new_tokens, hardware=args.hardware,
+                      device_memory_gb=args.device_memory_gb, resident_per_layer=args.resident_per_layer, k=k,
+                      prefetch=args.prefetch, temperature=args.temperature, seed=args.seed, engine=args.engine,
+                      out=out, system_options=tuple(_key_values(args.system_option)))
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    import torch
+
+    from specter.runner import compare
+
+    torch.set_num_threads(args.threads)
+    systems = [s for s in args.systems.split(",") if s]
+    rows = compare(_request(args, systems[0], ""), systems, args.out)
+    profile = args.hardware
+    print(f"simulated on {profile}; medians over prompts; misses and bytes summed over prompts")
+    print("| system | K | slots/layer | TPOT ms | lower bound ms | demand misses | H2D bytes | activation bytes | acceptance |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        acc = "" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
+        print(f"| {r['system']} | {r['k'] or ''} | {r['slots_per_layer']} | {r['tpot_ms']:.4f} | "
+              f"{r['lower_bound_tpot_ms']:.4f} | {r['demand_misses']} | {r['h2d_bytes']} | {r['activation_bytes']} | {acc} |")
+    print(f"wrote one JSONL per system under {args.out}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from specter.runner import run
+
+    torch.set_num_threads(args.threads)
+    records = run(_request(args, args.system, args.out))
     import statistics
 
     tpot = statistics.median(r.tpot_ms for r in records)
@@ -170,6 +195,29 @@ def _ranges(xs: list[int]) -> str:
             out.append(str(start) if start == x else f"{start}-{x}")
             start = None
     return ", ".join(out)
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
+    p.add_argument("--draft", metavar="DIR", help="the draft (speculative systems), from `specter quantize`")
+    p.add_argument("--dataset", required=True, help="a shipped prompt set (code) or a JSONL/JSON/CSV/Parquet file")
+    p.add_argument("--field", help="the text column of a dataset file (default: the paper sets' conventions)")
+    p.add_argument("--num-prompts", type=int, default=5, help="first N non-empty inputs (default 5)")
+    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--hardware", required=True, help="a preset name or a profile YAML (see `specter hardware`)")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--device-memory-gb", type=float, help="device memory for the run, GB (1e9 bytes)")
+    budget.add_argument("--resident-per-layer", type=int, help="expert slots per MoE layer")
+    p.add_argument("--k", help="draft window K (speculative systems): an integer >= 1, auto (the amortization "
+                               "model) or profile (empirical, over 2..32)")
+    p.add_argument("--prefetch", default="adaptive", help="adaptive, none, early or late (default adaptive)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
+    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
+    p.add_argument("--system-option", action="append", metavar="NAME=VALUE",
+                   help="a system's own setting (e.g. depth=2 for mixtral-offloading); repeatable")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,28 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run one system over a prompt set and write one JSON record per prompt")
     p.add_argument("--system", required=True, help="a registered system (see the error for the list)")
-    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
-    p.add_argument("--draft", metavar="DIR", help="the draft (speculative systems), from `specter quantize`")
-    p.add_argument("--dataset", required=True, help="a shipped prompt set (code) or a JSONL/JSON/CSV/Parquet file")
-    p.add_argument("--field", help="the text column of a dataset file (default: the paper sets' conventions)")
-    p.add_argument("--num-prompts", type=int, default=5, help="first N non-empty inputs (default 5)")
-    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
-    p.add_argument("--hardware", required=True, help="a preset name or a profile YAML (see `specter hardware`)")
-    budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--device-memory-gb", type=float, help="device memory for the run, GB (1e9 bytes)")
-    budget.add_argument("--resident-per-layer", type=int, help="expert slots per MoE layer")
-    p.add_argument("--k", help="draft window K (speculative systems): an integer >= 1, auto (the amortization "
-                               "model) or profile (empirical, over 2..32)")
-    p.add_argument("--prefetch", default="adaptive", help="adaptive, none, early or late (default adaptive)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
-    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
-    p.add_argument("--system-option", action="append", metavar="NAME=VALUE",
-                   help="a system's own setting (e.g. depth=2 for mixtral-offloading); repeatable")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
     p.add_argument("--out", required=True, metavar="FILE.jsonl", help="the records, one JSON line per prompt")
+    _run_options(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", help="run several systems on the same prompts and print a table")
+    p.add_argument("--systems", required=True, help="comma-separated system names")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for one JSONL per system")
+    _run_options(p)
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("hardware", help="show hardware profiles: the presets, or the given preset names or YAML files")
     p.add_argument("profiles", nargs="*", metavar="PRESET|FILE",

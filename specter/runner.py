@@ -219,6 +219,33 @@ def _govern(kind, tokenizer, req, service, work, cost, slots, draft_bytes, profi
     return choose_k_profile(tpot_with)
 
 
+def compare(req: RunRequest, systems: list[str], out_dir: str | Path) -> list[dict]:
+    """Run each of `systems` with the same request (one JSONL each under `out_dir`); returns one summary row per
+    system: medians over prompts of TPOT and its lower bound, and totals of demand misses and link bytes."""
+    import statistics
+
+    from specter.errors import SpecterError
+
+    for name in systems:  # every name is checked before anything runs
+        validate(replace(req, system=name, out=str(Path(out_dir) / f"{name}.jsonl")))
+    if len(set(systems)) != len(systems):
+        raise SpecterError(f"--systems lists a system twice: {systems}")
+    rows = []
+    for name in systems:
+        records = run(replace(req, system=name, out=str(Path(out_dir) / f"{name}.jsonl")))
+        rows.append(dict(
+            system=name, k=records[0].k, slots_per_layer=records[0].slots_per_layer,
+            tpot_ms=statistics.median(r.tpot_ms for r in records),
+            lower_bound_tpot_ms=statistics.median(r.lower_bound_tpot_ms for r in records),
+            demand_misses=sum(r.demand_misses for r in records),
+            h2d_bytes=sum(r.h2d_bytes_demand + r.h2d_bytes_prefetch for r in records),
+            activation_bytes=sum(r.extra.get("link_bytes_activations", 0) for r in records),
+            acceptance_rate=(statistics.median(r.acceptance_rate for r in records)
+                             if records[0].acceptance_rate is not None else None),
+        ))
+    return rows
+
+
 def write_records(records: list[RunRecord], out: str | Path) -> None:
     """Write JSONL atomically: a temporary file beside `out`, renamed over it."""
     out = Path(out)
