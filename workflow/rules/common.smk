@@ -1,4 +1,16 @@
-# Input functions and naming shared by the rule files.
+# Config validation, input functions and naming shared by the rule files.
+from pathlib import Path
+
+from snakemake.utils import validate
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+for _name, _spec in config["models"].items():
+    if "path" in _spec and not (Path(_spec["path"]) / "config.json").is_file():
+        raise ValueError(
+            f"config models.{_name}.path: {_spec['path']!r} holds no checkpoint (no config.json); fix the path"
+        )
+
 
 
 def draft_name(d):
