@@ -184,9 +184,13 @@ def run(req: RunRequest) -> list[RunRecord]:
         decode_routes = result.decode_routes if result.decode_routes is not None else trace.step_routes
         lb = lower_bound_tpot_seconds(result, decode_routes[: req.max_new_tokens - 1], slots, work, cost,
                                       host_compute=system.host_compute)
+        tpot = tpot_seconds(result.commit_times)
+        if req.engine == "sim" and tpot < lb:  # the simulator executes at least the work the bound counts
+            raise RuntimeError(f"{req.system} prompt {index}: simulated TPOT {tpot} s below its lower bound {lb} s; "
+                               "the bound or the schedule is wrong, please report this")
         records.append(RunRecord(
             prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
-            ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
+            ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot * 1e3,
             lower_bound_tpot_ms=lb * 1e3, k=result.k,
             demand_hits=result.stats.demand_hits, demand_misses=result.stats.demand_misses,
             h2d_bytes_prefetch=result.stats.h2d_bytes_prefetch, h2d_bytes_demand=result.stats.h2d_bytes_demand,

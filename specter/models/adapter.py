@@ -251,39 +251,31 @@ class MoEModel:
         return _nbytes(rest)
 
     @contextlib.contextmanager
-    def record_routing(self) -> Iterator[dict[int, list[torch.Tensor]]]:
-        """Record every router call: {decoder layer: [indices [T, k] per call]} via forward hooks on the routers."""
+    def _router_log(self, pre: bool, take) -> Iterator[dict[int, list[torch.Tensor]]]:
+        """{decoder layer: [take(router input or output) per router call]} while the context is open."""
         log: dict[int, list[torch.Tensor]] = {moe.layer_index: [] for moe in self.moe_layers}
         handles = []
         for moe in self.moe_layers:
-
-            def hook(_module, _inputs, output, layer_index=moe.layer_index):
-                log[layer_index].append(output[2].detach().clone())  # output: (logits, weights, indices)
-
-            handles.append(moe.router.register_forward_hook(hook))
+            if pre:
+                hook = lambda _m, inputs, layer=moe.layer_index: log[layer].append(take(inputs))  # noqa: E731
+                handles.append(moe.router.register_forward_pre_hook(hook))
+            else:
+                hook = lambda _m, _i, output, layer=moe.layer_index: log[layer].append(take(output))  # noqa: E731
+                handles.append(moe.router.register_forward_hook(hook))
         try:
             yield log
         finally:
             for h in handles:
                 h.remove()
 
+    def record_routing(self):
+        """Record every router call: {decoder layer: [indices [T, k] per call]} via forward hooks on the routers
+        (their output is (logits, weights, indices))."""
+        return self._router_log(False, lambda output: output[2].detach().clone())
 
-    @contextlib.contextmanager
-    def record_router_inputs(self) -> Iterator[dict[int, list[torch.Tensor]]]:
+    def record_router_inputs(self):
         """Record every router's input: {decoder layer: [hidden [T, H] per call]} (forward pre-hooks)."""
-        log: dict[int, list[torch.Tensor]] = {moe.layer_index: [] for moe in self.moe_layers}
-        handles = []
-        for moe in self.moe_layers:
-
-            def hook(_module, inputs, layer_index=moe.layer_index):
-                log[layer_index].append(inputs[0].detach().reshape(-1, inputs[0].shape[-1]).clone())
-
-            handles.append(moe.router.register_forward_pre_hook(hook))
-        try:
-            yield log
-        finally:
-            for h in handles:
-                h.remove()
+        return self._router_log(True, lambda inputs: inputs[0].detach().reshape(-1, inputs[0].shape[-1]).clone())
 
     def guess_routes(self, inputs: dict[int, torch.Tensor], depth: int) -> list[dict[tuple[int, int], tuple[int, ...]]]:
         """Mixtral-Offloading's speculative routing: the router of the MoE layer `d` ahead applied to this layer's router

@@ -38,13 +38,14 @@ class MoefyConfig:
     experts: int = 8
     top_k: int = 2
     shared: int = 512  # neurons of the shared expert (of 1536)
-    calibration_sequences: int = 32
+    calibration_sequences: int = 64
     seq_len: int = 512
     ridge: float = 1e-2  # relative to the mean diagonal of the normal matrix
     kmeans_iters: int = 15
-    distill_steps: int = 150
-    distill_batch: int = 4
-    distill_lr: float = 2e-4
+    distill_steps: int = 60
+    distill_batch: int = 2
+    distill_seq_len: int = 256  # distillation reads the first tokens of each calibration window
+    distill_lr: float = 1e-4
     eval_tokens: int = 16384
     layers: int | None = None  # convert only the first N layers; None: all
     truncate: bool = True  # with `layers`: cut the model to those layers (a small stock checkpoint, for tests)
@@ -280,10 +281,13 @@ def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
 
 
 def distill(hybrid, dense, calib: torch.Tensor, cfg: MoefyConfig, progress: bool = True) -> list[float]:
-    """KL(dense || MoE) on calibration windows, training only the MoE blocks; returns the loss curve."""
+    """KL(dense || MoE) on calibration windows, training the experts (routed and shared) of the MoE blocks; returns the
+    loss curve. Routers stay as fitted: scaled to a 1e-3 logit spread, any optimizer step of ordinary size would
+    scramble their choices (tried: the loss rises at once)."""
     if cfg.distill_steps <= 0:
         return []
-    params = [p for layer in hybrid.model.layers for p in layer.mlp.parameters()]
+    params = [p for layer in hybrid.model.layers for name, p in layer.mlp.named_parameters()
+              if not name.startswith("gate.")]
     for p in hybrid.parameters():
         p.requires_grad_(False)
     for p in params:
@@ -293,7 +297,7 @@ def distill(hybrid, dense, calib: torch.Tensor, cfg: MoefyConfig, progress: bool
     losses = []
     hybrid.train()
     for _ in tqdm(range(cfg.distill_steps), desc="distill", disable=not progress):
-        x = calib[torch.randint(0, len(calib), (cfg.distill_batch,), generator=generator)]
+        x = calib[torch.randint(0, len(calib), (cfg.distill_batch,), generator=generator), : cfg.distill_seq_len]
         with torch.no_grad():
             teacher = F.log_softmax(dense(input_ids=x).logits, dim=-1)
         student = F.log_softmax(hybrid(input_ids=x).logits, dim=-1)
@@ -301,7 +305,7 @@ def distill(hybrid, dense, calib: torch.Tensor, cfg: MoefyConfig, progress: bool
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     hybrid.eval()
     for p in hybrid.parameters():
         p.requires_grad_(False)
