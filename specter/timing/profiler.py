@@ -156,7 +156,6 @@ def _profile_cuda(sizes, repeats, warmup, name):
                             ("pageable", torch.ones(size, dtype=torch.uint8))):
             t = _median_time(lambda: dst.copy_(src, non_blocking=True), repeats, warmup, _cuda_timer)
             rows.append(CopyRow(size, memory, t, size / t / 1e9, repeats))
-        del dst
     x = torch.zeros(1, device=dev)
     launches = 100
 
@@ -172,7 +171,6 @@ def _profile_cuda(sizes, repeats, warmup, name):
     big = 1 << 30
     s1, s2 = torch.empty(big, dtype=torch.uint8, device=dev), torch.empty(big, dtype=torch.uint8, device=dev)
     d2d_s = _median_time(lambda: s2.copy_(s1), repeats, warmup, _cuda_timer)
-    del a, b, s1, s2
     pinned = {r.size_bytes: r for r in rows if r.memory == "pinned"}
     pageable = {r.size_bytes: r for r in rows if r.memory == "pageable"}
     host_rows = _host_copy_rows([s for s in sizes if s <= 1 << 28], repeats, warmup)
