@@ -1,5 +1,5 @@
-# Specter suite workflow. Skeleton: builds the configured models, quantizes their drafts and writes fidelity reports.
-# Runs, aggregation, figures and the report join as the runtime and baselines land (see README).
+# Specter suite workflow: build the models, quantize their drafts, record the numerics once, replay every system and
+# sweep on them, and aggregate tables, figures and the report. See README.md ("Workflow") and results/README.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -8,11 +8,27 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# A config file given on the command line (`--configfile .test/config.yaml`) replaces config/config.yaml instead of
+# merging into it: merged, its models and prompt sets would run beside the default ones.
+if workflow.overwrite_configfiles:
+    import copy
+
+    config.clear()
+    config.update(copy.deepcopy(workflow.config_settings.overwrite_config))
+
+
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/quantize.smk"
+include: "workflow/rules/profile.smk"
+include: "workflow/rules/run.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
-        all_fidelity_reports(),
+        all_figures(),
+        [f"results/tables/{name}.csv" for name in EXPERIMENTS],

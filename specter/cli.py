@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from specter import __version__
@@ -121,9 +122,10 @@ def _request(args: argparse.Namespace, system: str, out: str):
     return RunRequest(system=system, model=args.model, draft=args.draft, dataset=args.dataset, field=args.field,
                       num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens,
                       max_new_tokens=args.max_new_tokens, hardware=args.hardware,
-                      device_memory_gb=args.device_memory_gb, resident_per_layer=args.resident_per_layer, k=k,
+                      device_memory_gb=args.device_memory_gb, resident_per_layer=args.resident_per_layer,
+                      resident_fraction=args.resident_fraction, k=k,
                       prefetch=args.prefetch, temperature=args.temperature, seed=args.seed, engine=args.engine,
-                      out=out, system_options=tuple(_key_values(args.system_option)))
+                      out=out, system_options=tuple(_key_values(args.system_option)), memo=tuple(args.memo or ()))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -164,6 +166,67 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _k_value(text: str):
+    from specter.errors import SpecterError
+
+    if text in ("auto", "profile"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecterError(f"--k must be an integer >= 1, auto or profile, got {text!r}") from None
+
+
+def _list(text: str | None, kind, flag: str) -> list | None:
+    """A comma-separated option value as a list of `kind` (None when the option was not given)."""
+    from specter.errors import SpecterError
+
+    if text is None:
+        return None
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        values = [kind(t) for t in items]
+    except ValueError:
+        raise SpecterError(f"{flag} {text!r}: every comma-separated value must be a {kind.__name__}") from None
+    if not values:
+        raise SpecterError(f"{flag} is empty; give one or more comma-separated values")
+    return values
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import torch
+
+    from specter.errors import SpecterError
+    from specter.runner import grid, sweep
+
+    torch.set_num_threads(args.threads)
+    if args.out is None and args.memo_out is None:
+        raise SpecterError("give --out FILE.jsonl (the records), --memo-out FILE (the numerics), or both")
+    axes = {"system": _list(args.systems, str, "--systems"), "k": _list(args.k, _k_value, "--k"),
+            "prefetch": _list(args.prefetch, str, "--prefetch"), "hardware": _list(args.hardware, str, "--hardware"),
+            "prefix_tokens": _list(args.prefix_tokens, int, "--prefix-tokens"),
+            "resident_fraction": _list(args.resident_fraction, float, "--resident-fraction"),
+            "resident_per_layer": _list(args.resident_per_layer, int, "--resident-per-layer"),
+            "device_memory_gb": _list(args.device_memory_gb, float, "--device-memory-gb")}
+    axes = {name: values for name, values in axes.items() if values is not None}
+    budgets = [b for b in ("resident_fraction", "resident_per_layer", "device_memory_gb") if b in axes]
+    if len(budgets) != 1:
+        raise SpecterError("give exactly one budget: --device-memory-gb, --resident-per-layer or --resident-fraction "
+                           "(each takes a comma-separated list)")
+    options = {key: _list(value, str, f"--system-option {key}") for key, value in _key_values(args.system_option)}
+    from specter.runner import RunRequest
+
+    base = RunRequest(system=axes["system"][0], model=args.model, draft=args.draft, dataset=args.dataset,
+                      field=args.field, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                      hardware=axes["hardware"][0], out=args.out or "", temperature=args.temperature, seed=args.seed,
+                      engine=args.engine, memo=tuple(args.memo or ()), **{budgets[0]: axes[budgets[0]][0]})
+    requests = grid(base, axes, options)
+    records = sweep(requests, args.out, args.memo_out)
+    print(f"{len(requests)} runs, {len(records)} records"
+          + (f"; wrote {args.out}" if args.out else "") + (f"; wrote {args.memo_out}" if args.memo_out else ""))
+    return 0
+
+
 def _key_values(items: list[str] | None) -> list[tuple[str, str]]:
     out = []
     for item in items or []:
@@ -174,6 +237,31 @@ def _key_values(items: list[str] | None) -> list[tuple[str, str]]:
             raise SpecterError(f"--system-option {item!r} must look like NAME=VALUE")
         out.append((key, value))
     return out
+
+
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    from specter.report.tables import experiment_table, fidelity_table, read_records, write_table
+
+    if args.experiment == "fidelity":
+        table = fidelity_table(args.inputs)
+    else:
+        table = experiment_table(args.experiment, read_records(args.inputs))
+    write_table(table, args.out)
+    print(f"{args.experiment}: {len(table)} rows from {len(args.inputs)} files; wrote {args.out}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from specter.errors import SpecterError
+    from specter.report.figures import plot
+
+    if not Path(args.table).is_file():
+        raise SpecterError(f"--table {args.table!r} does not exist; write it with `specter aggregate`")
+    plot(args.experiment, pd.read_csv(args.table), args.out)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
@@ -209,6 +297,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--device-memory-gb", type=float, help="device memory for the run, GB (1e9 bytes)")
     budget.add_argument("--resident-per-layer", type=int, help="expert slots per MoE layer")
+    budget.add_argument("--resident-fraction", type=float,
+                        help="expert slots per MoE layer as a share of its experts (rounded, at least 1)")
     p.add_argument("--k", help="draft window K (speculative systems): an integer >= 1, auto (the amortization "
                                "model) or profile (empirical, over 2..32)")
     p.add_argument("--prefetch", default="adaptive", help="adaptive, none, early or late (default adaptive)")
@@ -218,6 +308,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system-option", action="append", metavar="NAME=VALUE",
                    help="a system's own setting (e.g. depth=2 for mixtral-offloading); repeatable")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
+    p.add_argument("--memo", action="append", metavar="FILE",
+                   help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +368,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="directory for one JSONL per system")
     _run_options(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("sweep", help="run a grid of systems and settings in one process (numerics computed once); "
+                                      "list-valued options take comma-separated values")
+    p.add_argument("--systems", required=True, help="comma-separated system names")
+    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
+    p.add_argument("--draft", metavar="DIR", help="the draft (speculative systems), from `specter quantize`")
+    p.add_argument("--dataset", required=True, help="a shipped prompt set or a JSONL/JSON/CSV/Parquet file")
+    p.add_argument("--field", help="the text column of a dataset file")
+    p.add_argument("--num-prompts", type=int, default=5, help="first N non-empty inputs (default 5)")
+    p.add_argument("--prefix-tokens", default="16", help="prompt lengths in tokens (list; default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--hardware", required=True, help="presets or profile YAMLs (list)")
+    p.add_argument("--device-memory-gb", help="device memory budgets, GB (list)")
+    p.add_argument("--resident-per-layer", help="expert slots per MoE layer (list)")
+    p.add_argument("--resident-fraction", help="expert slots as shares of each layer's experts (list)")
+    p.add_argument("--k", help="draft windows for speculative systems: integers, auto or profile (list)")
+    p.add_argument("--prefetch", default="adaptive", help="prefetch policies (list; default adaptive)")
+    p.add_argument("--system-option", action="append", metavar="NAME=V1,V2",
+                   help="a system option and its values (list); applies to the systems that have it; repeatable")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=42, help="seed (default 42)")
+    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
+    p.add_argument("--memo", action="append", metavar="FILE", help="recorded numerics to start from; repeatable")
+    p.add_argument("--out", metavar="FILE.jsonl", help="every run's records in one JSONL")
+    p.add_argument("--memo-out", metavar="FILE", help="save the numerics the runs used, for later `--memo`")
+    p.set_defaults(func=cmd_sweep)
+
+    from specter.report import EXPERIMENTS
+
+    p = sub.add_parser("aggregate", help="one experiment's tidy table (CSV) from its run records or fidelity summaries")
+    p.add_argument("experiment", choices=EXPERIMENTS, help="the experiment")
+    p.add_argument("inputs", nargs="+", metavar="FILE", help="records (.jsonl) or, for fidelity, summaries (.json)")
+    p.add_argument("--out", required=True, metavar="FILE.csv", help="the table")
+    p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("plot", help="one experiment's figure (PNG) from its table")
+    p.add_argument("experiment", choices=EXPERIMENTS, help="the experiment")
+    p.add_argument("--table", required=True, metavar="FILE.csv", help="from `specter aggregate`")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="the figure")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("hardware", help="show hardware profiles: the presets, or the given preset names or YAML files")
     p.add_argument("profiles", nargs="*", metavar="PRESET|FILE",

@@ -5,7 +5,8 @@
   window utilization = accepted / proposed.
 - expert prediction per (layer, lookahead distance d): precision = |P n A| / |P| and recall = |P n A| / |A| with P the
   draft's experts at draft step d and A the target's at verification input d - 1 (they read the same token), summed over
-  cycles; window recall = planned experts the verification used / experts the verification used.
+  cycles; window recall = planned experts the verification used / experts the verification used; window working set =
+  distinct experts one verification uses per MoE layer, mean over windows and layers.
 - lower bound: max(the run's target passes at roofline after the first commit, Belady's fewest expert loads for the
   committed tokens' routes over the link) / (N - 1); see `specter.timing.bounds`.
 Field names carry their units.
@@ -74,6 +75,7 @@ class RunRecord:
     stall_ms: float
     expert_prediction: list[dict]
     window_recall: float | None
+    window_working_set: float | None
     config: dict
     seed: int
     versions: dict
@@ -89,7 +91,7 @@ def speculative_fields(result: PromptResult) -> dict:
     """acceptance rate, window utilization, histogram, expert prediction and window recall of a speculative run."""
     if not result.proposed:
         return dict(acceptance_rate=None, window_utilization=None, accepted_length_histogram={}, expert_prediction=[],
-                    window_recall=None)
+                    window_recall=None, window_working_set=None)
     prediction = [
         dict(layer=layer, distance=d, precision=c.tp / c.predicted if c.predicted else None,
              recall=c.tp / c.actual if c.actual else None)
@@ -101,4 +103,5 @@ def speculative_fields(result: PromptResult) -> dict:
         accepted_length_histogram={str(a): n for a, n in sorted(result.accepted_lengths.items())},
         expert_prediction=prediction,
         window_recall=result.window_hits / result.window_needed if result.window_needed else None,
+        window_working_set=result.window_needed / result.window_layers if result.window_layers else None,
     )

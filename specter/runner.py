@@ -45,6 +45,7 @@ class RunRequest:
     max_new_tokens: int = 128
     device_memory_gb: float | None = None
     resident_per_layer: int | None = None
+    resident_fraction: float | None = None  # of each layer's experts, rounded, at least one slot
     k: int | str | None = None  # an integer, or "auto" / "profile" for the governor
     prefetch: str = "adaptive"
     temperature: float = 0.0
@@ -52,31 +53,56 @@ class RunRequest:
     engine: str = "sim"
     system_options: tuple[tuple[str, str], ...] = ()
     warmup_prompts: int = 8  # calibration-split prompts for systems that learn from history (MoE-Infinity, Fiddler)
+    memo: tuple[str, ...] = ()  # recorded numerics to start from (`specter record`)
     progress: bool = True
+
+    @property
+    def budgets_given(self) -> int:
+        return sum(b is not None for b in (self.device_memory_gb, self.resident_per_layer, self.resident_fraction))
 
 
 _SERVICES: dict[str, tuple[object, dict, ForwardService]] = {}  # by target: (target, {draft dir: draft}, service)
+_MEMOS: set[str] = set()  # memo files already loaded into their target's service
 
 
-def _service(model_dir: str, draft_dir: str | None):
+def _service(model_dir: str, draft_dir: str | None, memos: tuple[str, ...] = ()):
     """(target, draft, ForwardService) for this model, loaded once per process; the service memoizes the target's
-    numerics for every system and each draft's windows separately."""
+    numerics for every system and each draft's windows separately (keyed by the draft's content), starting from
+    the recorded `memos`."""
     from specter.models.loading import load_moe_model
     from specter.quant.draft import load_draft
+    from specter.spec.memo import draft_key, load_memo
 
     key = str(Path(model_dir).resolve())
     if key not in _SERVICES:
         target = load_moe_model(model_dir, dtype=torch.float32)
         _SERVICES[key] = (target, {}, ForwardService(target))
     target, drafts, service = _SERVICES[key]
+    for memo in memos:
+        if str(Path(memo).resolve()) not in _MEMOS:
+            load_memo(service, memo, target_hash(model_dir))
+            _MEMOS.add(str(Path(memo).resolve()))
     draft = None
     if draft_dir is not None:
-        draft_key = str(Path(draft_dir).resolve())
-        if draft_key not in drafts:
-            drafts[draft_key] = load_draft(target, draft_dir)
-        draft = drafts[draft_key]
-        service.draft, service.draft_key = draft.moe, draft_key
+        path = str(Path(draft_dir).resolve())
+        if path not in drafts:
+            drafts[path] = (load_draft(target, draft_dir), draft_key(draft_dir))
+        draft, content_key = drafts[path]
+        service.draft, service.draft_key = draft.moe, content_key
     return target, draft, service
+
+
+_HASHES: dict[str, str] = {}
+
+
+def target_hash(model_dir: str) -> str:
+    """The model hash (config and weights) of a checkpoint, computed once per process."""
+    from specter.quant.meta import model_hash
+
+    key = str(Path(model_dir).resolve())
+    if key not in _HASHES:
+        _HASHES[key] = model_hash(model_dir)
+    return _HASHES[key]
 
 
 def validate(req: RunRequest):
@@ -101,10 +127,13 @@ def validate(req: RunRequest):
         raise SpecterError(f"--temperature must be >= 0 (0 = greedy), got {req.temperature}")
     if req.max_new_tokens < 2:
         raise SpecterError(f"--max-new-tokens must be at least 2 (TPOT needs two tokens), got {req.max_new_tokens}")
-    if (req.device_memory_gb is None) == (req.resident_per_layer is None):
-        raise SpecterError("give exactly one budget: --device-memory-gb X or --resident-per-layer N")
+    if req.budgets_given != 1:
+        raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or --resident-fraction F")
+    for memo in req.memo:
+        if not Path(memo).is_file():
+            raise SpecterError(f"--memo {memo!r} does not exist; record it with `specter sweep --memo-out`")
     out = Path(req.out)
-    if out.exists() and out.is_dir():
+    if req.out and out.exists() and out.is_dir():
         raise SpecterError(f"--out {req.out} is a directory; give a file name ending in .jsonl")
     return system, profile
 
@@ -120,6 +149,13 @@ def _git_commit() -> str:
 
 def run(req: RunRequest) -> list[RunRecord]:
     """Run `req` and write its records; returns them."""
+    records = execute(req)
+    write_records(records, req.out)
+    return records
+
+
+def execute(req: RunRequest) -> list[RunRecord]:
+    """Run `req`; returns its records (one per prompt) without writing them."""
     from transformers import AutoTokenizer
 
     from specter.data.prompts import load_prompts
@@ -128,7 +164,7 @@ def run(req: RunRequest) -> list[RunRecord]:
     system, profile = validate(req)
     tokenizer = AutoTokenizer.from_pretrained(req.model, local_files_only=True)
     prompts = load_prompts(req.dataset, tokenizer, req.num_prompts, req.prefix_tokens, field=req.field)
-    target, draft, service = _service(req.model, req.draft if system.speculative else None)
+    target, draft, service = _service(req.model, req.draft if system.speculative else None, req.memo)
     work = ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
     draft_resident = draft_bytes * len(work.moe_layers) * work.experts_per_layer
@@ -143,7 +179,7 @@ def run(req: RunRequest) -> list[RunRecord]:
         window = req.k if isinstance(req.k, int) else (max(PROFILE_KS) if req.k else 0)  # speculative KV positions
         memory = plan_memory(work, req.prefix_tokens + req.max_new_tokens + window,
                              draft_resident, req.device_memory_gb, req.resident_per_layer,
-                             kv_copies=2 if system.separate_draft else 1)
+                             kv_copies=2 if system.separate_draft else 1, resident_fraction=req.resident_fraction)
         slots = memory.slots_per_layer
     cost = CostModel(profile)
     governor = None
@@ -172,6 +208,7 @@ def run(req: RunRequest) -> list[RunRecord]:
     records = []
     for index, prompt in enumerate(tqdm(prompts, desc=f"{req.system}", disable=not req.progress)):
         wall = time.perf_counter()
+        forwards = service.forward_calls
         if req.temperature > 0:
             trace = service.sampled_trace(prompt, req.max_new_tokens, req.temperature, req.seed + index)
             config = replace(config, seed=req.seed + index)
@@ -197,9 +234,9 @@ def run(req: RunRequest) -> list[RunRecord]:
             stall_ms=timeline.stall_seconds() * 1e3, wall_s=time.perf_counter() - wall, seed=config.seed,
             **speculative_fields(result), **common,
             extra={**({"governor": asdict(governor)} if governor else {}),
-                   "link_bytes_activations": result.stats.link_bytes_activations},
+                   "link_bytes_activations": result.stats.link_bytes_activations,
+                   "live_forwards": service.forward_calls - forwards},
         ))
-    write_records(records, req.out)
     return records
 
 
@@ -248,6 +285,70 @@ def compare(req: RunRequest, systems: list[str], out_dir: str | Path) -> list[di
                              if records[0].acceptance_rate is not None else None),
         ))
     return rows
+
+
+SWEEP_AXES = ("system", "k", "prefetch", "hardware", "prefix_tokens", "resident_fraction", "resident_per_layer",
+              "device_memory_gb")
+
+
+def grid(req: RunRequest, axes: dict[str, list], options: dict[str, list[str]] | None = None) -> list[RunRequest]:
+    """Every combination of the values of `axes` (RunRequest fields) and of system options, as requests.
+
+    Settings that cannot change a system's run are dropped for it, so no run repeats: K and the prefetch policy for
+    systems that do not speculate, an option for systems that do not have it (an option no listed system has is an
+    error)."""
+    import itertools
+
+    for name in axes:
+        if name not in SWEEP_AXES:
+            raise SpecterError(f"cannot sweep {name!r}; sweepable: {', '.join(SWEEP_AXES)}")
+    options = options or {}
+    names = list(axes)
+    systems = {s: get_system(s) for s in axes.get("system", [req.system])}
+    for opt in options:
+        if not any(opt in sys.options for sys in systems.values()):
+            raise SpecterError(f"no swept system has option {opt!r}; systems: {', '.join(systems)}")
+    out: list[RunRequest] = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        base = replace(req, **dict(zip(names, values)))
+        system = systems.get(base.system) or get_system(base.system)
+        if not system.speculative:
+            base = replace(base, k=None, prefetch=RunRequest.prefetch)
+        own = [o for o in options if o in system.options]
+        for opt_values in itertools.product(*(options[o] for o in own)):
+            candidate = replace(base, system_options=tuple(sorted({**dict(req.system_options),
+                                                                   **dict(zip(own, opt_values))}.items())))
+            if candidate not in out:
+                out.append(candidate)
+    return out
+
+
+def sweep(requests: list[RunRequest], out: str | Path | None, memo_out: str | Path | None = None) -> list[RunRecord]:
+    """Run every request in one process (numerics shared), writing all records to one JSONL `out` (if given) and
+    the numerics they used to `memo_out` (if given); every request is validated before anything runs."""
+    from specter.spec.memo import save_memo
+
+    for r in requests:
+        validate(r)
+    records: list[RunRecord] = []
+    for i, r in enumerate(requests):
+        if r.progress:
+            print(f"[{i + 1}/{len(requests)}] {_describe(r)}", flush=True)
+        records += execute(r)
+    if memo_out is not None and requests:
+        target, _, service = _service(requests[0].model, None)
+        save_memo(service, memo_out, target_hash(requests[0].model))
+    if out is not None:
+        write_records(records, out)
+    return records
+
+
+def _describe(r: RunRequest) -> str:
+    budget = (f"{r.resident_fraction:g} of experts" if r.resident_fraction is not None else
+              f"{r.resident_per_layer} slots/layer" if r.resident_per_layer is not None else f"{r.device_memory_gb} GB")
+    k = f" K={r.k}" if r.k is not None else ""
+    opts = "".join(f" {a}={b}" for a, b in r.system_options)
+    return f"{r.system}{k} {r.prefetch if r.k is not None else ''} {r.hardware} {budget} prefix {r.prefix_tokens}{opts}"
 
 
 def write_records(records: list[RunRecord], out: str | Path) -> None:

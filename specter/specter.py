@@ -19,6 +19,12 @@ from specter.systems import PredictionCounts, PromptContext, PromptResult, Syste
 class Specter(System):
     name = "specter"
     speculative = True
+    options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute before it and the compute "
+                                                 "after it waits for the copy (no hot-first overlap)")}
+
+    def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
+        """The routes the prefetch plan counts, one per draft step: the draft's own (what Specter knows)."""
+        return window.draft_routes[:k]
 
     def planner(self, ctx: PromptContext, k: int, state: PlannerState):
         """This window's prefetch planner (the lookahead analyzer's top-M plans, by `--prefetch` policy)."""
@@ -34,6 +40,7 @@ class Specter(System):
         if k is None or k < 1:
             raise ValueError("Specter needs a window K >= 1")
         result.k = k
+        ex.serialize_demand = getattr(self, "serialize_demand", False)
         state = PlannerState()
         prompt_len = len(trace.prompt)
         t = prompt_len + 1  # committed tokens
@@ -53,13 +60,14 @@ class Specter(System):
                 result.decode_routes += window.verify_routes[: accepted + 1]
             planner = self.planner(ctx, k, state)
             counts = {layer: Counter() for layer in ctx.work.moe_layers}
+            forecast = self.forecast(ctx, window, k)
             previous = engine.now()
             for i in range(1, k + 1):  # draft step i reads the token at position t - 2 + i
                 end = ex.draft_step(window.draft_routes[i - 1], context=t - 2 + i, expert_bytes=cfg.draft_expert_bytes,
                                     tag=f"c{cycle}.draft{i}")
                 engine.synchronize(end)  # the host reads the proposal
                 for layer in counts:
-                    counts[layer].update(window.draft_routes[i - 1][layer])
+                    counts[layer].update(forecast[i - 1][layer])
                 now = engine.event_time(end)
                 planner.after_step(i, counts, now - previous)
                 previous = now
@@ -83,7 +91,7 @@ class Specter(System):
             result.accepted_lengths[accepted] += 1
             for d in range(1, k + 1):  # draft step d and verification input d - 1 read the same token
                 for layer in ctx.work.moe_layers:
-                    predicted, actual = set(window.draft_routes[d - 1][layer]), set(verify[d - 1][layer])
+                    predicted, actual = set(forecast[d - 1][layer]), set(verify[d - 1][layer])
                     c = result.prediction.setdefault((layer, d), PredictionCounts())
                     c.tp += len(predicted & actual)
                     c.predicted += len(predicted)
@@ -92,6 +100,39 @@ class Specter(System):
                 used = {e for r in verify for e in r[layer]}
                 result.window_needed += len(used)
                 result.window_hits += len(used & set(planner.plan.get(layer, [])))
+            result.window_layers += len(ctx.work.moe_layers)
             ctx.cache.unprotect_all()
             t += accepted + 1
         return result
+
+
+class SpecterOracle(Specter):
+    """Specter planning from the target's own recorded routes instead of the draft's (the `oracle` experiment).
+
+    Draft step i's forecast is the route the target takes at verification input i - 1 (the same token), with a share
+    `noise` of its expert identities replaced by other experts drawn uniformly (seeded by the run's seed and the window's
+    start), which bounds what a better predictor could buy: noise 0 is a perfect one."""
+
+    name = "specter-oracle"
+    options = {**Specter.options, "noise": (float, 0.0, "share of the target's expert identities replaced at random")}
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise={self.noise} must be between 0 and 1")
+
+    def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
+        import random
+
+        rng = random.Random(ctx.config.seed * 1_000_003 + window.start)
+        experts = range(ctx.work.experts_per_layer)
+        out = []
+        for routes in window.verify_routes[:k]:
+            noisy = {}
+            for layer, chosen in routes.items():
+                kept = [e for e in chosen if rng.random() >= self.noise]
+                pool = [e for e in experts if e not in chosen]
+                replaced = rng.sample(pool, min(len(pool), len(chosen) - len(kept)))
+                noisy[layer] = tuple(sorted(kept + replaced))
+            out.append(noisy)
+        return out

@@ -55,7 +55,8 @@ class PromptResult:
     accepted_lengths: Counter = field(default_factory=Counter)
     prediction: dict[tuple[int, int], PredictionCounts] = field(default_factory=dict)
     window_hits: int = 0  # planned experts the verification used
-    window_needed: int = 0  # experts the verification used
+    window_needed: int = 0  # experts the verification used, summed over windows and MoE layers
+    window_layers: int = 0  # (window, MoE layer) pairs counted in window_needed
     first_decode_pass: int = 1  # index in executor.passes of the first pass after the first commit
     decode_routes: list | None = None  # routes of the committed decode inputs, where they differ from the trace's
 
@@ -82,6 +83,16 @@ class PromptContext:
         return cls(engine, work, cache, Executor(engine, work, cache, stats), service, trace, config, cost, warmup)
 
 
+def _parse(key: str, kind: type, value):
+    """A system option's value from its command-line text (`bool` takes true/false, yes/no, 1/0)."""
+    if kind is bool and isinstance(value, str):
+        words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+        if value.lower() not in words:
+            raise ValueError(f"option {key}={value!r} is not a boolean; give true or false")
+        return words[value.lower()]
+    return kind(value)
+
+
 class System:
     """Base of every system: `run` schedules one prompt and returns its commits.
 
@@ -99,7 +110,7 @@ class System:
 
     def __init__(self, **options) -> None:
         for key, (kind, default, _help) in self.options.items():
-            setattr(self, key.replace("-", "_"), kind(options.pop(key)) if key in options else default)
+            setattr(self, key.replace("-", "_"), _parse(key, kind, options.pop(key)) if key in options else default)
         if options:
             known = ", ".join(self.options) or "none"
             raise SpecterError(f"system {self.name!r} has no option {', '.join(options)}; its options: {known}")

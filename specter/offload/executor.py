@@ -47,6 +47,8 @@ class Executor:
         # pass) and after each MoE layer of a draft step.
         self.on_route: Callable[[int, list[tuple[int, ...]]], None] | None = None
         self.on_draft_layer: Callable[[int, tuple[int, ...]], None] | None = None
+        # Ablation: demand copies do not overlap compute (each waits for the compute issued before it).
+        self.serialize_demand = False
 
     def _compute(self, op: Op) -> None:
         if self._acc is not None:
@@ -111,6 +113,8 @@ class Executor:
             self.stats.per_layer_misses[layer] += 1
             self.stats.h2d_bytes_demand += self.work.expert_bytes
             label = f"{tag}.L{layer}.demand.e{e}"
+            if self.serialize_demand:
+                self.engine.wait(H2D, self.engine.record(COMPUTE))
             if self.cache.has_room(layer, keep=needed):
                 ready = self._copy_into_slot(layer, e, needed, label)
             else:  # every slot holds an expert this pass needs or a protected prefetch: stream through a buffer

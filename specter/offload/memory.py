@@ -2,7 +2,8 @@
 
 Resident: the target's non-expert weights, the draft's quantized experts (speculative systems), the KV cache for the
 longest sequence, and a workspace of `STAGING_BUFFERS` expert-sized buffers for experts that stream through without a
-slot. A budget is `--device-memory-gb X` or `--resident-per-layer N`; a budget that cannot hold the resident part plus
+slot. A budget is `--device-memory-gb X`, `--resident-per-layer N` or `--resident-fraction F` (that share of each
+layer's experts, rounded, at least one); a budget that cannot hold the resident part plus
 one slot per layer is refused, naming both numbers.
 """
 
@@ -32,9 +33,14 @@ class MemoryPlan:
 
 
 def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int = 0, device_memory_gb: float | None = None,
-                resident_per_layer: int | None = None, kv_copies: int = 1) -> MemoryPlan:
-    if (device_memory_gb is None) == (resident_per_layer is None):
-        raise SpecterError("give exactly one budget: --device-memory-gb X or --resident-per-layer N")
+                resident_per_layer: int | None = None, kv_copies: int = 1,
+                resident_fraction: float | None = None) -> MemoryPlan:
+    if sum(b is not None for b in (device_memory_gb, resident_per_layer, resident_fraction)) != 1:
+        raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or --resident-fraction F")
+    if resident_fraction is not None:
+        if not 0 < resident_fraction <= 1:
+            raise SpecterError(f"--resident-fraction {resident_fraction} must be in (0, 1] (a share of each layer's experts)")
+        resident_per_layer = max(1, round(resident_fraction * work.experts_per_layer))
     kv = kv_copies * work.kv_bytes(max_tokens)  # a draft with its own KV doubles it
     workspace = STAGING_BUFFERS * work.expert_bytes
     resident = work.non_expert_bytes() + draft_bytes + kv + workspace

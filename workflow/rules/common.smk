@@ -1,4 +1,4 @@
-# Config validation, input functions and naming shared by the rule files.
+# Config validation, naming and input functions shared by the rule files.
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -10,11 +10,35 @@ for _name, _spec in config["models"].items():
         raise ValueError(
             f"config models.{_name}.path: {_spec['path']!r} holds no checkpoint (no config.json); fix the path"
         )
+for _name, _spec in config["datasets"].items():
+    if "path" in _spec and not Path(_spec["path"]).is_file():
+        raise ValueError(f"config datasets.{_name}.path: {_spec['path']!r} does not exist; fix the path")
 
+# Every rule runs the suite from this repository, in the environment of ENV under `--use-conda` (else the current one).
+ENV = "../envs/specter.yaml"
+shell.prefix(f"export PYTHONPATH='{workflow.basedir}'${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+
+MODELS = list(config["models"])
+DATASETS = list(config["datasets"])
+SWEEP_DATASET = DATASETS[0]  # the sweeps run on the first prompt set
+PROTOCOL = config["protocol"]
+# Experiments drawn from sweeps (one `specter sweep` per model); main is one `specter run` per system and set.
+SWEEPS = ["k_sweep", "prefix_sweep", "prefetch_policy", "ablation", "oracle", "budget", "hardware"]
+EXPERIMENTS = ["main", *SWEEPS, "routing", "working_set", "fidelity"]
+
+
+wildcard_constraints:
+    model="|".join(MODELS),
+    dataset="|".join(DATASETS),
+    experiment="|".join(EXPERIMENTS),
+    sweep="|".join(SWEEPS),
 
 
 def draft_name(d):
     return f"{d['method']}-int{d['bits']}-g{d['group_size']}"
+
+
+MAIN_DRAFT = draft_name(config["drafts"][0])
 
 
 def model_dir(name):
@@ -23,7 +47,137 @@ def model_dir(name):
     return spec["path"] if "path" in spec else f"results/models/{name}"
 
 
+def model_config(wc):
+    return f"{model_dir(wc.model)}/config.json"
+
+
+def main_draft_meta(wc):
+    return f"results/drafts/{wc.model}/{MAIN_DRAFT}/meta.json"
+
+
+def dataset_args(name):
+    """`--dataset` (and `--field`) of a configured prompt set."""
+    spec = config["datasets"][name]
+    args = f"--dataset {spec.get('path', name)}"
+    return args + (f" --field {spec['field']}" if "field" in spec else "")
+
+
+def memo_path(model, dataset, prefix):
+    return f"results/memo/{model}/{dataset}-p{prefix}.pkl"
+
+
+def common_args(model, dataset):
+    """The options every run of `model` on `dataset` shares (prompt protocol, draft, main hardware and budget)."""
+    return (
+        f"--model {model_dir(model)} --draft results/drafts/{model}/{MAIN_DRAFT} {dataset_args(dataset)} "
+        f"--num-prompts {PROTOCOL['num_prompts']} --max-new-tokens {PROTOCOL['max_new_tokens']} "
+        f"--seed {PROTOCOL['seed']}"
+    )
+
+
+def measured_profile():
+    return ["results/profile/measured/profile.yaml"] if config["hardware"]["measure"] else []
+
+
 def all_fidelity_reports():
     return [
         f"results/fidelity/{model}/{draft_name(d)}.json" for model in config["models"] for d in config["drafts"]
     ]
+
+
+def all_runs():
+    return [
+        f"results/runs/{model}/{dataset}/{system}.jsonl"
+        for model in MODELS
+        for dataset in DATASETS
+        for system in config["systems"]
+    ]
+
+
+def sweep_records(sweep):
+    return [f"results/experiments/{sweep}/{model}/{SWEEP_DATASET}.jsonl" for model in MODELS]
+
+
+def experiment_inputs(wc):
+    """The files an experiment's table is aggregated from."""
+    name = wc.experiment
+    if name == "main":
+        return all_runs()
+    if name == "fidelity":
+        return all_fidelity_reports()
+    if name == "routing":  # Specter's expert prediction at every K of the sweep
+        return sweep_records("k_sweep")
+    if name == "working_set":
+        return sweep_records("k_sweep")
+    return sweep_records(name)
+
+
+def all_figures():
+    return [f"results/figures/{name}.png" for name in EXPERIMENTS]
+
+
+# Run settings (run.smk).
+MAIN_PREFIX = PROTOCOL["prefix_tokens"]
+K = config["k"]
+BUDGET = config["budget"]
+HW = config["hardware"]
+EXP = config["experiments"]
+
+
+def _record_systems(wc):
+    """What the memo must cover: the main systems at the main K (or the prefix sweep's systems at other lengths)."""
+    prefix = int(wc.prefix)
+    systems = list(config["systems"]) if prefix == MAIN_PREFIX else []
+    if wc.dataset == SWEEP_DATASET and prefix in EXP["prefix_sweep"]["prefixes"]:
+        systems += [s for s in EXP["prefix_sweep"]["systems"] if s not in systems]
+    return ",".join(systems)
+
+
+def _record_k_sweep(wc, output):
+    """A second pass over the k_sweep's windows, on the sweep's prompt set at the main prompt length."""
+    if wc.dataset != SWEEP_DATASET or int(wc.prefix) != MAIN_PREFIX:
+        return ""
+    ks = ",".join(str(k) for k in [*K["sweep"], K["governor"]])
+    return (
+        f"&& python -m specter sweep --systems specter --k {ks} {common_args(wc.model, wc.dataset)} "
+        f"--prefix-tokens {wc.prefix} --hardware {HW['main']} --resident-fraction {BUDGET['main']} "
+        f"--memo {output.memo} --memo-out {output.memo}"
+    )
+
+
+def _csv(values):
+    return ",".join(str(v) for v in values)
+
+
+def _sweep_args(wc):
+    """The grid of one sweep experiment."""
+    main = f"--k {K['main']} --hardware {HW['main']} --resident-fraction {BUDGET['main']}"
+    prefix = f"--prefix-tokens {MAIN_PREFIX}"
+    name = wc.sweep
+    if name == "k_sweep":
+        ks = _csv([*K["sweep"], K["governor"]])
+        return f"--systems specter --k {ks} --hardware {HW['main']} --resident-fraction {BUDGET['main']} {prefix}"
+    if name == "prefix_sweep":
+        return f"--systems {_csv(EXP['prefix_sweep']['systems'])} {main} --prefix-tokens {_csv(EXP['prefix_sweep']['prefixes'])}"
+    if name == "prefetch_policy":
+        return f"--systems specter {main} {prefix} --prefetch {_csv(EXP['prefetch_policy'])}"
+    if name == "ablation":
+        return f"--systems specter {main} {prefix} --prefetch adaptive,none --system-option serialize-demand=false,true"
+    if name == "oracle":
+        return f"--systems specter,specter-oracle {main} {prefix} --system-option noise={_csv(EXP['oracle_noise'])}"
+    if name == "budget":
+        return (
+            f"--systems {_csv(EXP['budget_systems'])} --k {K['main']} --hardware {HW['main']} {prefix} "
+            f"--resident-fraction {_csv(BUDGET['sweep'])}"
+        )
+    if name == "hardware":
+        return (
+            f"--systems {_csv(EXP['hardware_systems'])} --k {K['main']} --resident-fraction {BUDGET['main']} {prefix} "
+            f"--hardware {_csv(HW['sweep'] + measured_profile())}"
+        )
+    raise ValueError(f"unknown sweep {name}")
+
+
+def _sweep_memos(wc):
+    prefixes = EXP["prefix_sweep"]["prefixes"] if wc.sweep == "prefix_sweep" else [MAIN_PREFIX]
+    return [memo_path(wc.model, wc.dataset, p) for p in prefixes]

@@ -4,10 +4,13 @@
 rule build_model:
     output:
         config="results/models/{model}/config.json",
+    conda:
+        ENV
     log:
         "results/logs/build_model/{model}.log",
     params:
         name=lambda wc: config["models"][wc.model]["build"],
         out=lambda wc: f"results/models/{wc.model}",
+    threads: 2
     shell:
-        "rm -rf {params.out} && specter build-model {params.name} --out {params.out} > {log} 2>&1"
+        "rm -rf {params.out} && python -m specter build-model {params.name} --out {params.out} > {log} 2>&1"

@@ -1,15 +1,13 @@
 # Drafts and their fidelity against the target.
 
 
-def _model_config(wc):
-    return f"{model_dir(wc.model)}/config.json"
-
-
 rule quantize:
     input:
-        _model_config,
+        model_config,
     output:
         meta="results/drafts/{model}/{method}-int{bits}-g{group}/meta.json",
+    conda:
+        ENV
     log:
         "results/logs/quantize/{model}/{method}-int{bits}-g{group}.log",
     params:
@@ -19,18 +17,20 @@ rule quantize:
         seq_len=config["calibration"]["seq_len"],
     threads: 2
     shell:
-        "rm -rf {params.out} && specter quantize --model {params.model} --method {wildcards.method} "
+        "rm -rf {params.out} && python -m specter quantize --model {params.model} --method {wildcards.method} "
         "--bits {wildcards.bits} --group-size {wildcards.group} --calibration-sequences {params.seqs} "
         "--calibration-length {params.seq_len} --out {params.out} > {log} 2>&1"
 
 
 rule fidelity:
     input:
-        model=_model_config,
+        model=model_config,
         draft="results/drafts/{model}/{draft}/meta.json",
     output:
         csv="results/fidelity/{model}/{draft}.csv",
         json="results/fidelity/{model}/{draft}.json",
+    conda:
+        ENV
     log:
         "results/logs/fidelity/{model}/{draft}.log",
     params:
@@ -39,7 +39,7 @@ rule fidelity:
         f=config["fidelity"],
     threads: 2
     shell:
-        "specter fidelity --model {params.model} --draft {params.draft} --dataset {params.f[dataset]} "
+        "python -m specter fidelity --model {params.model} --draft {params.draft} --dataset {params.f[dataset]} "
         "--num-prompts {params.f[num_prompts]} --prefix-tokens {params.f[prefix_tokens]} "
         "--new-tokens {params.f[new_tokens]} --stride {params.f[stride]} --threads {threads} "
         "--out {output.csv} > {log} 2>&1"

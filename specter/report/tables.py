@@ -1,0 +1,165 @@
+"""Tidy tables of the experiments: run records (JSONL) and fidelity summaries (JSON) in, one CSV per experiment out.
+
+`records_frame` flattens records to one row per (run, prompt) with the settings that tell runs apart; each experiment's
+table takes medians over prompts per setting (the records keep every prompt). Every table keeps `simulated` and
+`hardware`, so a figure drawn from it can say what its times are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from specter.errors import SpecterError
+
+from specter.report import EXPERIMENTS
+
+_RUN = ["model", "dataset", "hardware", "simulated", "system", "variant", "k", "k_setting", "prefetch",
+        "slots_per_layer", "experts_per_layer", "resident_share", "prefix_tokens"]
+_MEDIANS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
+            "window_working_set", "stall_ms"]
+_SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
+
+
+def _variant(record: dict) -> str:
+    """The system and its non-default options as one label, e.g. 'specter-oracle noise=0.25'."""
+    opts = record["config"].get("system_options") or []
+    return " ".join([record["system"], *(f"{k}={v}" for k, v in opts)])
+
+
+def read_records(paths: list[str | Path]) -> list[dict]:
+    records = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise SpecterError(f"records file {str(path)!r} does not exist; run the workflow rule that writes it")
+        with path.open() as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    if not records:
+        raise SpecterError(f"no records in {', '.join(map(str, paths))}; the runs wrote nothing")
+    return records
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    """One row per record: its settings, its metrics, and its model's name (the checkpoint directory's name)."""
+    rows = []
+    for r in records:
+        cfg = r["config"]
+        rows.append(dict(
+            model=Path(r["model"]).name, dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"],
+            simulated=r["simulated"], system=r["system"], variant=_variant(r), k=r["k"],
+            k_setting=str(cfg.get("k")) if cfg.get("k") is not None else "",
+            prefetch=cfg.get("prefetch") if r["k"] is not None else "", slots_per_layer=r["slots_per_layer"],
+            experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
+            prefix_tokens=cfg.get("prefix_tokens"), prompt_index=r["prompt_index"],
+            serialize_demand=dict(cfg.get("system_options") or []).get("serialize-demand", "false"),
+            noise=dict(cfg.get("system_options") or []).get("noise"),
+            **{m: r.get(m) for m in _MEDIANS},
+            demand_misses=r["demand_misses"], h2d_bytes_demand=r["h2d_bytes_demand"],
+            h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),
+        ))
+    return pd.DataFrame(rows)
+
+
+def _medians(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Medians over prompts of the time and rate metrics, sums of the counts, per setting `keys`."""
+    agg = {m: "median" for m in _MEDIANS if m in df}
+    agg.update({m: "sum" for m in _SUMS if m in df})
+    out = df.groupby(keys, dropna=False, sort=True).agg({**agg, "prompt_index": "count"})
+    return out.rename(columns={"prompt_index": "prompts"}).reset_index()
+
+
+def _speedups(table: pd.DataFrame, scope: list[str], of: str = "specter") -> pd.DataFrame:
+    """Add `speedup_of_<of>`: each row's TPOT over `of`'s TPOT in the same scope (> 1: `of` is faster); empty where
+    the scope has no single `of` row to compare with."""
+    ref = table[table["system"] == of].groupby(scope, dropna=False)["tpot_ms"]
+    ref = ref.first()[ref.size() == 1]
+    keys = [tuple(row) for row in table[scope].itertuples(index=False, name=None)]
+    table[f"speedup_of_{of}"] = [t / ref[k] if k in ref.index else None for t, k in zip(table["tpot_ms"], keys)]
+    return table
+
+
+def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
+    """The tidy table of experiment `name` from its run records."""
+    df = records_frame(records)
+    scope = ["model", "dataset", "hardware", "simulated"]
+    if name == "main":
+        return _speedups(_medians(df, scope + ["system", "k", "slots_per_layer", "resident_share"]), scope)
+    if name == "k_sweep":
+        return _medians(df, scope + ["system", "k_setting", "k", "slots_per_layer"])
+    if name == "prefix_sweep":
+        t = _medians(df, scope + ["prefix_tokens", "system", "k", "slots_per_layer"])
+        return _speedups(t, scope + ["prefix_tokens"])
+    if name == "working_set":
+        t = _medians(df, scope + ["system", "k", "slots_per_layer", "experts_per_layer"])
+        return t[["model", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer", "experts_per_layer",
+                  "window_working_set", "window_recall", "acceptance_rate", "prompts"]]
+    if name == "prefetch_policy":
+        return _medians(df, scope + ["system", "k", "prefetch", "slots_per_layer"])
+    if name == "ablation":
+        df = df.assign(variant=[_ablation_label(p, s) for p, s in zip(df["prefetch"], df["serialize_demand"])])
+        return _medians(df, scope + ["system", "k", "variant", "slots_per_layer"])
+    if name == "oracle":
+        df = df.assign(forecast=["draft" if pd.isna(n) else f"target routes, {float(n):.0%} replaced"
+                                 for n in df["noise"]], noise=df["noise"].astype(float).fillna(-1.0))
+        return _medians(df, scope + ["system", "forecast", "noise", "k", "slots_per_layer"])
+    if name == "budget":
+        t = _medians(df, scope + ["resident_share", "slots_per_layer", "system", "k"])
+        return _speedups(t, scope + ["resident_share"])
+    if name == "hardware":
+        return _speedups(_medians(df, scope + ["system", "k", "slots_per_layer"]), scope)
+    if name == "routing":
+        return routing_table(records)
+    raise SpecterError(f"unknown experiment {name!r}; experiments: {', '.join(EXPERIMENTS)}")
+
+
+def _ablation_label(prefetch: str, serialize: str) -> str:
+    serial = str(serialize).lower() in ("true", "1", "yes")
+    if prefetch != "none" and not serial:
+        return "full"
+    if prefetch == "none" and not serial:
+        return "no prefetch"
+    if prefetch != "none":
+        return "serialized demand"
+    return "no prefetch, serialized demand"
+
+
+def routing_table(records: list[dict]) -> pd.DataFrame:
+    """Expert prediction per (K, lookahead distance): precision and recall over layers and prompts (sums of hits are
+    not in the records, so these are means of the per-(layer, distance) shares), with the window recall beside."""
+    rows = []
+    for r in records:
+        for p in r.get("expert_prediction") or []:
+            rows.append(dict(model=Path(r["model"]).name, dataset=Path(str(r["dataset"])).stem, system=r["system"],
+                             k=r["k"], distance=p["distance"], layer=p["layer"], precision=p["precision"],
+                             recall=p["recall"], window_recall=r["window_recall"]))
+    if not rows:
+        raise SpecterError("the routing table needs speculative runs' records (expert_prediction is empty)")
+    df = pd.DataFrame(rows)
+    return (df.groupby(["model", "dataset", "system", "k", "distance"]).agg(
+        precision=("precision", "mean"), recall=("recall", "mean"), window_recall=("window_recall", "mean"),
+        layers=("layer", "nunique")).reset_index())
+
+
+def fidelity_table(paths: list[str | Path]) -> pd.DataFrame:
+    """One row per (draft, K) from `specter fidelity` JSON summaries: expert-set agreement, top-1, acceptance."""
+    rows = []
+    for path in paths:
+        s = json.loads(Path(path).read_text())
+        for a in s["acceptance"]:
+            rows.append(dict(model=Path(s["model"]).name, dataset=s["dataset"], method=s["method"], bits=s["bits"],
+                             group_size=s["group_size"], expert_exact=s["expert_exact"],
+                             expert_partial=s["expert_partial"], expert_none=s["expert_none"],
+                             top1_agreement=s["top1_agreement"], k=a["k"], mean_accepted=a["mean_accepted"],
+                             acceptance_rate=a["acceptance_rate"], windows=a["windows"]))
+    return pd.DataFrame(rows)
+
+
+def write_table(table: pd.DataFrame, out: str | Path) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    table.to_csv(tmp, index=False)
+    tmp.replace(out)
