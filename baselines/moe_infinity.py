@@ -23,7 +23,15 @@ from specter.systems import PromptContext, PromptResult, System
 
 
 def eam_of(trace, experts: int) -> torch.Tensor:
-    """[L, E] token counts of a whole trace: its prompt and every decode step."""
+    """[L, E] token counts of a whole trace: its prompt and every decode step (computed once per trace)."""
+    key = ("moe-infinity-eam", experts)
+    memo = trace.__dict__.setdefault("_derived", {})
+    if key not in memo:
+        memo[key] = _count_experts(trace, experts)
+    return memo[key].clone()
+
+
+def _count_experts(trace, experts: int) -> torch.Tensor:
     layers = sorted(trace.prefill_routes[0])
     eam = torch.zeros(len(layers), experts)
     for r in trace.prefill_routes + trace.step_routes:
@@ -74,25 +82,32 @@ class MoEInfinity(System):
             flat = eam.flatten() / (eam.norm() + 1e-12)
             return max(store, key=lambda m: float((m.flatten() * flat).sum()))
 
-        cache.priority = lambda layer, e: (float(current["pred"][order.index(layer), e])
+        row = {layer: i for i, layer in enumerate(order)}
+        cache.priority = lambda layer, e: (current["pred_rows"][row[layer]][e]
                                            if current["pred"] is not None else 0.0)
 
+        def ranked_ahead(i: int) -> list[tuple[int, int]]:
+            """(layer row, expert) of the layers after row i with predicted use, by predicted use x layer distance
+            (descending; ties by layer, then expert)."""
+            pred = current["pred"].double()[i + 1 :]  # [L - i - 1, E]
+            if pred.numel() == 0:
+                return []
+            weight = torch.tensor([1 - (ahead - i) / len(order) for ahead in range(i + 1, len(order))],
+                                  dtype=torch.float64)
+            score = (pred * weight[:, None]).flatten()
+            candidates = torch.nonzero(pred.flatten() > 0).flatten()
+            ranked = candidates[torch.sort(score[candidates], descending=True, stable=True).indices]
+            return [(i + 1 + int(f) // experts, int(f) % experts) for f in ranked]
+
         def on_route(layer: int, routes) -> None:
-            i = order.index(layer)
+            i = row[layer]
             for r in routes:
                 for e in r:
                     current["eam"][i, e] += 1
-            pred = current["pred"]
-            if pred is None or not current["j"]:
+            if current["pred"] is None or not current["j"]:
                 return
-            ranked = []
-            for ahead in range(i + 1, len(order)):
-                weight = 1 - (ahead - i) / len(order)
-                for e in range(pred.shape[1]):
-                    if pred[ahead, e] > 0:
-                        ranked.append((-(float(pred[ahead, e]) * weight), ahead, e))
             issued = 0
-            for _, ahead, e in sorted(ranked):
+            for ahead, e in ranked_ahead(i):
                 if issued >= per_step:
                     break
                 target = order[ahead]
@@ -107,6 +122,7 @@ class MoEInfinity(System):
             cache.unprotect_all()
             current["j"] = j
             current["pred"] = predicted()
+            current["pred_rows"] = current["pred"].tolist() if current["pred"] is not None else None
 
         ctx.executor.on_route = on_route
         result = self.prefill(ctx)

@@ -240,6 +240,8 @@ def _key_values(items: list[str] | None) -> list[tuple[str, str]]:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from specter.report.tables import experiment_table, fidelity_table, read_records, write_table
 
     if args.experiment == "fidelity":
@@ -248,6 +250,11 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         table = experiment_table(args.experiment, read_records(args.inputs))
     write_table(table, args.out)
     print(f"{args.experiment}: {len(table)} rows from {len(args.inputs)} files; wrote {args.out}")
+    if args.figure:
+        from specter.report.figures import plot
+
+        plot(args.experiment, pd.read_csv(args.out), args.figure)  # drawn from the table as written
+        print(f"wrote {args.figure}")
     return 0
 
 
@@ -326,10 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_inspect)
 
-    from specter.models.builders import BUILDERS
-
-    p = sub.add_parser("build-model", help="build a model checkpoint offline: " + ", ".join(BUILDERS))
-    p.add_argument("name", metavar="NAME", help="one of: " + ", ".join(BUILDERS))
+    # (builders are named here without importing them: the CLI starts without torch for the commands that need none)
+    p = sub.add_parser("build-model", help="build a model checkpoint offline: smollm2-moe (the default model) or "
+                                           "tiny-<arch> (a tiny random one; arch as `specter models` lists)")
+    p.add_argument("name", metavar="NAME", help="smollm2-moe or tiny-<arch>, e.g. tiny-mixtral")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not hold a model already)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.set_defaults(func=cmd_build_model)
@@ -402,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", choices=EXPERIMENTS, help="the experiment")
     p.add_argument("inputs", nargs="+", metavar="FILE", help="records (.jsonl) or, for fidelity, summaries (.json)")
     p.add_argument("--out", required=True, metavar="FILE.csv", help="the table")
+    p.add_argument("--figure", metavar="FILE.png", help="also draw the experiment's figure from the table")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("plot", help="one experiment's figure (PNG) from its table")

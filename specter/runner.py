@@ -86,7 +86,7 @@ def _service(model_dir: str, draft_dir: str | None, memos: tuple[str, ...] = ())
     if draft_dir is not None:
         path = str(Path(draft_dir).resolve())
         if path not in drafts:
-            drafts[path] = (load_draft(target, draft_dir), draft_key(draft_dir))
+            drafts[path] = (load_draft(target, draft_dir, target_hash=target_hash(model_dir)), draft_key(draft_dir))
         draft, content_key = drafts[path]
         service.draft, service.draft_key = draft.moe, content_key
     return target, draft, service

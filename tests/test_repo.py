@@ -43,3 +43,25 @@ def test_key_dependencies_are_pinned_exactly():
     for name in ("torch", "transformers", "gptqmodel", "snakemake", "pandas", "seaborn"):
         (spec,) = [d for d in deps if re.split(r"[=<>!~ ]", d)[0] == name]
         assert "==" in spec, spec
+
+
+def test_rule_environment_pins_equal_the_package_pins():
+    env = yaml.safe_load((ROOT / "workflow" / "envs" / "specter.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
+    assert pip == project["dependencies"]
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    assert project["requires-python"] == ">=" + python.split("=")[1]
+    nodeps = [line.strip() for line in (ROOT / "requirements-nodeps.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    post = (ROOT / "workflow" / "envs" / "specter.post-deploy.sh").read_text()
+    assert f"pip install --no-deps {' '.join(nodeps)}" in post
+
+
+def test_every_workflow_rule_declares_log_and_environment_and_calls_the_cli():
+    for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
+        text = smk.read_text()
+        for rule in re.split(r"\n(?=rule \w+:)", text)[1:]:
+            name = rule.split(":", 1)[0]
+            assert "\n    log:" in rule and "\n    conda:" in rule, f"{smk.name}: {name}"
+            assert "python -m specter " in rule and "\n    script:" not in rule, f"{smk.name}: {name}"

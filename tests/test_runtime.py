@@ -76,7 +76,8 @@ def test_replayed_records_equal_live_ones(tiny_dirs, rtn_drafts, tmp_path):
     service = next(iter(_SERVICES.values()))[2]
     calls = service.forward_calls
     replay = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "replay.jsonl", k=3))
-    strip = lambda r: {k: v for k, v in r.as_dict().items() if k not in ("wall_s", "config")}  # noqa: E731
+    assert all(r.extra["live_forwards"] == 0 for r in replay) and any(r.extra["live_forwards"] for r in live)
+    strip = lambda r: {k: v for k, v in r.as_dict().items() if k not in ("wall_s", "config", "extra")}  # noqa: E731
     assert [strip(r) for r in replay] == [strip(r) for r in live]
     assert service.forward_calls == calls, "replay ran the model again"
 

@@ -82,13 +82,15 @@ class Draft:
         return self.meta.quantized_bytes_per_expert
 
 
-def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True) -> Draft:
-    """The draft in `draft_dir` over the loaded `target`; refused if it was made from another model."""
+def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True,
+               target_hash: str | None = None) -> Draft:
+    """The draft in `draft_dir` over the loaded `target`; refused if it was made from another model.
+    `target_hash`: the target's model hash where the caller has computed it already."""
     meta = DraftMeta.read(draft_dir)
     if check_hash:
         if target.path is None:
             raise SpecterError("the target was not loaded from a directory, so the draft's source cannot be checked")
-        actual = model_hash(target.path)
+        actual = target_hash or model_hash(target.path)
         if actual != meta.source_hash:
             raise SpecterError(
                 f"draft {str(draft_dir)!r} was made from {meta.source_model} (hash {meta.source_hash[:12]}), "

@@ -101,6 +101,7 @@ class PromptTrace:
         state = dict(self.__dict__)
         state["_cache"] = None
         state["_draft_caches"] = {}
+        state.pop("_derived", None)  # what systems derive from a trace (MoE-Infinity's counts), recomputed on demand
         return state
 
 

@@ -137,7 +137,7 @@ def _record_k_sweep(wc, output):
     """A second pass over the k_sweep's windows, on the sweep's prompt set at the main prompt length."""
     if wc.dataset != SWEEP_DATASET or int(wc.prefix) != MAIN_PREFIX:
         return ""
-    ks = ",".join(str(k) for k in [*K["sweep"], K["governor"]])
+    ks = ",".join(str(k) for k in [*K["sweep"], *K["governor"]])
     return (
         f"&& python -m specter sweep --systems specter --k {ks} {common_args(wc.model, wc.dataset)} "
         f"--prefix-tokens {wc.prefix} --hardware {HW['main']} --resident-fraction {BUDGET['main']} "
@@ -155,7 +155,7 @@ def _sweep_args(wc):
     prefix = f"--prefix-tokens {MAIN_PREFIX}"
     name = wc.sweep
     if name == "k_sweep":
-        ks = _csv([*K["sweep"], K["governor"]])
+        ks = _csv([*K["sweep"], *K["governor"]])
         return f"--systems specter --k {ks} --hardware {HW['main']} --resident-fraction {BUDGET['main']} {prefix}"
     if name == "prefix_sweep":
         return f"--systems {_csv(EXP['prefix_sweep']['systems'])} {main} --prefix-tokens {_csv(EXP['prefix_sweep']['prefixes'])}"

@@ -15,9 +15,9 @@ rule quantize:
         out=lambda wc, output: str(Path(output.meta).parent),
         seqs=config["calibration"]["num_sequences"],
         seq_len=config["calibration"]["seq_len"],
-    threads: 2
+    threads: 1
     shell:
-        "rm -rf {params.out} && python -m specter quantize --model {params.model} --method {wildcards.method} "
+        "rm -rf {params.out} && OMP_NUM_THREADS={threads} python -m specter quantize --model {params.model} --method {wildcards.method} "
         "--bits {wildcards.bits} --group-size {wildcards.group} --calibration-sequences {params.seqs} "
         "--calibration-length {params.seq_len} --out {params.out} > {log} 2>&1"
 
@@ -37,7 +37,7 @@ rule fidelity:
         model=lambda wc: model_dir(wc.model),
         draft=lambda wc, input: str(Path(input.draft).parent),
         f=config["fidelity"],
-    threads: 2
+    threads: 1
     shell:
         "python -m specter fidelity --model {params.model} --draft {params.draft} --dataset {params.f[dataset]} "
         "--num-prompts {params.f[num_prompts]} --prefix-tokens {params.f[prefix_tokens]} "

@@ -1,32 +1,24 @@
-# Tidy tables (pandas) and figures (seaborn) of every experiment; `snakemake --report results/report.html` collects them.
+# Each experiment's tidy table (pandas) and figure (seaborn), in one job; `snakemake --report results/report.html`
+# collects the figures with their captions.
 
 
 rule aggregate:
     input:
         experiment_inputs,
     output:
-        "results/tables/{experiment}.csv",
-    conda:
-        ENV
-    log:
-        "results/logs/aggregate/{experiment}.log",
-    shell:
-        "python -m specter aggregate {wildcards.experiment} {input} --out {output} > {log} 2>&1"
-
-
-rule plot:
-    input:
-        "results/tables/{experiment}.csv",
-    output:
-        report(
+        table="results/tables/{experiment}.csv",
+        figure=report(
             "results/figures/{experiment}.png",
-            caption="../report/{experiment}.rst",
+            caption="../report/figure.rst",
             category="Experiments",
             subcategory="{experiment}",
         ),
     conda:
         ENV
     log:
-        "results/logs/plot/{experiment}.log",
+        "results/logs/aggregate/{experiment}.log",
+    params:
+        caption=lambda wc: Path(workflow.basedir, "workflow", "report", f"{wc.experiment}.rst").read_text(),
     shell:
-        "python -m specter plot {wildcards.experiment} --table {input} --out {output} > {log} 2>&1"
+        "python -m specter aggregate {wildcards.experiment} {input} --out {output.table} --figure {output.figure} "
+        "> {log} 2>&1"

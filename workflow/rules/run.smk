@@ -18,7 +18,7 @@ rule record:
         hw=HW["main"],
         budget=BUDGET["main"],
         k=K["main"],
-    threads: 2
+    threads: 1  # one thread per job, two jobs at once: better use of 2 cores than one job on two
     shell:
         "(python -m specter sweep --systems {params.systems} --k {params.k} {params.args} --prefix-tokens {wildcards.prefix} "
         "--hardware {params.hw} --resident-fraction {params.budget} --threads {threads} --memo-out {output.memo} "

@@ -1,0 +1,124 @@
+"""Sweeps, recorded numerics on disk (memos), the oracle and ablation variants, and budgets as shares."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specter.errors import SpecterError
+from specter.quant.quantize import quantize_draft
+from specter.runner import _MEMOS, _SERVICES, RunRequest, execute, grid, sweep
+
+ARCH = "olmoe"  # 16 experts, top-4: room for budgets and noise
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep_draft") / ARCH
+    quantize_draft(tiny_dirs[ARCH], out, method="rtn", bits=4, group_size=32)
+    return str(out)
+
+
+def _req(tiny_dirs, draft, **over):
+    base = dict(system="specter", model=tiny_dirs[ARCH], draft=draft, dataset="code", hardware="a100-40gb-pcie4",
+                out="", num_prompts=2, prefix_tokens=16, max_new_tokens=20, resident_fraction=0.25, k=4,
+                progress=False)
+    base.update(over)
+    return RunRequest(**base)
+
+
+def _fresh():
+    _SERVICES.clear()
+    _MEMOS.clear()
+
+
+def _strip(records):
+    return [{k: v for k, v in r.as_dict().items() if k not in ("wall_s", "config", "extra")} for r in records]
+
+
+def test_grid_drops_settings_a_system_ignores(tiny_dirs, draft):
+    base = _req(tiny_dirs, draft)
+    runs = grid(base, {"system": ["on-demand", "specter", "specter-oracle"], "k": [2, 4],
+                       "prefetch": ["adaptive", "none"]}, {"noise": ["0", "0.5"]})
+    on_demand = [r for r in runs if r.system == "on-demand"]
+    assert len(on_demand) == 1 and on_demand[0].k is None  # K and prefetch do not change a non-speculative run
+    assert len([r for r in runs if r.system == "specter"]) == 4 and all(
+        r.system_options == () for r in runs if r.system == "specter")  # noise is not specter's option
+    assert len([r for r in runs if r.system == "specter-oracle"]) == 8
+    with pytest.raises(SpecterError, match="no swept system has option 'depth'"):
+        grid(base, {"system": ["specter"]}, {"depth": ["1"]})
+    with pytest.raises(SpecterError, match="cannot sweep 'seed'"):
+        grid(base, {"seed": [1, 2]})
+
+
+def test_memo_replays_in_a_new_process_state_and_equals_live(tiny_dirs, draft, tmp_path):
+    _fresh()
+    live = execute(_req(tiny_dirs, draft))
+    assert any(r.extra["live_forwards"] for r in live)
+    _fresh()
+    memo = tmp_path / "memo.pkl"
+    sweep([_req(tiny_dirs, draft, hardware="t4-pcie3", resident_fraction=0.5)], out=None, memo_out=memo)
+    _fresh()  # as a new process: nothing in memory but the memo file
+    replay = execute(_req(tiny_dirs, draft, memo=(str(memo),)))
+    assert all(r.extra["live_forwards"] == 0 for r in replay)
+    assert _strip(replay) == _strip(live)
+
+
+def test_memo_of_another_model_is_refused(tiny_dirs, draft, tmp_path):
+    _fresh()
+    memo = tmp_path / "memo.pkl"
+    sweep([_req(tiny_dirs, draft, system="on-demand", k=None)], out=None, memo_out=memo)
+    _fresh()
+    other = tiny_dirs["mixtral"]
+    proc = subprocess.run([sys.executable, "-m", "specter", "run", "--system", "on-demand", "--model", other,
+                           "--dataset", "code", "--num-prompts", "1", "--max-new-tokens", "4", "--hardware",
+                           "a100-40gb-pcie4", "--resident-per-layer", "1", "--memo", str(memo), "--out",
+                           str(tmp_path / "x.jsonl")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "recorded on another model" in proc.stderr
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_resident_fraction_rounds_to_slots(tiny_dirs, draft):
+    _fresh()
+    (r, *_) = execute(_req(tiny_dirs, draft, system="on-demand", k=None, resident_fraction=0.3, num_prompts=1))
+    assert r.slots_per_layer == round(0.3 * 16)
+    with pytest.raises(SpecterError, match="--resident-fraction 1.5 must be in"):
+        execute(_req(tiny_dirs, draft, resident_fraction=1.5))
+
+
+def test_oracle_forecast_is_exact_at_noise_zero_and_misses_at_noise_one(tiny_dirs, draft):
+    _fresh()
+    exact = execute(_req(tiny_dirs, draft, system="specter-oracle", system_options=(("noise", "0"),)))
+    wrong = execute(_req(tiny_dirs, draft, system="specter-oracle", system_options=(("noise", "1"),)))
+    for r in exact:
+        assert all(p["precision"] == 1.0 and p["recall"] == 1.0 for p in r.expert_prediction)
+    for r in wrong:
+        assert all(p["recall"] == 0.0 for p in r.expert_prediction)
+    assert [r.output_token_ids for r in exact] == [r.output_token_ids for r in wrong]  # lossless either way
+
+
+def test_serialized_demand_copies_never_beat_overlapped_ones(tiny_dirs, draft):
+    _fresh()
+    full = execute(_req(tiny_dirs, draft, prefetch="none"))
+    serial = execute(_req(tiny_dirs, draft, prefetch="none", system_options=(("serialize-demand", "true"),)))
+    assert all(s.tpot_ms >= f.tpot_ms for s, f in zip(serial, full))
+    assert any(s.tpot_ms > f.tpot_ms for s, f in zip(serial, full))
+    for r in full:
+        assert 4 <= r.window_working_set <= 16  # at least top-k, at most every expert of a layer
+
+
+def test_sweep_cli_writes_one_jsonl_and_checks_every_run_first(tiny_dirs, draft, tmp_path):
+    out = tmp_path / "sweep.jsonl"
+    base = [sys.executable, "-m", "specter", "sweep", "--model", tiny_dirs[ARCH], "--draft", draft, "--dataset",
+            "code", "--num-prompts", "1", "--max-new-tokens", "8", "--hardware", "a100-40gb-pcie4,t4-pcie3",
+            "--resident-fraction", "0.25,0.5", "--k", "2,4"]
+    proc = subprocess.run(base + ["--systems", "on-demand,specter", "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 4 + 8  # on-demand: 2 hardware x 2 budgets; specter: x 2 K
+    bad = tmp_path / "bad.jsonl"
+    proc = subprocess.run(base + ["--systems", "specter,nonesuch", "--out", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown system 'nonesuch'" in proc.stderr and not bad.exists()
