@@ -53,7 +53,7 @@ class RunRequest:
     engine: str = "sim"
     system_options: tuple[tuple[str, str], ...] = ()
     warmup_prompts: int = 8  # calibration-split prompts for systems that learn from history (MoE-Infinity, Fiddler)
-    memo: tuple[str, ...] = ()  # recorded numerics to start from (`specter record`)
+    memo: tuple[str, ...] = ()  # recorded numerics to start from (`specter sweep --memo-out`)
     progress: bool = True
 
     @property

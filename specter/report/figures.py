@@ -63,7 +63,16 @@ def _bars_with_bound(ax, sub: pd.DataFrame, x: str, order: list | None = None) -
     ax.tick_params(axis="x", rotation=35)
     for label in ax.get_xticklabels():
         label.set_ha("right")
+    for i, o in enumerate(order):  # the value on each bar: differences can be small next to the bars' height
+        ax.text(i, float(sub.set_index(x)["tpot_ms"][o]), f"{float(sub.set_index(x)['tpot_ms'][o]):.3f}",
+                ha="center", va="bottom", fontsize=7)
+    _headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max())
     ax.legend(loc="upper left", fontsize=8)
+
+
+def _headroom(ax, top: float, share: float = 1.3) -> None:
+    """Room above the tallest bar for value labels and the legend."""
+    ax.set_ylim(0, top * share)
 
 
 def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
@@ -96,14 +105,19 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
     elif name == "routing":
         fig, panels = _panels(table)
         for ax, sub, title in panels:
+            # draft and target both pick top-k experts, so the sets are equally large and precision equals recall;
+            # both are drawn only where they differ
+            same = (sub["precision"] - sub["recall"]).abs().max() < 1e-12
             for k, part in sub.groupby("k"):
                 part = part.sort_values("distance")
-                ax.plot(part["distance"], part["recall"], marker="o", label=f"recall, K={k}")
-                ax.plot(part["distance"], part["precision"], marker="x", ls="--", label=f"precision, K={k}")
+                ax.plot(part["distance"], part["recall"], marker="o", ms=3,
+                        label=f"K={k}" if same else f"recall, K={k}")
+                if not same:
+                    ax.plot(part["distance"], part["precision"], marker="x", ls="--", label=f"precision, K={k}")
             ax.set_xlabel("lookahead distance (draft steps ahead of verification)")
-            ax.set_ylabel("share of experts (mean over layers)")
+            ax.set_ylabel("recall = precision (mean over layers)" if same else "share of experts (mean over layers)")
             ax.set_ylim(0, 1.05)
-            ax.legend(fontsize=7, ncol=2)
+            ax.legend(fontsize=7, ncol=3, loc="lower center")
             wr = ", ".join(f"K={k}: {v:.2f}" for k, v in sub.groupby("k")["window_recall"].first().items())
             ax.set_title(f"{title}\nwindow recall {wr}", fontsize=9)
         _finish(fig, "Draft routing as a forecast of the target's experts", out)
@@ -161,7 +175,8 @@ def _plot_systems(name: str, table: pd.DataFrame, out, timing: str) -> None:
             ax.set_ylabel("TPOT (ms, median over prompts)")
             if x == "hardware":
                 ax.tick_params(axis="x", rotation=25)
-            ax.legend(fontsize=8, title=None)
+            _headroom(ax, sub["tpot_ms"].max(), 1.35)
+            ax.legend(fontsize=8, title=None, loc="upper center", ncol=2)
             ax.set_title(title, fontsize=9)
     what = {"main": "TPOT per system", "budget": "TPOT vs device budget", "hardware": "TPOT on each hardware profile",
             "prefix_sweep": "TPOT vs prompt length"}[name]

@@ -31,6 +31,7 @@ wildcard_constraints:
     model="|".join(MODELS),
     dataset="|".join(DATASETS),
     experiment="|".join(EXPERIMENTS),
+    prefix=r"\d+",
     sweep="|".join(SWEEPS),
 
 
@@ -133,16 +134,9 @@ def _record_systems(wc):
     return ",".join(systems)
 
 
-def _record_k_sweep(wc, output):
-    """A second pass over the k_sweep's windows, on the sweep's prompt set at the main prompt length."""
-    if wc.dataset != SWEEP_DATASET or int(wc.prefix) != MAIN_PREFIX:
-        return ""
-    ks = ",".join(str(k) for k in [*K["sweep"], *K["governor"]])
-    return (
-        f"&& python -m specter sweep --systems specter --k {ks} {common_args(wc.model, wc.dataset)} "
-        f"--prefix-tokens {wc.prefix} --hardware {HW['main']} --resident-fraction {BUDGET['main']} "
-        f"--memo {output.memo} --memo-out {output.memo}"
-    )
+def k_sweep_memo(model):
+    """The k_sweep's own recorded numerics (Specter at every K and governor), recorded beside the main memo."""
+    return f"results/memo/{model}/{SWEEP_DATASET}-p{PROTOCOL['prefix_tokens']}-k_sweep.pkl"
 
 
 def _csv(values):
@@ -179,5 +173,7 @@ def _sweep_args(wc):
 
 
 def _sweep_memos(wc):
+    if wc.sweep == "k_sweep":
+        return [k_sweep_memo(wc.model)]
     prefixes = EXP["prefix_sweep"]["prefixes"] if wc.sweep == "prefix_sweep" else [MAIN_PREFIX]
     return [memo_path(wc.model, wc.dataset, p) for p in prefixes]

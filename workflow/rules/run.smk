@@ -14,15 +14,37 @@ rule record:
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
         systems=_record_systems,
-        k_sweep=_record_k_sweep,
         hw=HW["main"],
         budget=BUDGET["main"],
         k=K["main"],
     threads: 1  # one thread per job, two jobs at once: better use of 2 cores than one job on two
     shell:
         "(python -m specter sweep --systems {params.systems} --k {params.k} {params.args} --prefix-tokens {wildcards.prefix} "
+        "--hardware {params.hw} --resident-fraction {params.budget} --threads {threads} --memo-out {output.memo}) "
+        "> {log} 2>&1"
+
+
+rule record_k_sweep:
+    """Specter at every K of the k_sweep and with each governor: a job of its own, beside the main record."""
+    input:
+        model=model_config,
+        draft=main_draft_meta,
+    output:
+        memo="results/memo/{model}/{dataset}-p{prefix}-k_sweep.pkl",
+    conda:
+        ENV
+    log:
+        "results/logs/record/{model}/{dataset}-p{prefix}-k_sweep.log",
+    params:
+        args=lambda wc: common_args(wc.model, wc.dataset),
+        ks=",".join(str(k) for k in [*K["sweep"], *K["governor"]]),
+        hw=HW["main"],
+        budget=BUDGET["main"],
+    threads: 1
+    shell:
+        "python -m specter sweep --systems specter --k {params.ks} {params.args} --prefix-tokens {wildcards.prefix} "
         "--hardware {params.hw} --resident-fraction {params.budget} --threads {threads} --memo-out {output.memo} "
-        "{params.k_sweep}) > {log} 2>&1"
+        "> {log} 2>&1"
 
 
 rule run:
