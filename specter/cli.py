@@ -113,12 +113,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace, system: str, out: str):
     from specter.runner import RunRequest
 
-    try:
-        k = None if args.k is None else (args.k if args.k in ("auto", "profile") else int(args.k))
-    except ValueError:
-        from specter.errors import SpecterError
-
-        raise SpecterError(f"--k must be an integer >= 1, auto or profile, got {args.k!r}") from None
+    k = None if args.k is None else _k_value(args.k)
     return RunRequest(system=system, model=args.model, draft=args.draft, dataset=args.dataset, field=args.field,
                       num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens,
                       max_new_tokens=args.max_new_tokens, hardware=args.hardware,
@@ -292,14 +287,26 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(out)
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
+def _common_options(p: argparse.ArgumentParser) -> None:
+    """Options `run`, `compare` and `sweep` share, with one value each."""
     p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
     p.add_argument("--draft", metavar="DIR", help="the draft (speculative systems), from `specter quantize`")
     p.add_argument("--dataset", required=True, help="a shipped prompt set (code) or a JSONL/JSON/CSV/Parquet file")
     p.add_argument("--field", help="the text column of a dataset file (default: the paper sets' conventions)")
     p.add_argument("--num-prompts", type=int, default=5, help="first N non-empty inputs (default 5)")
-    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
+    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
+    p.add_argument("--memo", action="append", metavar="FILE",
+                   help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """The options of one run (`run`, `compare`)."""
+    _common_options(p)
+    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
     p.add_argument("--hardware", required=True, help="a preset name or a profile YAML (see `specter hardware`)")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--device-memory-gb", type=float, help="device memory for the run, GB (1e9 bytes)")
@@ -309,14 +316,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", help="draft window K (speculative systems): an integer >= 1, auto (the amortization "
                                "model) or profile (empirical, over 2..32)")
     p.add_argument("--prefetch", default="adaptive", help="adaptive, none, early or late (default adaptive)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
-    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
     p.add_argument("--system-option", action="append", metavar="NAME=VALUE",
                    help="a system's own setting (e.g. depth=2 for mixtral-offloading); repeatable")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
-    p.add_argument("--memo", action="append", metavar="FILE",
-                   help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -379,13 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="run a grid of systems and settings in one process (numerics computed once); "
                                       "list-valued options take comma-separated values")
     p.add_argument("--systems", required=True, help="comma-separated system names")
-    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
-    p.add_argument("--draft", metavar="DIR", help="the draft (speculative systems), from `specter quantize`")
-    p.add_argument("--dataset", required=True, help="a shipped prompt set or a JSONL/JSON/CSV/Parquet file")
-    p.add_argument("--field", help="the text column of a dataset file")
-    p.add_argument("--num-prompts", type=int, default=5, help="first N non-empty inputs (default 5)")
+    _common_options(p)
     p.add_argument("--prefix-tokens", default="16", help="prompt lengths in tokens (list; default 16)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("--hardware", required=True, help="presets or profile YAMLs (list)")
     p.add_argument("--device-memory-gb", help="device memory budgets, GB (list)")
     p.add_argument("--resident-per-layer", help="expert slots per MoE layer (list)")
@@ -394,11 +390,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", default="adaptive", help="prefetch policies (list; default adaptive)")
     p.add_argument("--system-option", action="append", metavar="NAME=V1,V2",
                    help="a system option and its values (list); applies to the systems that have it; repeatable")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=42, help="seed (default 42)")
-    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
-    p.add_argument("--memo", action="append", metavar="FILE", help="recorded numerics to start from; repeatable")
     p.add_argument("--out", metavar="FILE.jsonl", help="every run's records in one JSONL")
     p.add_argument("--memo-out", metavar="FILE", help="save the numerics the runs used, for later `--memo`")
     p.set_defaults(func=cmd_sweep)

@@ -62,7 +62,7 @@ class RunRequest:
 
 
 _SERVICES: dict[str, tuple[object, dict, ForwardService]] = {}  # by target: (target, {draft dir: draft}, service)
-_MEMOS: set[str] = set()  # memo files already loaded into their target's service
+_MEMOS: set[tuple[str, str]] = set()  # (target, memo file) pairs already loaded
 
 
 def _service(model_dir: str, draft_dir: str | None, memos: tuple[str, ...] = ()):
@@ -79,9 +79,9 @@ def _service(model_dir: str, draft_dir: str | None, memos: tuple[str, ...] = ())
         _SERVICES[key] = (target, {}, ForwardService(target))
     target, drafts, service = _SERVICES[key]
     for memo in memos:
-        if str(Path(memo).resolve()) not in _MEMOS:
+        if (key, str(Path(memo).resolve())) not in _MEMOS:
             load_memo(service, memo, target_hash(model_dir))
-            _MEMOS.add(str(Path(memo).resolve()))
+            _MEMOS.add((key, str(Path(memo).resolve())))
     draft = None
     if draft_dir is not None:
         path = str(Path(draft_dir).resolve())
@@ -311,7 +311,7 @@ def grid(req: RunRequest, axes: dict[str, list], options: dict[str, list[str]] |
     out: list[RunRequest] = []
     for values in itertools.product(*(axes[n] for n in names)):
         base = replace(req, **dict(zip(names, values)))
-        system = systems.get(base.system) or get_system(base.system)
+        system = systems[base.system]
         if not system.speculative:
             base = replace(base, k=None, prefetch=RunRequest.prefetch)
         own = [o for o in options if o in system.options]

@@ -19,8 +19,9 @@ from specter.systems import PredictionCounts, PromptContext, PromptResult, Syste
 class Specter(System):
     name = "specter"
     speculative = True
-    options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute before it and the compute "
-                                                 "after it waits for the copy (no hot-first overlap)")}
+    options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute issued before it "
+                                                 "(no hot-first overlap)")}
+    serialize_demand = False  # the option's value; subclasses with their own options keep this default
 
     def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
         """The routes the prefetch plan counts, one per draft step: the draft's own (what Specter knows)."""
@@ -40,7 +41,7 @@ class Specter(System):
         if k is None or k < 1:
             raise ValueError("Specter needs a window K >= 1")
         result.k = k
-        ex.serialize_demand = getattr(self, "serialize_demand", False)
+        ex.serialize_demand = self.serialize_demand
         state = PlannerState()
         prompt_len = len(trace.prompt)
         t = prompt_len + 1  # committed tokens

@@ -16,17 +16,21 @@ from specter.errors import SpecterError
 META_FILE = "meta.json"
 
 
-def model_hash(model_dir: str | Path) -> str:
-    """sha256 over config.json and every weight file's bytes (sorted by name): the target's identity."""
-    root = Path(model_dir)
+def files_sha256(paths) -> str:
+    """sha256 over each file's name and bytes, in the order given."""
     h = hashlib.sha256()
-    files = [root / "config.json", *sorted(root.glob("*.safetensors")), *sorted(root.glob("*.bin"))]
-    for path in files:
-        h.update(path.name.encode())
-        with path.open("rb") as f:
+    for path in paths:
+        h.update(Path(path).name.encode())
+        with Path(path).open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 24), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def model_hash(model_dir: str | Path) -> str:
+    """sha256 over config.json and every weight file's bytes (sorted by name): the target's identity."""
+    root = Path(model_dir)
+    return files_sha256([root / "config.json", *sorted(root.glob("*.safetensors")), *sorted(root.glob("*.bin"))])
 
 
 def versions() -> dict[str, str]:

@@ -63,9 +63,9 @@ def _bars_with_bound(ax, sub: pd.DataFrame, x: str, order: list | None = None) -
     ax.tick_params(axis="x", rotation=35)
     for label in ax.get_xticklabels():
         label.set_ha("right")
+    tpot = sub.set_index(x)["tpot_ms"]
     for i, o in enumerate(order):  # the value on each bar: differences can be small next to the bars' height
-        ax.text(i, float(sub.set_index(x)["tpot_ms"][o]), f"{float(sub.set_index(x)['tpot_ms'][o]):.3f}",
-                ha="center", va="bottom", fontsize=7)
+        ax.text(i, float(tpot[o]), f"{float(tpot[o]):.3f}", ha="center", va="bottom", fontsize=7)
     _headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max())
     ax.legend(loc="upper left", fontsize=8)
 

@@ -13,20 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 from specter.errors import SpecterError
-
 from specter.report import EXPERIMENTS
 
-_RUN = ["model", "dataset", "hardware", "simulated", "system", "variant", "k", "k_setting", "prefetch",
-        "slots_per_layer", "experts_per_layer", "resident_share", "prefix_tokens"]
 _MEDIANS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
             "window_working_set", "stall_ms"]
 _SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
-
-
-def _variant(record: dict) -> str:
-    """The system and its non-default options as one label, e.g. 'specter-oracle noise=0.25'."""
-    opts = record["config"].get("system_options") or []
-    return " ".join([record["system"], *(f"{k}={v}" for k, v in opts)])
 
 
 def read_records(paths: list[str | Path]) -> list[dict]:
@@ -47,15 +38,15 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     rows = []
     for r in records:
         cfg = r["config"]
+        options = dict(cfg.get("system_options") or [])
         rows.append(dict(
             model=Path(r["model"]).name, dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"],
-            simulated=r["simulated"], system=r["system"], variant=_variant(r), k=r["k"],
+            simulated=r["simulated"], system=r["system"], k=r["k"],
             k_setting=str(cfg.get("k")) if cfg.get("k") is not None else "",
             prefetch=cfg.get("prefetch") if r["k"] is not None else "", slots_per_layer=r["slots_per_layer"],
             experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
             prefix_tokens=cfg.get("prefix_tokens"), prompt_index=r["prompt_index"],
-            serialize_demand=dict(cfg.get("system_options") or []).get("serialize-demand", "false"),
-            noise=dict(cfg.get("system_options") or []).get("noise"),
+            serialize_demand=options.get("serialize-demand", "false"), noise=options.get("noise"),
             **{m: r.get(m) for m in _MEDIANS},
             demand_misses=r["demand_misses"], h2d_bytes_demand=r["h2d_bytes_demand"],
             h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),

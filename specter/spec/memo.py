@@ -13,7 +13,6 @@ loading one runs pickle, so load only memos you made.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 from pathlib import Path
@@ -25,15 +24,10 @@ FORMAT = "specter-memo-1"
 
 
 def draft_key(draft_dir: str | Path) -> str:
-    """A draft's identity for memoized windows: its quantization and a hash of its sidecar and expert tensors."""
-    h = hashlib.sha256()
-    for name in ("meta.json", "experts.safetensors"):
-        path = Path(draft_dir) / name
-        if path.is_file():
-            with path.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    h.update(block)
-    return f"draft:{h.hexdigest()[:16]}"
+    """A draft's identity for memoized windows: a hash of its sidecar and expert tensors."""
+    from specter.quant.meta import files_sha256
+
+    return f"draft:{files_sha256([Path(draft_dir) / 'meta.json', Path(draft_dir) / 'experts.safetensors'])[:16]}"
 
 
 def save_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:

@@ -68,7 +68,7 @@ def memo_path(model, dataset, prefix):
 
 
 def common_args(model, dataset):
-    """The options every run of `model` on `dataset` shares (prompt protocol, draft, main hardware and budget)."""
+    """The options every run of `model` on `dataset` shares (model, draft, prompt set and protocol)."""
     return (
         f"--model {model_dir(model)} --draft results/drafts/{model}/{MAIN_DRAFT} {dataset_args(dataset)} "
         f"--num-prompts {PROTOCOL['num_prompts']} --max-new-tokens {PROTOCOL['max_new_tokens']} "
@@ -106,9 +106,7 @@ def experiment_inputs(wc):
         return all_runs()
     if name == "fidelity":
         return all_fidelity_reports()
-    if name == "routing":  # Specter's expert prediction at every K of the sweep
-        return sweep_records("k_sweep")
-    if name == "working_set":
+    if name in ("routing", "working_set"):  # Specter's expert prediction and working set at every K of the sweep
         return sweep_records("k_sweep")
     return sweep_records(name)
 
@@ -134,23 +132,26 @@ def _record_systems(wc):
     return ",".join(systems)
 
 
-def k_sweep_memo(model):
-    """The k_sweep's own recorded numerics (Specter at every K and governor), recorded beside the main memo."""
-    return f"results/memo/{model}/{SWEEP_DATASET}-p{PROTOCOL['prefix_tokens']}-k_sweep.pkl"
-
-
 def _csv(values):
     return ",".join(str(v) for v in values)
 
 
+MAIN_TIMING = f"--hardware {HW['main']} --resident-fraction {BUDGET['main']}"  # every run but the budget/hardware sweeps
+K_SWEEP = _csv([*K["sweep"], *K["governor"]])  # the k_sweep's K values and governors
+
+
+def k_sweep_memo(model):
+    """The k_sweep's own recorded numerics (Specter at every K and governor), recorded beside the main memo."""
+    return memo_path(model, SWEEP_DATASET, MAIN_PREFIX).replace(".pkl", "-k_sweep.pkl")
+
+
 def _sweep_args(wc):
     """The grid of one sweep experiment."""
-    main = f"--k {K['main']} --hardware {HW['main']} --resident-fraction {BUDGET['main']}"
+    main = f"--k {K['main']} {MAIN_TIMING}"
     prefix = f"--prefix-tokens {MAIN_PREFIX}"
     name = wc.sweep
     if name == "k_sweep":
-        ks = _csv([*K["sweep"], *K["governor"]])
-        return f"--systems specter --k {ks} --hardware {HW['main']} --resident-fraction {BUDGET['main']} {prefix}"
+        return f"--systems specter --k {K_SWEEP} {MAIN_TIMING} {prefix}"
     if name == "prefix_sweep":
         return f"--systems {_csv(EXP['prefix_sweep']['systems'])} {main} --prefix-tokens {_csv(EXP['prefix_sweep']['prefixes'])}"
     if name == "prefetch_policy":

@@ -14,14 +14,12 @@ rule record:
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
         systems=_record_systems,
-        hw=HW["main"],
-        budget=BUDGET["main"],
+        timing=MAIN_TIMING,
         k=K["main"],
     threads: 1  # one thread per job, two jobs at once: better use of 2 cores than one job on two
     shell:
-        "(python -m specter sweep --systems {params.systems} --k {params.k} {params.args} --prefix-tokens {wildcards.prefix} "
-        "--hardware {params.hw} --resident-fraction {params.budget} --threads {threads} --memo-out {output.memo}) "
-        "> {log} 2>&1"
+        "python -m specter sweep --systems {params.systems} --k {params.k} {params.args} --prefix-tokens {wildcards.prefix} "
+        "{params.timing} --threads {threads} --memo-out {output.memo} > {log} 2>&1"
 
 
 rule record_k_sweep:
@@ -37,14 +35,12 @@ rule record_k_sweep:
         "results/logs/record/{model}/{dataset}-p{prefix}-k_sweep.log",
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
-        ks=",".join(str(k) for k in [*K["sweep"], *K["governor"]]),
-        hw=HW["main"],
-        budget=BUDGET["main"],
+        ks=K_SWEEP,
+        timing=MAIN_TIMING,
     threads: 1
     shell:
         "python -m specter sweep --systems specter --k {params.ks} {params.args} --prefix-tokens {wildcards.prefix} "
-        "--hardware {params.hw} --resident-fraction {params.budget} --threads {threads} --memo-out {output.memo} "
-        "> {log} 2>&1"
+        "{params.timing} --threads {threads} --memo-out {output.memo} > {log} 2>&1"
 
 
 rule run:
@@ -61,15 +57,13 @@ rule run:
         "results/logs/run/{model}/{dataset}/{system}.log",
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
-        hw=HW["main"],
-        budget=BUDGET["main"],
+        timing=MAIN_TIMING,
         k=K["main"],
         prefix=MAIN_PREFIX,
     threads: 1
     shell:
         "python -m specter run --system {wildcards.system} {params.args} --prefix-tokens {params.prefix} --k {params.k} "
-        "--hardware {params.hw} --resident-fraction {params.budget} --memo {input.memo} --threads {threads} "
-        "--out {output} > {log} 2>&1"
+        "{params.timing} --memo {input.memo} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule sweep:
