@@ -32,7 +32,7 @@ class FiddlerExecutor(Executor):
         tokens_per_expert = Counter(e for r in routes for e in r)
         resident = [e for e in self.cache.resident(layer) if e in tokens_per_expert]
         for e in resident:
-            self._compute(self.work.expert_op(tokens_per_expert[e], f"{tag}.L{layer}.e{e}"))
+            self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}")
         self.stats.demand_hits += len(resident)
         self.stats.per_layer_hits[layer] += len(resident)
         for e in sorted(set(tokens_per_expert) - set(resident)):
@@ -46,19 +46,22 @@ class FiddlerExecutor(Executor):
             cpu_s = 2 * self.cost.copy_seconds(act) + self.cost.host_seconds(device_op.flops, self.work.expert_bytes)
             if cpu_s < gpu_s:  # activations to the host, the expert on the CPU, the result back
                 self.engine.wait(H2D, self.engine.record(COMPUTE))  # the activations exist once the router ran
-                self.engine.launch(H2D, Op(f"{tag}.L{layer}.act-out.e{e}", bytes_copied=act))
+                self.engine.launch(H2D, self._with(Op(f"{tag}.L{layer}.act-out.e{e}", bytes_copied=act),
+                                                   lambda d: d.activations_to_host(n)))
                 self.engine.wait(HOST, self.engine.record(H2D))
-                self.engine.launch(HOST, Op(f"{tag}.L{layer}.cpu.e{e}", flops=device_op.flops,
-                                            bytes_read=self.work.expert_bytes))
+                self.engine.launch(HOST, self._with(Op(f"{tag}.L{layer}.cpu.e{e}", flops=device_op.flops,
+                                                       bytes_read=self.work.expert_bytes),
+                                                    lambda d: d.host_expert(layer, e, n)))
                 self.engine.wait(H2D, self.engine.record(HOST))
-                self.engine.launch(H2D, Op(f"{tag}.L{layer}.act-in.e{e}", bytes_copied=act))
+                self.engine.launch(H2D, self._with(Op(f"{tag}.L{layer}.act-in.e{e}", bytes_copied=act),
+                                                   lambda d: d.activations_to_device(n)))
                 self.stats.link_bytes_activations += 2 * act
                 self.engine.wait(COMPUTE, self.engine.record(H2D))
             else:  # weights through a staging buffer (placement is static: nothing enters the cache)
-                self.engine.launch(H2D, self.work.copy_op(f"{tag}.L{layer}.demand.e{e}"))
+                ready, buffer = self._copy_to_staging(layer, e, f"{tag}.L{layer}.demand.e{e}")
                 self.stats.h2d_bytes_demand += self.work.expert_bytes
-                self.engine.wait(COMPUTE, self.engine.record(H2D))
-                self._compute(device_op)
+                self.engine.wait(COMPUTE, ready)
+                self._expert(layer, e, n, f"{tag}.L{layer}.e{e}", staging=buffer)
 
 
 class Fiddler(System):
@@ -71,7 +74,9 @@ class Fiddler(System):
             for r in trace.prefill_routes + trace.step_routes:
                 for layer in counts:
                     counts[layer].update(r[layer])
-        for layer, c in counts.items():  # the hottest experts, placed once before the run (no copies counted)
-            ctx.cache.fill(layer, [e for e, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))])
-        ctx.executor = FiddlerExecutor(ctx.engine, ctx.work, ctx.cache, ctx.executor.stats, cost=ctx.cost)
+        # the hottest experts, placed once before the run (no copies counted)
+        ctx.executor.place({layer: [e for e, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))]
+                            for layer, c in counts.items()})
+        ctx.executor = FiddlerExecutor(ctx.engine, ctx.work, ctx.cache, ctx.executor.stats, cost=ctx.cost,
+                                       device=ctx.executor.device)
         return decode_one_by_one(ctx, self.prefill(ctx))

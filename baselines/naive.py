@@ -22,23 +22,24 @@ class NaiveExecutor(Executor):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.host_reads_routes = False  # it copies every expert, so it needs no routing on the host
+        self.use_staging(self.work.experts_per_layer)  # the whole layer's experts at once, as accelerate moves it
 
     def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
         self.engine.wait(H2D, self.engine.record(COMPUTE))  # accelerate's copies are in the compute stream's order
-        for e in range(self.work.experts_per_layer):
-            self.engine.launch(H2D, self.work.copy_op(f"{tag}.L{layer}.load.e{e}"))
+        buffer = {e: self._copy_to_staging(layer, e, f"{tag}.L{layer}.load.e{e}")[1]
+                  for e in range(self.work.experts_per_layer)}
         self.stats.h2d_bytes_demand += self.work.experts_per_layer * self.work.expert_bytes
         self.engine.wait(COMPUTE, self.engine.record(H2D))
         tokens_per_expert = Counter(e for r in routes for e in r)
         self.stats.demand_misses += len(tokens_per_expert)
         self.stats.per_layer_misses[layer] += len(tokens_per_expert)
         for e, n in sorted(tokens_per_expert.items()):
-            self._compute(self.work.expert_op(n, f"{tag}.L{layer}.e{e}"))
+            self._expert(layer, e, n, f"{tag}.L{layer}.e{e}", staging=buffer[e])
 
 
 class Naive(System):
     name = "naive"
 
     def run(self, ctx: PromptContext) -> PromptResult:
-        ctx.executor = NaiveExecutor(ctx.engine, ctx.work, ctx.cache, ctx.executor.stats)
+        ctx.executor = NaiveExecutor(ctx.engine, ctx.work, ctx.cache, ctx.executor.stats, device=ctx.executor.device)
         return decode_one_by_one(ctx, self.prefill(ctx))

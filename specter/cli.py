@@ -297,7 +297,9 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
-    p.add_argument("--engine", default="sim", help="sim (simulated device from the hardware profile)")
+    p.add_argument("--engine", default="sim",
+                   help="sim: simulated time from the --hardware profile (default); cuda: measured on this machine's GPU "
+                        "(real slots, copies and kernels; --hardware then costs the lower bound and the planners)")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
     p.add_argument("--memo", action="append", metavar="FILE",
                    help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")

@@ -37,6 +37,6 @@ class Resident(System):
         return work.experts_per_layer
 
     def run(self, ctx: PromptContext) -> PromptResult:
-        for layer in ctx.work.moe_layers:  # every expert already on the device: no copies at all
-            ctx.cache.fill(layer, list(range(ctx.work.experts_per_layer)))
+        # every expert already on the device: no copies at all
+        ctx.executor.place({layer: list(range(ctx.work.experts_per_layer)) for layer in ctx.work.moe_layers})
         return decode_one_by_one(ctx, self.prefill(ctx))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from tqdm import tqdm
 
 from specter.errors import SpecterError
 from specter.metrics import RunRecord, lower_bound_tpot_seconds, speculative_fields, tpot_seconds
+from specter.offload.device import DRAFT_KERNEL
 from specter.offload.memory import plan_memory
 from specter.offload.work import ModelWork
 from specter.spec.forward import ForwardService
@@ -28,7 +30,7 @@ from specter.timing import load_profile, make_engine
 from specter.timing.cost import CostModel
 
 GOVERNORS = ("auto", "profile")
-ENGINES = ("sim",)  # the CUDA engine exists (specter.timing.cuda) but `specter run` does not drive it yet
+ENGINES = ("sim", "cuda")
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,14 @@ def validate(req: RunRequest):
 
     system = get_system(req.system, dict(req.system_options))
     if req.engine not in ENGINES:
-        raise SpecterError(f"--engine {req.engine} is not available for `specter run`; engines: {', '.join(ENGINES)}")
+        raise SpecterError(f"--engine {req.engine} is not an engine; engines: {', '.join(ENGINES)}")
+    if req.engine == "cuda":
+        if not torch.cuda.is_available():
+            raise SpecterError("--engine cuda needs a CUDA device, and torch sees none; use --engine sim (simulated "
+                               "time from the --hardware profile)")
+        if req.temperature > 0:
+            raise SpecterError(f"--engine cuda times greedy runs (their numerics are recorded before the timed run); "
+                               f"--temperature {req.temperature} samples live: use --engine sim or --temperature 0")
     profile = load_profile(req.hardware)
     read_model_config(req.model)
     if system.speculative:
@@ -205,6 +214,11 @@ def execute(req: RunRequest) -> list[RunRecord]:
     common = dict(system=req.system, model=req.model, dataset=req.dataset, engine=req.engine, hardware=profile.name,
                   simulated=req.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
                   config=resolved, versions=versions(), git_commit=_git_commit())
+    device = _device_runtime(req, system, target, draft, work, slots, prompts, k) if req.engine == "cuda" else None
+    if device is not None:
+        common.update(hardware=torch.cuda.get_device_name(device.device), config={
+            **resolved, "device": {"name": torch.cuda.get_device_name(device.device), "store_pinned": device.store.pinned,
+                                   "draft_kernel": DRAFT_KERNEL if draft else None}})
     records = []
     for index, prompt in enumerate(tqdm(prompts, desc=f"{req.system}", disable=not req.progress)):
         wall = time.perf_counter()
@@ -214,17 +228,30 @@ def execute(req: RunRequest) -> list[RunRecord]:
             config = replace(config, seed=req.seed + index)
         else:
             trace = service.trace(prompt, req.max_new_tokens)
-        engine = make_engine(req.engine, profile)
-        ctx = PromptContext.fresh(engine, work, service, trace, config, cost, warmup)
-        result = system.run(ctx)
-        timeline = engine.finish()
+        result, timeline = schedule(system, make_engine("sim", profile), work, service, trace, config, cost, warmup)
+        measured = {}
+        if device is not None:  # the simulated run above recorded every numeric; now time the same schedule for real
+            simulated_tpot = tpot_seconds(result.commit_times)
+            if index == 0:  # warm-up: kernels, allocator, lazily sized buffers
+                schedule(system, make_engine("cuda", profile), work, service, trace, config, cost, warmup, device)
+            before, tokens = service.forward_calls, result.tokens
+            result, timeline = schedule(system, make_engine("cuda", profile), work, service, trace, config, cost,
+                                        warmup, device)
+            if service.forward_calls != before or result.tokens != tokens:
+                raise RuntimeError(f"{req.system} prompt {index}: the timed CUDA run computed numerics or committed "
+                                   "other tokens than its recorded run; please report this")
+            measured = {"simulated_tpot_ms": simulated_tpot * 1e3, "simulated_on": profile.name}
         decode_routes = result.decode_routes if result.decode_routes is not None else trace.step_routes
         lb = lower_bound_tpot_seconds(result, decode_routes[: req.max_new_tokens - 1], slots, work, cost,
                                       host_compute=system.host_compute)
         tpot = tpot_seconds(result.commit_times)
-        if req.engine == "sim" and tpot < lb:  # the simulator executes at least the work the bound counts
-            raise RuntimeError(f"{req.system} prompt {index}: simulated TPOT {tpot} s below its lower bound {lb} s; "
-                               "the bound or the schedule is wrong, please report this")
+        if tpot < lb:
+            if req.engine == "sim":  # the simulator executes at least the work the bound counts
+                raise RuntimeError(f"{req.system} prompt {index}: simulated TPOT {tpot} s below its lower bound {lb} s; "
+                                   "the bound or the schedule is wrong, please report this")
+            print(f"warning: {req.system} prompt {index}: measured TPOT {tpot * 1e3:.4f} ms is below the lower bound "
+                  f"{lb * 1e3:.4f} ms of profile {profile.name!r}, which is slower than this device; measure one "
+                  "with `specter profile` and pass it as --hardware", file=sys.stderr)
         records.append(RunRecord(
             prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
             ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot * 1e3,
@@ -235,9 +262,35 @@ def execute(req: RunRequest) -> list[RunRecord]:
             **speculative_fields(result), **common,
             extra={**({"governor": asdict(governor)} if governor else {}),
                    "link_bytes_activations": result.stats.link_bytes_activations,
-                   "live_forwards": service.forward_calls - forwards},
+                   "live_forwards": service.forward_calls - forwards, **measured},
         ))
     return records
+
+
+def schedule(system, engine, work, service, trace, config, cost, warmup=None, device=None):
+    """One prompt's run of `system` on `engine` (with `device`'s kernels behind the ops, if given); returns
+    (PromptResult, Timeline)."""
+    ctx = PromptContext.fresh(engine, work, service, trace, config, cost, warmup, device)
+    result = system.run(ctx)
+    return result, engine.finish()
+
+
+_STORES: dict[int, object] = {}  # host expert stores, by target, pinned once per process
+CUDA_DEVICE = "cuda"  # where `--engine cuda` puts its buffers (tests point it at the CPU)
+
+
+def _device_runtime(req, system, target, draft, work, slots, prompts, k):
+    """The CUDA run's device buffers and kernels, sized for its longest pass and context."""
+    from specter.offload.device import DeviceRuntime
+    from specter.offload.store import ExpertStore
+
+    if id(target) not in _STORES:
+        _STORES[id(target)] = ExpertStore(target, pin=torch.device(CUDA_DEVICE).type == "cuda")
+    window = max(k or 0, getattr(system, "k", 0) or 0)
+    max_tokens = max([window + 1] + [len(p) for p in prompts])
+    return DeviceRuntime(target, work, _STORES[id(target)], slots, CUDA_DEVICE, max_tokens=max_tokens,
+                         max_context=max(len(p) for p in prompts) + req.max_new_tokens + window + 1,
+                         draft=draft, seed=req.seed)
 
 
 def _govern(kind, tokenizer, req, service, work, cost, slots, draft_bytes, profile):

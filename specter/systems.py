@@ -76,11 +76,13 @@ class PromptContext:
     @classmethod
     def fresh(cls, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,
               config: DecodeConfig, cost: CostModel,
-              warmup: Callable[[], list[PromptTrace]] | None = None) -> "PromptContext":
-        """A context with an empty cache: every prompt starts from the same state (the artifact restores it)."""
+              warmup: Callable[[], list[PromptTrace]] | None = None, device=None) -> "PromptContext":
+        """A context with an empty cache: every prompt starts from the same state (the artifact restores it).
+        `device`: the `DeviceRuntime` whose buffers and kernels back the ops (CUDA engine runs), or None."""
         cache = ExpertCache(work.moe_layers, config.slots_per_layer)
         stats = TransferStats()
-        return cls(engine, work, cache, Executor(engine, work, cache, stats), service, trace, config, cost, warmup)
+        executor = Executor(engine, work, cache, stats, device)
+        return cls(engine, work, cache, executor, service, trace, config, cost, warmup)
 
 
 def _parse(key: str, kind: type, value):

@@ -2,10 +2,14 @@
 
 Run with `python -m pytest tests/test_bench.py --benchmark-enable`: a live Specter run of 128 new tokens on a tiny model
 (the numerics computed), the same prompts replayed by a second system (scheduling only), and the scheduler's own time
-per committed token. With benchmarks disabled (the default) each runs once as a plain test.
+per committed token. With benchmarks disabled (the default) each runs once as a plain test. On the default model, as
+the workflow builds it: `SPECTER_BENCH_MODEL=results/models/smollm2-moe
+SPECTER_BENCH_DRAFT=results/drafts/smollm2-moe/gptq-int4-g64 python -m pytest tests/test_bench.py --benchmark-enable`.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -18,12 +22,16 @@ NEW_TOKENS = 128
 
 @pytest.fixture(scope="module")
 def setup(tiny_dirs, tmp_path_factory):
-    draft = tmp_path_factory.mktemp("bench") / "draft"
-    quantize_draft(tiny_dirs["mixtral"], draft, method="rtn", bits=4, group_size=32)
+    model, draft = os.environ.get("SPECTER_BENCH_MODEL"), os.environ.get("SPECTER_BENCH_DRAFT")
+    if bool(model) != bool(draft):
+        raise pytest.UsageError("set both SPECTER_BENCH_MODEL and SPECTER_BENCH_DRAFT, or neither (a tiny model)")
+    if not model:
+        model, draft = tiny_dirs["mixtral"], tmp_path_factory.mktemp("bench") / "draft"
+        quantize_draft(model, draft, method="rtn", bits=4, group_size=32)
     torch.set_num_threads(2)
 
     def request(system, out):
-        return RunRequest(system=system, model=tiny_dirs["mixtral"], draft=str(draft), dataset="code",
+        return RunRequest(system=system, model=model, draft=str(draft), dataset="code",
                           hardware="a100-40gb-pcie4", out=str(out), max_new_tokens=NEW_TOKENS, resident_per_layer=2,
                           k=8, progress=False)
 

@@ -1,6 +1,7 @@
 """The device ExpertCache: a fixed number of slots per MoE layer, LRU replacement, protection, events, counters.
 
-Each resident expert has a `ready` event (its copy landed) and a `last_use` event (its last compute finished). A copy
+Each resident expert occupies one numbered slot (`Slot.index`: the row of the layer's device buffer its weights are
+copied into, when a `DeviceRuntime` backs the run), and has a `ready` event (its copy landed) and a `last_use` event (its last compute finished). A copy
 into a slot waits on the evicted expert's `last_use`, so a slot is never overwritten while an expert that uses it still
 runs. Experts prefetched for the coming verification are protected from eviction until it ends. The cache is one
 OrderedDict per layer (least recently used first), as Mixtral-Offloading and the Specter artifact keep theirs.
@@ -16,6 +17,7 @@ from specter.timing.engine import Event
 
 @dataclass
 class Slot:
+    index: int  # which of the layer's slots (0 .. slots_per_layer - 1) holds the expert
     ready: Event | None = None  # the copy that brought the expert in
     last_use: Event | None = None  # the last compute that read it
 
@@ -64,8 +66,15 @@ class ExpertCache:
             if victim is None:
                 raise RuntimeError(f"layer {layer}: every slot is protected or in use")
             evicted = self.entries[layer].pop(victim)
-        self.entries[layer][expert] = Slot()
+            index = evicted.index
+        else:
+            index = self._free_index(layer)
+        self.entries[layer][expert] = Slot(index)
         return evicted
+
+    def _free_index(self, layer: int) -> int:
+        taken = {s.index for s in self.entries[layer].values()}
+        return next(i for i in range(self.slots_per_layer) if i not in taken)
 
     def protect(self, layer: int, experts: set[int]) -> None:
         self.protected[layer] |= experts
@@ -74,7 +83,10 @@ class ExpertCache:
         for s in self.protected.values():
             s.clear()
 
-    def fill(self, layer: int, experts: list[int]) -> None:
-        """Warm-start a layer with `experts` (no copies: used for the resident reference system)."""
-        for e in experts[: self.slots_per_layer]:
-            self.entries[layer][e] = Slot()
+    def fill(self, layer: int, experts: list[int]) -> list[int]:
+        """Warm-start a layer with `experts` as far as its slots go, before the run (no copies are scheduled: see
+        `Executor.place`); returns the experts placed."""
+        placed = [e for e in experts[: self.slots_per_layer - len(self.entries[layer])] if e not in self.entries[layer]]
+        for e in placed:
+            self.entries[layer][e] = Slot(self._free_index(layer))
+        return placed

@@ -5,19 +5,27 @@ routing (a synchronization: copies cannot be decided before it); then every resi
 only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and computes as its
 copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this pass does not
 need, after that expert's last compute); if every slot is taken by experts the pass needs or by protected prefetches, it
-streams through a staging buffer without entering the cache. Prefetches (`prefetch`) go through the same slots.
+streams through one of a ring of staging buffers without entering the cache (a copy into a staging buffer waits for the
+last compute that read it). Prefetches (`prefetch`) go through the same slots.
+
+Ops carry costs; with a `DeviceRuntime` (the CUDA engine's runs) each op also carries the device work it stands for:
+the copy into the expert's slot or staging buffer, the expert's kernels on that buffer, the attention block, the head.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from specter.offload.cache import ExpertCache
+from specter.offload.memory import STAGING_BUFFERS
 from specter.offload.work import ModelWork
 from specter.timing.bounds import PassWork
 from specter.timing.engine import COMPUTE, H2D, Engine, Event, Op
+
+if TYPE_CHECKING:
+    from specter.offload.device import DeviceRuntime
 
 
 @dataclass
@@ -33,11 +41,15 @@ class TransferStats:
 
 
 class Executor:
-    def __init__(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats) -> None:
+    def __init__(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats,
+                 device: DeviceRuntime | None = None) -> None:
         self.engine = engine
         self.work = work
         self.cache = cache
         self.stats = stats
+        self.device = device  # the device work behind the ops, or None (costs only)
+        self.staging_last_use: list[Event | None] = [None] * STAGING_BUFFERS
+        self._next_staging = 0
         # A runtime whose cache can miss reads each layer's routing on the host to decide what to copy: the host waits
         # for the router (a synchronization per MoE layer). With every expert resident, routing stays on the device.
         self.host_reads_routes = cache.slots_per_layer < work.experts_per_layer
@@ -55,15 +67,64 @@ class Executor:
             self._acc.append(op)
         self.engine.launch(COMPUTE, op)
 
+    def _with(self, op: Op, device_work: Callable[["DeviceRuntime"], Callable]) -> Op:
+        """`op` carrying `device_work(runtime)` as its function when a device runtime backs the run."""
+        if self.device is not None:
+            op.fn = device_work(self.device)
+        return op
+
+    def place(self, placement: dict[int, list[int]]) -> None:
+        """Put experts in their layers' slots before the prompt starts (no copies are scheduled or counted); the
+        engine's time starts after the placement."""
+        for layer, experts in placement.items():
+            for e in self.cache.fill(layer, experts):
+                if self.device is not None:
+                    self.device.place(layer, e, self.cache.slot(layer, e).index)
+        self.engine.start()
+
+    def use_staging(self, count: int) -> None:
+        """A ring of `count` staging buffers instead of the default."""
+        self.staging_last_use, self._next_staging = [None] * count, 0
+        if self.device is not None:
+            self.device.staging_rows(count)
+
     def _copy_into_slot(self, layer: int, expert: int, keep: set[int], label: str) -> Event:
         """Copy `expert` into a slot of `layer` (after the evicted expert's last use); returns the copy's event."""
         evicted = self.cache.insert(layer, expert, keep)
         if evicted is not None and evicted.last_use is not None:
             self.engine.wait(H2D, evicted.last_use)
-        self.engine.launch(H2D, self.work.copy_op(label))
-        ready = self.engine.record(H2D)
-        self.cache.slot(layer, expert).ready = ready
-        return ready
+        slot = self.cache.slot(layer, expert)
+        self.engine.launch(H2D, self._with(self.work.copy_op(label), lambda d: d.copy_to_slot(layer, expert, slot.index)))
+        slot.ready = self.engine.record(H2D)
+        return slot.ready
+
+    def _copy_to_staging(self, layer: int, expert: int, label: str) -> tuple[Event, int]:
+        """Copy `expert` into the next staging buffer (after that buffer's last reader); returns (event, buffer)."""
+        i = self._next_staging
+        self._next_staging = (i + 1) % len(self.staging_last_use)
+        if self.staging_last_use[i] is not None:
+            self.engine.wait(H2D, self.staging_last_use[i])
+        self.engine.launch(H2D, self._with(self.work.copy_op(label), lambda d: d.copy_to_staging(layer, expert, i)))
+        return self.engine.record(H2D), i
+
+    def _expert(self, layer: int, expert: int, tokens: int, label: str, staging: int | None = None) -> None:
+        """Compute `expert` on `tokens` tokens from its slot (or from staging buffer `staging`) and book the read."""
+        if staging is None:
+            slot = self.cache.slot(layer, expert)
+            self._compute(self._with(self.work.expert_op(tokens, label),
+                                     lambda d: d.expert_in_slot(layer, expert, slot.index, tokens)))
+            slot.last_use = self.engine.record(COMPUTE)
+        else:
+            self._compute(self._with(self.work.expert_op(tokens, label),
+                                     lambda d: d.expert_in_staging(layer, expert, staging, tokens)))
+            self.staging_last_use[staging] = self.engine.record(COMPUTE)
+
+    def _attention(self, layer: int, tokens: int, context: int, label: str) -> Op:
+        return self._with(self.work.attention_op(layer, tokens, context, label),
+                          lambda d: d.attention(layer, tokens, context))
+
+    def _head(self, tokens: int, label: str) -> Op:
+        return self._with(self.work.head_op(tokens, label), lambda d: d.lm_head(tokens))
 
     def prefetch(self, layer: int, experts: list[int]) -> int:
         """Copy those of `experts` that are not resident and fit (protected until `unprotect_all`); returns how many."""
@@ -84,7 +145,7 @@ class Executor:
     def layer(self, layer: int, routes: list[tuple[int, ...]], context: int, tag: str) -> None:
         """One decoder layer of a target pass over len(routes) tokens (routes empty for a dense layer)."""
         n = max(1, len(routes))
-        self._compute(self.work.attention_op(layer, n, context, f"{tag}.L{layer}.attn"))
+        self._compute(self._attention(layer, n, context, f"{tag}.L{layer}.attn"))
         if layer not in self.work.moe_layers:
             return
         if self.host_reads_routes:
@@ -103,8 +164,7 @@ class Executor:
             slot = self.cache.slot(layer, e)
             if slot.ready is not None:
                 self.engine.wait(COMPUTE, slot.ready)
-            self._compute(self.work.expert_op(tokens_per_expert[e], f"{tag}.L{layer}.e{e}"))
-            slot.last_use = self.engine.record(COMPUTE)
+            self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}")
             self.cache.touch(layer, e)
         self.stats.demand_hits += len(resident)
         self.stats.per_layer_hits[layer] += len(resident)
@@ -115,15 +175,13 @@ class Executor:
             label = f"{tag}.L{layer}.demand.e{e}"
             if self.serialize_demand:
                 self.engine.wait(H2D, self.engine.record(COMPUTE))
+            staging = None
             if self.cache.has_room(layer, keep=needed):
                 ready = self._copy_into_slot(layer, e, needed, label)
             else:  # every slot holds an expert this pass needs or a protected prefetch: stream through a buffer
-                self.engine.launch(H2D, self.work.copy_op(label))
-                ready = self.engine.record(H2D)
+                ready, staging = self._copy_to_staging(layer, e, label)
             self.engine.wait(COMPUTE, ready)
-            self._compute(self.work.expert_op(tokens_per_expert[e], f"{tag}.L{layer}.e{e}"))
-            if (layer, e) in self.cache:
-                self.cache.slot(layer, e).last_use = self.engine.record(COMPUTE)
+            self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}", staging)
 
     def target_pass(self, routes: list[dict[int, tuple[int, ...]]], context: int, tag: str) -> Event:
         """A full target pass over len(routes) tokens after `context` cached tokens; returns its end event (logits)."""
@@ -132,7 +190,7 @@ class Executor:
         for layer in self.work.layers:
             per_token = [r[layer] for r in routes] if layer in self.work.moe_layers else []
             self.layer(layer, per_token, context + n, tag)
-        self._compute(self.work.head_op(n, f"{tag}.head"))
+        self._compute(self._head(n, f"{tag}.head"))
         ops, self._acc = self._acc, None
         self.passes.append(PassWork(n, sum(o.flops for o in ops), sum(o.bytes_read for o in ops),
                                     sum(o.launches for o in ops)))
@@ -146,11 +204,12 @@ class Executor:
         """A draft pass over len(routes) tokens after `context` cached tokens (its experts are all resident)."""
         n = len(routes)
         for layer in self.work.layers:
-            self.engine.launch(COMPUTE, self.work.attention_op(layer, n, context + n, f"{tag}.L{layer}.attn"))
+            self.engine.launch(COMPUTE, self._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
             if layer in self.work.moe_layers:
                 for e, m in sorted(Counter(e for r in routes for e in r[layer]).items()):
-                    self.engine.launch(COMPUTE, self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
+                    op = self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes)
+                    self.engine.launch(COMPUTE, self._with(op, lambda d: d.draft_expert(layer, e, m)))
                 if self.on_draft_layer is not None and n == 1:
                     self.on_draft_layer(layer, routes[0][layer])
-        self.engine.launch(COMPUTE, self.work.head_op(n, f"{tag}.head"))
+        self.engine.launch(COMPUTE, self._head(n, f"{tag}.head"))
         return self.engine.record(COMPUTE)

@@ -31,6 +31,10 @@ class ModelWork:
     expert_params: int  # one routed expert
     expert_bytes: int  # one routed expert at WEIGHT_BYTES
     attn_width: int  # heads x head dim (attention FLOPs per context token)
+    heads: int  # query heads
+    kv_heads: int
+    qk_dim: int  # per head, queries and keys
+    v_dim: int  # per head, values
     kv_bytes_per_token: int  # per layer, K and V at WEIGHT_BYTES
     hidden: int
     vocab: int
@@ -58,6 +62,10 @@ class ModelWork:
             expert_params=first.expert_params(),
             expert_bytes=first.expert_params() * WEIGHT_BYTES,
             attn_width=heads * max(qk_dim, v_dim),
+            heads=heads,
+            kv_heads=kv_heads,
+            qk_dim=qk_dim,
+            v_dim=v_dim,
             kv_bytes_per_token=kv_heads * (qk_dim + v_dim) * WEIGHT_BYTES,
             hidden=cfg.hidden_size,
             vocab=cfg.vocab_size,

@@ -76,6 +76,7 @@ class Draft:
     model: torch.nn.Module
     moe: MoEModel
     meta: DraftMeta
+    path: Path | None = None  # the draft directory (its packed experts back the CUDA engine's draft kernels)
 
     @property
     def quantized_bytes_per_expert(self) -> int:
@@ -98,23 +99,13 @@ def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True,
             )
     dtype = next(target.model.parameters()).dtype
     device = next(target.model.parameters()).device
-    tensors: dict[str, torch.Tensor] = {}
-    with safe_open(str(Path(draft_dir) / "experts.safetensors"), "pt") as f:
-        for key in f.keys():
-            tensors[key] = f.get_tensor(key)
+    packed = read_packed(target, draft_dir, meta)
     replacements = {}
     for layer in target.moe_layers:
         experts = []
         for e in range(layer.num_experts):
             projs = {}
-            for proj in PROJECTIONS:
-                key = f"layers.{layer.layer_index}.experts.{e}.{proj}"
-                try:
-                    p = PackedLinear(*(tensors[f"{key}.{n}"] for n in ("qweight", "qzeros", "scales", "g_idx")),
-                                     bits=meta.bits)
-                except KeyError:
-                    raise SpecterError(f"draft {draft_dir} lacks {key}; quantize the draft again") from None
-                bias = tensors.get(f"{key}.bias")
+            for proj, (p, bias) in packed[layer.layer_index, e].items():
                 projs[proj] = DequantizedLinear(
                     dequantize(p, dtype).to(device),
                     None if bias is None else bias.to(device=device, dtype=dtype),
@@ -124,7 +115,31 @@ def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True,
         path = f"model.layers.{layer.layer_index}.{_attr_path(target, layer.block)}.experts"
         replacements[path] = QuantizedExperts(experts, layer.activation, interleaved=layer.spec.gpt_oss_layout)
     model = _with_replaced(target.model, replacements)
-    return Draft(model=model, moe=MoEModel(model), meta=meta)
+    return Draft(model=model, moe=MoEModel(model), meta=meta, path=Path(draft_dir))
+
+
+def read_packed(target: MoEModel, draft_dir: str | Path, meta: DraftMeta | None = None
+                ) -> dict[tuple[int, int], dict[str, tuple[PackedLinear, torch.Tensor | None]]]:
+    """The draft's stored experts as packed: {(layer, expert): {projection: (PackedLinear, bias or None)}}."""
+    meta = meta or DraftMeta.read(draft_dir)
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(Path(draft_dir) / "experts.safetensors"), "pt") as f:
+        for key in f.keys():
+            tensors[key] = f.get_tensor(key)
+    out = {}
+    for layer in target.moe_layers:
+        for e in range(layer.num_experts):
+            projs = {}
+            for proj in PROJECTIONS:
+                key = f"layers.{layer.layer_index}.experts.{e}.{proj}"
+                try:
+                    p = PackedLinear(*(tensors[f"{key}.{n}"] for n in ("qweight", "qzeros", "scales", "g_idx")),
+                                     bits=meta.bits)
+                except KeyError:
+                    raise SpecterError(f"draft {draft_dir} lacks {key}; quantize the draft again") from None
+                projs[proj] = (p, tensors.get(f"{key}.bias"))
+            out[layer.layer_index, e] = projs
+    return out
 
 
 def _attr_path(target: MoEModel, block: torch.nn.Module) -> str:

@@ -28,11 +28,19 @@ class CudaEngine(Engine):
         self._streams = {COMPUTE: torch.cuda.Stream(self._device), H2D: torch.cuda.Stream(self._device)}
         self._pending_spans: list[tuple[str, str, Any, Any, float]] = []
         self._pending_stalls: list[tuple[str, str, Any, Any]] = []
+        self._set_origin()
+
+    def _set_origin(self) -> None:
         torch.cuda.synchronize(self._device)
         self._origin = self._new_event()
         self._origin.record(torch.cuda.current_stream(self._device))
         torch.cuda.synchronize(self._device)
         self._wall_origin = time.perf_counter()
+
+    def start(self) -> None:
+        if self._pending_spans or self.timeline.spans:
+            raise RuntimeError("Engine.start() after ops were launched")
+        self._set_origin()
 
     @property
     def device(self) -> str:

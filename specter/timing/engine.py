@@ -116,6 +116,12 @@ class Engine(abc.ABC):
     def now(self) -> float:
         """The host thread's current time, seconds since origin."""
 
+    def start(self) -> None:
+        """Time zero of the run is now (after untimed set-up such as placing resident experts); nothing may have been
+        launched yet."""
+        if self.timeline.spans:
+            raise RuntimeError("Engine.start() after ops were launched")
+
     def event_time(self, event: Event) -> float:
         """When `event` completed, seconds since origin (on CUDA this waits for it)."""
         return event.time

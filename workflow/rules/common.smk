@@ -136,7 +136,12 @@ def _csv(values):
     return ",".join(str(v) for v in values)
 
 
-MAIN_TIMING = f"--hardware {HW['main']} --resident-fraction {BUDGET['main']}"  # every run but the budget/hardware sweeps
+ENGINE = f"--engine {HW['engine']}"  # every run but the hardware sweep's (always simulated: it replays other profiles)
+RECORD_TIMING = f"--hardware {HW['main']} --resident-fraction {BUDGET['main']}"  # recording numerics: simulated
+MAIN_TIMING = f"{RECORD_TIMING} {ENGINE}"  # every run but the budget and hardware sweeps
+# Simulated runs take one thread each (two jobs at once use 2 cores best); a measured run takes every core, so that it
+# has the machine and its GPU to itself.
+RUN_THREADS = 1 if HW["engine"] == "sim" else workflow.cores
 K_SWEEP = _csv([*K["sweep"], *K["governor"]])  # the k_sweep's K values and governors
 
 
@@ -162,7 +167,7 @@ def _sweep_args(wc):
         return f"--systems specter,specter-oracle {main} {prefix} --system-option noise={_csv(EXP['oracle_noise'])}"
     if name == "budget":
         return (
-            f"--systems {_csv(EXP['budget_systems'])} --k {K['main']} --hardware {HW['main']} {prefix} "
+            f"--systems {_csv(EXP['budget_systems'])} --k {K['main']} --hardware {HW['main']} {ENGINE} {prefix} "
             f"--resident-fraction {_csv(BUDGET['sweep'])}"
         )
     if name == "hardware":

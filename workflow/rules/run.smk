@@ -14,7 +14,7 @@ rule record:
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
         systems=_record_systems,
-        timing=MAIN_TIMING,
+        timing=RECORD_TIMING,
         k=K["main"],
     threads: 1  # one thread per job, two jobs at once: better use of 2 cores than one job on two
     shell:
@@ -36,7 +36,7 @@ rule record_k_sweep:
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
         ks=K_SWEEP,
-        timing=MAIN_TIMING,
+        timing=RECORD_TIMING,
     threads: 1
     shell:
         "python -m specter sweep --systems specter --k {params.ks} {params.args} --prefix-tokens {wildcards.prefix} "
@@ -60,7 +60,7 @@ rule run:
         timing=MAIN_TIMING,
         k=K["main"],
         prefix=MAIN_PREFIX,
-    threads: 1
+    threads: RUN_THREADS
     shell:
         "python -m specter run --system {wildcards.system} {params.args} --prefix-tokens {params.prefix} --k {params.k} "
         "{params.timing} --memo {input.memo} --threads {threads} --out {output} > {log} 2>&1"
@@ -82,6 +82,6 @@ rule sweep:
         args=lambda wc: common_args(wc.model, wc.dataset),
         grid=_sweep_args,
         memos=lambda wc, input: " ".join(f"--memo {m}" for m in input.memos),
-    threads: 1
+    threads: RUN_THREADS
     shell:
         "python -m specter sweep {params.args} {params.grid} {params.memos} --threads {threads} --out {output} > {log} 2>&1"

@@ -1,0 +1,210 @@
+"""The device side of a run: expert slots, resident weights, and the kernels behind the executor's ops.
+
+With the simulated engine an op carries its costs only. A `DeviceRuntime` gives each op the device work it stands for,
+so that the CUDA engine measures real kernels and real copies:
+
+- a copy of expert e into slot s of layer l: `slots[l][s].copy_(store[l][e], non_blocking=True)` from the pinned
+  `ExpertStore`, on the copy stream; a slot is a row of one `[slots, numel]` FP16 buffer per MoE layer, allocated once;
+- a routed expert on m tokens: the expert's FFN (`expert_ffn`, the class's own activation) on the weights in its slot
+  or staging buffer;
+- the attention block of a layer over n tokens after c cached ones: one GEMM of n tokens by each 2-D non-routed weight
+  of the layer (projections, router, shared experts, a dense MLP), in FP16 on the device, and scaled-dot-product
+  attention of n queries over c positions of the layer's KV buffer;
+- the LM head: n tokens by the [V, H] head;
+- a draft expert on m tokens: its GPTQ-packed codes unpacked and scaled on the device in plain torch, then multiplied
+  (no fused INT4 kernel: the paper's kernels are faster, so measured draft steps are an upper estimate); 3-bit codes,
+  which straddle 32-bit words, are kept unpacked as one byte each;
+- a host expert (Fiddler): the expert on the CPU with the target's own weights, its activations copied down and back
+  through a pinned buffer.
+
+Which tokens commit comes from the forward service (the recorded numerics, as in every run); the device runs the same
+work at the same shapes on a fixed, seeded input, which is what a kernel's time depends on. Everything is allocated up
+front, or (staging rows beyond the default) on first use, which the CUDA runner's untimed warm-up run covers.
+`check=True` makes every expert kernel assert that the buffer it reads holds the expert it was asked for (tests run this
+on the CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from specter.models.adapter import MoEModel
+from specter.models.experts import expert_ffn, module_ffn
+from specter.offload.memory import STAGING_BUFFERS
+from specter.offload.store import WEIGHT_DTYPE, ExpertStore
+from specter.offload.work import ModelWork
+from specter.quant.packing import PackedLinear, unpack
+
+DRAFT_KERNEL = "torch unpack-and-matmul of the GPTQ-packed codes (no fused INT4 kernel)"
+
+
+class PackedLinearKernel(torch.nn.Module):
+    """A GPTQ-packed linear on the device: codes unpacked, zero-shifted and scaled per call, then one matmul."""
+
+    def __init__(self, p: PackedLinear, bias: torch.Tensor | None, device: torch.device) -> None:
+        super().__init__()
+        codes, zeros, scales = unpack(p)  # [out, in], [out, groups], [out, groups]
+        self.bits = p.bits
+        self.per_word = 32 // p.bits if 32 % p.bits == 0 else 0
+        if self.per_word:  # the stored int32 words, unpacked on every call
+            self.qweight = p.qweight.to(device)
+            self.shifts = torch.arange(0, 32, p.bits, dtype=torch.int32, device=device).view(1, -1, 1)
+        else:  # 3-bit codes straddle words: kept as one byte each
+            self.codes = codes.T.contiguous().to(torch.uint8).to(device)
+        self.g_idx = p.g_idx.long().to(device)
+        self.zeros = zeros.T.contiguous().to(WEIGHT_DTYPE).to(device)  # [groups, out]
+        self.scales = scales.T.contiguous().to(WEIGHT_DTYPE).to(device)
+        self.bias = None if bias is None else bias.to(device=device, dtype=WEIGHT_DTYPE)
+
+    def weight_t(self) -> torch.Tensor:
+        """The dequantized weight, transposed: [in, out]."""
+        if self.per_word:
+            words = self.qweight.unsqueeze(1)  # [words, 1, out]
+            codes = ((words >> self.shifts) & ((1 << self.bits) - 1)).reshape(-1, words.shape[-1])
+        else:
+            codes = self.codes
+        return (codes.to(WEIGHT_DTYPE) - self.zeros[self.g_idx]) * self.scales[self.g_idx]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight_t()
+        return y if self.bias is None else y + self.bias
+
+
+class _DraftExpert(torch.nn.Module):
+    def __init__(self, projections: dict[str, PackedLinearKernel]) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = (projections[n] for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+class DeviceRuntime:
+    """Device buffers and kernels for one run: `slots_per_layer` expert slots per MoE layer, passes of at most
+    `max_tokens` tokens over at most `max_context` positions."""
+
+    def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int, device: str,
+                 max_tokens: int, max_context: int, draft=None, seed: int = 0, check: bool = False) -> None:
+        self.device = torch.device(device)
+        self.work, self.store, self.check = work, store, check
+        self.target = target
+        dev, dt = self.device, WEIGHT_DTYPE
+        numel = store.layout.numel
+        self.slots = {layer: torch.zeros(slots_per_layer, numel, dtype=dt, device=dev) for layer in work.moe_layers}
+        self.slot_holds: dict[tuple[int, int], int] = {}  # (layer, slot) -> expert, kept for `check`
+        self.staging = torch.zeros(STAGING_BUFFERS, numel, dtype=dt, device=dev)
+        self.staging_holds: dict[int, tuple[int, int]] = {}
+        self.layer_weights: dict[int, list[torch.Tensor]] = {}
+        width = work.hidden
+        for i, layer in enumerate(target.decoder_layers):
+            routed = {id(p) for p in layer.mlp.experts.parameters()} if hasattr(layer.mlp, "experts") else set()
+            self.layer_weights[i] = [p.detach().to(device=dev, dtype=dt) for p in layer.parameters()
+                                     if p.ndim == 2 and id(p) not in routed]
+            width = max([width] + [w.shape[1] for w in self.layer_weights[i]])
+        self.head = target.model.lm_head.weight.detach().to(device=dev, dtype=dt)
+        gen = torch.Generator().manual_seed(seed)
+        self.x = (torch.randn(max_tokens, width, generator=gen) * 0.02).to(device=dev, dtype=dt)
+        self.q = (torch.randn(1, work.heads, max_tokens, work.qk_dim, generator=gen) * 0.02).to(device=dev, dtype=dt)
+        self.kv = {i: ((torch.randn(1, work.kv_heads, max_context, work.qk_dim, generator=gen) * 0.02).to(dev, dt),
+                       (torch.randn(1, work.kv_heads, max_context, work.v_dim, generator=gen) * 0.02).to(dev, dt))
+                   for i in work.layers}
+        self.max_tokens, self.max_context = max_tokens, max_context
+        pin = self.device.type == "cuda"
+        self.host_act = torch.zeros(max_tokens, work.hidden, dtype=dt, pin_memory=pin)
+        self.act_in = torch.zeros(max_tokens, work.hidden, dtype=dt, device=dev)
+        self.draft_experts: dict[tuple[int, int], _DraftExpert] = {}
+        if draft is not None:
+            from specter.quant.draft import read_packed
+
+            for key, projs in read_packed(target, draft.path, draft.meta).items():
+                self.draft_experts[key] = _DraftExpert({n: PackedLinearKernel(p, b, dev) for n, (p, b) in projs.items()})
+        self._moe = {m.layer_index: m for m in target.moe_layers}
+
+    def _tokens(self, n: int, what: str) -> None:
+        if n > self.max_tokens:
+            raise ValueError(f"{what}: {n} tokens in one pass, but the runtime was sized for {self.max_tokens}")
+
+    # copies ------------------------------------------------------------------------------------------------------
+    def copy_to_slot(self, layer: int, expert: int, index: int) -> Callable[[], None]:
+        def fn() -> None:
+            self.slots[layer][index].copy_(self.store.row(layer, expert), non_blocking=True)
+            self.slot_holds[layer, index] = expert
+        return fn
+
+    def staging_rows(self, count: int) -> None:
+        """At least `count` staging buffers (a system that streams a whole layer through needs one per expert)."""
+        if count > self.staging.shape[0]:
+            self.staging = torch.zeros(count, self.store.layout.numel, dtype=WEIGHT_DTYPE, device=self.device)
+
+    def copy_to_staging(self, layer: int, expert: int, index: int) -> Callable[[], None]:
+        def fn() -> None:
+            self.staging[index].copy_(self.store.row(layer, expert), non_blocking=True)
+            self.staging_holds[index] = (layer, expert)
+        return fn
+
+    def place(self, layer: int, expert: int, index: int) -> None:
+        """Put `expert` in slot `index` before the run starts (resident and statically placed experts)."""
+        self.slots[layer][index].copy_(self.store.row(layer, expert))
+        self.slot_holds[layer, index] = expert
+
+    # compute -----------------------------------------------------------------------------------------------------
+    def expert_in_slot(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], torch.Tensor]:
+        def fn() -> torch.Tensor:
+            if self.check and self.slot_holds.get((layer, index)) != expert:
+                raise AssertionError(f"L{layer} slot {index} holds expert {self.slot_holds.get((layer, index))}, "
+                                     f"not {expert}")
+            return self._expert(self.slots[layer][index], tokens)
+        return fn
+
+    def expert_in_staging(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], torch.Tensor]:
+        def fn() -> torch.Tensor:
+            if self.check and self.staging_holds.get(index) != (layer, expert):
+                raise AssertionError(f"staging {index} holds {self.staging_holds.get(index)}, not L{layer} e{expert}")
+            return self._expert(self.staging[index], tokens)
+        return fn
+
+    def _expert(self, row: torch.Tensor, tokens: int) -> torch.Tensor:
+        self._tokens(tokens, "expert")
+        return expert_ffn(self.x[:tokens, : self.work.hidden], self.store.layout.views(row))
+
+    def attention(self, layer: int, tokens: int, context: int) -> Callable[[], torch.Tensor]:
+        def fn() -> torch.Tensor:
+            self._tokens(tokens, "attention")
+            if context > self.max_context:
+                raise ValueError(f"context {context} exceeds the runtime's {self.max_context} positions")
+            for w in self.layer_weights[layer]:
+                self.x[:tokens, : w.shape[1]] @ w.T
+            k, v = self.kv[layer]
+            return F.scaled_dot_product_attention(self.q[:, :, :tokens], k[:, :, :context], v[:, :, :context],
+                                                  enable_gqa=self.work.heads != self.work.kv_heads)
+        return fn
+
+    def lm_head(self, tokens: int) -> Callable[[], torch.Tensor]:
+        def fn() -> torch.Tensor:
+            self._tokens(tokens, "head")
+            return self.x[:tokens, : self.work.hidden] @ self.head.T
+        return fn
+
+    def draft_expert(self, layer: int, expert: int, tokens: int) -> Callable[[], torch.Tensor]:
+        mod, moe = self.draft_experts[layer, expert], self._moe[layer]
+
+        def fn() -> torch.Tensor:
+            self._tokens(tokens, "draft expert")
+            return module_ffn(self.x[:tokens, : self.work.hidden], mod, moe.activation,
+                              interleaved=moe.spec.gpt_oss_layout)
+        return fn
+
+    # host experts (Fiddler) -------------------------------------------------------------------------------------
+    def activations_to_host(self, tokens: int) -> Callable[[], None]:
+        return lambda: self.host_act[:tokens].copy_(self.x[:tokens, : self.work.hidden], non_blocking=True)
+
+    def host_expert(self, layer: int, expert: int, tokens: int) -> Callable[[], None]:
+        weights = self._moe[layer].expert_weights(expert)
+
+        def fn() -> None:
+            x = self.host_act[:tokens].to(weights.gate.dtype)
+            self.host_act[:tokens].copy_(expert_ffn(x, weights))
+        return fn
+
+    def activations_to_device(self, tokens: int) -> Callable[[], None]:
+        return lambda: self.act_in[:tokens].copy_(self.host_act[:tokens], non_blocking=True)

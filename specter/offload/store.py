@@ -1,0 +1,74 @@
+"""The host ExpertStore: every routed expert of the target in host memory, one flat FP16 row per expert.
+
+Offloaded experts live here and cross the link from here. Each MoE layer is one `[experts, numel]` tensor whose row e is
+expert e's tensors (gate, up, down, then the biases where the class has them) laid end to end, so a copy to the device
+is one contiguous transfer, as in the artifact and in Mixtral-Offloading. On a CUDA machine the store is pinned
+(page-locked), which is what lets a copy run asynchronously on the copy stream at full link bandwidth.
+`ExpertLayout` turns any such row, in the store or in a device slot, back into `ExpertWeights` views without copying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specter.models.adapter import MoEModel
+from specter.models.experts import Activation, ExpertWeights
+
+WEIGHT_DTYPE = torch.float16  # the paper's targets run in FP16/BF16 (offload/work.py costs them at 2 bytes)
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where each of an expert's tensors sits in its flat row: {name: (offset, shape)}."""
+
+    parts: tuple[tuple[str, int, tuple[int, ...]], ...]
+    numel: int
+    activation: Activation
+
+    @classmethod
+    def of(cls, weights: ExpertWeights) -> "ExpertLayout":
+        parts, offset = [], 0
+        for name, t in weights.tensors().items():
+            parts.append((name, offset, tuple(t.shape)))
+            offset += t.numel()
+        return cls(tuple(parts), offset, weights.activation)
+
+    def flatten(self, weights: ExpertWeights, dtype: torch.dtype = WEIGHT_DTYPE) -> torch.Tensor:
+        tensors = weights.tensors()
+        return torch.cat([tensors[name].detach().reshape(-1).to(dtype) for name, _, _ in self.parts])
+
+    def views(self, row: torch.Tensor) -> ExpertWeights:
+        """The expert whose flat row is `row`, as views into it."""
+        tensors = {name: row[offset : offset + _numel(shape)].view(shape) for name, offset, shape in self.parts}
+        return ExpertWeights(activation=self.activation, **tensors)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class ExpertStore:
+    """The target's routed experts on the host, at `WEIGHT_DTYPE`; `pin` page-locks them (needs CUDA)."""
+
+    def __init__(self, target: MoEModel, pin: bool = False) -> None:
+        first = target.moe_layers[0]
+        self.layout = ExpertLayout.of(first.expert_weights(0))
+        self.layers: dict[int, torch.Tensor] = {}
+        for layer in target.moe_layers:
+            rows = torch.empty(layer.num_experts, self.layout.numel, dtype=WEIGHT_DTYPE)
+            for e in range(layer.num_experts):
+                rows[e] = self.layout.flatten(layer.expert_weights(e))
+            self.layers[layer.layer_index] = rows.pin_memory() if pin else rows
+        self.pinned = pin
+        self.expert_bytes = self.layout.numel * torch.finfo(WEIGHT_DTYPE).bits // 8
+
+    def row(self, layer: int, expert: int) -> torch.Tensor:
+        return self.layers[layer][expert]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.layers.values())
