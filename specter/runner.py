@@ -251,7 +251,7 @@ def execute(req: RunRequest) -> list[RunRecord]:
                                    "the bound or the schedule is wrong, please report this")
             print(f"warning: {req.system} prompt {index}: measured TPOT {tpot * 1e3:.4f} ms is below the lower bound "
                   f"{lb * 1e3:.4f} ms of profile {profile.name!r}, which is slower than this device; measure one "
-                  "with `specter profile` and pass it as --hardware", file=sys.stderr)
+                  "with `specter profile-bandwidth` and pass its profile.yaml as --hardware", file=sys.stderr)
         records.append(RunRecord(
             prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
             ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot * 1e3,

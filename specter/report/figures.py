@@ -87,8 +87,10 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
             fixed = sub[sub["k_setting"].str.fullmatch(r"\d+")].sort_values("k")
             ax.plot(fixed["k"], fixed["tpot_ms"], marker="o", label="TPOT")
             ax.plot(fixed["k"], fixed["lower_bound_tpot_ms"], ls="--", color="gray", label="lower bound")
+            styles = iter([("*", "crimson", 180), ("D", "darkorange", 70), ("P", "purple", 110)])
             for setting, part in sub[~sub["k_setting"].str.fullmatch(r"\d+")].groupby("k_setting"):
-                ax.scatter(part["k"], part["tpot_ms"], marker="*", s=180, color="crimson", zorder=4,
+                marker, color, size = next(styles)
+                ax.scatter(part["k"], part["tpot_ms"], marker=marker, s=size, color=color, zorder=4,
                            label=f"governor ({setting}): K = {int(part['k'].iloc[0])}")
             ax.set_xlabel("draft window K (tokens)")
             ax.set_ylabel("TPOT (ms, median over prompts)")
