@@ -21,7 +21,7 @@ from tqdm import tqdm
 from specter.errors import SpecterError
 from specter.metrics import RunRecord, lower_bound_tpot_seconds, speculative_fields, tpot_seconds
 from specter.offload.device import DRAFT_KERNEL
-from specter.offload.memory import plan_memory
+from specter.offload.memory import check_one_budget, plan_memory
 from specter.offload.work import ModelWork
 from specter.spec.forward import ForwardService
 from specter.spec.lookahead import POLICIES
@@ -57,10 +57,6 @@ class RunRequest:
     warmup_prompts: int = 8  # calibration-split prompts for systems that learn from history (MoE-Infinity, Fiddler)
     memo: tuple[str, ...] = ()  # recorded numerics to start from (`specter sweep --memo-out`)
     progress: bool = True
-
-    @property
-    def budgets_given(self) -> int:
-        return sum(b is not None for b in (self.device_memory_gb, self.resident_per_layer, self.resident_fraction))
 
 
 _SERVICES: dict[str, tuple[object, dict, ForwardService]] = {}  # by target: (target, {draft dir: draft}, service)
@@ -136,8 +132,7 @@ def validate(req: RunRequest):
         raise SpecterError(f"--temperature must be >= 0 (0 = greedy), got {req.temperature}")
     if req.max_new_tokens < 2:
         raise SpecterError(f"--max-new-tokens must be at least 2 (TPOT needs two tokens), got {req.max_new_tokens}")
-    if req.budgets_given != 1:
-        raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or --resident-fraction F")
+    check_one_budget(req.device_memory_gb, req.resident_per_layer, req.resident_fraction)
     for memo in req.memo:
         if not Path(memo).is_file():
             raise SpecterError(f"--memo {memo!r} does not exist; record it with `specter sweep --memo-out`")

@@ -87,7 +87,6 @@ class DeviceRuntime:
                  max_tokens: int, max_context: int, draft=None, seed: int = 0, check: bool = False) -> None:
         self.device = torch.device(device)
         self.work, self.store, self.check = work, store, check
-        self.target = target
         dev, dt = self.device, WEIGHT_DTYPE
         numel = store.layout.numel
         self.slots = {layer: torch.zeros(slots_per_layer, numel, dtype=dt, device=dev) for layer in work.moe_layers}

@@ -32,11 +32,15 @@ class MemoryPlan:
         return asdict(self)
 
 
+def check_one_budget(device_memory_gb, resident_per_layer, resident_fraction) -> None:
+    if sum(b is not None for b in (device_memory_gb, resident_per_layer, resident_fraction)) != 1:
+        raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or --resident-fraction F")
+
+
 def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int = 0, device_memory_gb: float | None = None,
                 resident_per_layer: int | None = None, kv_copies: int = 1,
                 resident_fraction: float | None = None) -> MemoryPlan:
-    if sum(b is not None for b in (device_memory_gb, resident_per_layer, resident_fraction)) != 1:
-        raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or --resident-fraction F")
+    check_one_budget(device_memory_gb, resident_per_layer, resident_fraction)
     if resident_fraction is not None:
         if not 0 < resident_fraction <= 1:
             raise SpecterError(f"--resident-fraction {resident_fraction} must be in (0, 1] (a share of each layer's experts)")

@@ -9,6 +9,7 @@ is one contiguous transfer, as in the artifact and in Mixtral-Offloading. On a C
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,15 +42,8 @@ class ExpertLayout:
 
     def views(self, row: torch.Tensor) -> ExpertWeights:
         """The expert whose flat row is `row`, as views into it."""
-        tensors = {name: row[offset : offset + _numel(shape)].view(shape) for name, offset, shape in self.parts}
+        tensors = {name: row[offset : offset + math.prod(shape)].view(shape) for name, offset, shape in self.parts}
         return ExpertWeights(activation=self.activation, **tensors)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 class ExpertStore:
