@@ -16,45 +16,40 @@ from __future__ import annotations
 from collections import Counter
 
 from specter.offload.executor import Executor
-from specter.reference import decode_one_by_one
 from specter.systems import PromptContext, PromptResult, System
+from specter.systems.decode import decode_one_by_one
 from specter.timing.engine import COMPUTE, H2D, HOST, Op
 
 ACT_BYTES = 2  # FP16 activations
 
 
 class FiddlerExecutor(Executor):
-    def __init__(self, *args, cost, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.cost = cost
+    """Misses go to whichever is cheaper by the cost model: weights to the device, or activations to the host."""
 
     def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
         tokens_per_expert = Counter(e for r in routes for e in r)
         resident = [e for e in self.cache.resident(layer) if e in tokens_per_expert]
         for e in resident:
             self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}")
-        self.stats.demand_hits += len(resident)
-        self.stats.per_layer_hits[layer] += len(resident)
+        self.stats.demand.hit(layer, len(resident))
         for e in sorted(set(tokens_per_expert) - set(resident)):
             n = tokens_per_expert[e]
-            self.stats.demand_misses += 1
-            self.stats.per_layer_misses[layer] += 1
+            self.stats.demand.miss(layer)
             device_op = self.work.expert_op(n, f"{tag}.L{layer}.e{e}")
             act = n * self.work.hidden * ACT_BYTES
-            gpu_s = self.cost.copy_seconds(self.work.expert_bytes) + self.cost.compute_seconds(
-                device_op.flops, device_op.bytes_read, device_op.launches)
+            gpu_s = self.cost.copy_seconds(self.work.expert_bytes) + self.cost.seconds(device_op)
             cpu_s = 2 * self.cost.copy_seconds(act) + self.cost.host_seconds(device_op.flops, self.work.expert_bytes)
             if cpu_s < gpu_s:  # activations to the host, the expert on the CPU, the result back
                 self.engine.wait(H2D, self.engine.record(COMPUTE))  # the activations exist once the router ran
                 self.engine.launch(H2D, self._with(Op(f"{tag}.L{layer}.act-out.e{e}", bytes_copied=act),
-                                                   lambda d: d.activations_to_host(n)))
+                                                   "activations_to_host", n))
                 self.engine.wait(HOST, self.engine.record(H2D))
                 self.engine.launch(HOST, self._with(Op(f"{tag}.L{layer}.cpu.e{e}", flops=device_op.flops,
                                                        bytes_read=self.work.expert_bytes),
-                                                    lambda d: d.host_expert(layer, e, n)))
+                                                    "host_expert", layer, e, n))
                 self.engine.wait(H2D, self.engine.record(HOST))
                 self.engine.launch(H2D, self._with(Op(f"{tag}.L{layer}.act-in.e{e}", bytes_copied=act),
-                                                   lambda d: d.activations_to_device(n)))
+                                                   "activations_to_device", n))
                 self.stats.link_bytes_activations += 2 * act
                 self.engine.wait(COMPUTE, self.engine.record(H2D))
             else:  # weights through a staging buffer (placement is static: nothing enters the cache)
@@ -68,6 +63,9 @@ class Fiddler(System):
     name = "fiddler"
     host_compute = True
 
+    def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:
+        return FiddlerExecutor(engine, work, cache, stats, device, cost)
+
     def run(self, ctx: PromptContext) -> PromptResult:
         counts = {layer: Counter() for layer in ctx.work.moe_layers}
         for trace in ctx.warmup() if ctx.warmup else []:
@@ -77,6 +75,4 @@ class Fiddler(System):
         # the hottest experts, placed once before the run (no copies counted)
         ctx.executor.place({layer: [e for e, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))]
                             for layer, c in counts.items()})
-        ctx.executor = FiddlerExecutor(ctx.engine, ctx.work, ctx.cache, ctx.executor.stats, cost=ctx.cost,
-                                       device=ctx.executor.device)
         return decode_one_by_one(ctx, self.prefill(ctx))

@@ -12,36 +12,68 @@ gate to the current layer's normalized hidden states.
 
 from __future__ import annotations
 
-from specter.reference import decode_one_by_one
-from specter.systems import PromptContext, PromptResult, System
+import torch
+
+from specter.numerics.forward import TraceRecorder
+from specter.systems import PassHooks, PromptContext, PromptResult, System
+from specter.systems.decode import decode_one_by_one
+
+GUESS_DEPTH = 10  # the paper tried 1, 2 and 10 layers ahead: the guesses are recorded this deep
+
+
+class GateGuesses(TraceRecorder):
+    """Per decode step, {"layer:d": experts}: the router of the MoE layer d ahead of `layer` applied to `layer`'s
+    router input, for d = 1..GUESS_DEPTH where such a layer exists (the target's own routers, so the guesses are the
+    model's)."""
+
+    name = "gate_guesses"
+
+    def record(self, moe):
+        return moe.record_router_inputs()
+
+    def values(self, moe, log) -> list[dict[str, tuple[int, ...]]]:
+        inputs = {layer: calls[-1] for layer, calls in log.items()}  # {layer: router input [T, H]}
+        order = [m.layer_index for m in moe.moe_layers]
+        tokens = next(iter(inputs.values())).shape[0]
+        out: list[dict[str, tuple[int, ...]]] = [{} for _ in range(tokens)]
+        with torch.no_grad():
+            for i, layer in enumerate(order):
+                for d in range(1, min(GUESS_DEPTH, len(order) - 1 - i) + 1):
+                    indices = moe.layer(order[i + d]).route(inputs[layer]).indices.tolist()  # [T, k]
+                    for t in range(tokens):
+                        out[t][f"{layer}:{d}"] = tuple(sorted(indices[t]))
+        return out
+
+
+class _SpeculativeLoading(PassHooks):
+    """Once layer l's routing is known, prefetch the guess for the layer `depth` MoE layers ahead."""
+
+    def __init__(self, ctx: PromptContext, depth: int) -> None:
+        self.ctx, self.depth, self.step = ctx, depth, 0  # step 0: the prefill, where nothing is guessed
+        self.order = list(ctx.work.moe_layers)
+
+    def before_step(self, step: int) -> None:
+        self.ctx.cache.unprotect_all()  # a prefetch is protected only until the pass that needed it
+        self.step = step
+
+    def on_route(self, layer: int, routes) -> None:
+        if not self.step or not self.depth:
+            return
+        i = self.order.index(layer)
+        if i + self.depth >= len(self.order):
+            return
+        guess = self.ctx.trace.extras[GateGuesses.name][self.step - 1].get(f"{layer}:{self.depth}")
+        if guess:
+            self.ctx.executor.prefetch(self.order[i + self.depth], list(guess))
 
 
 class MixtralOffloading(System):
     name = "mixtral-offloading"
     options = {"depth": (int, 1, "MoE layers ahead whose gate guesses the experts to prefetch (0: off)")}
+    trace_recorders = (GateGuesses(),)
 
     def run(self, ctx: PromptContext) -> PromptResult:
-        from specter.spec.forward import GUESS_DEPTH
-
         if not 0 <= self.depth <= GUESS_DEPTH:
             raise ValueError(f"depth must be between 0 and {GUESS_DEPTH}, got {self.depth}")
-        order = list(ctx.work.moe_layers)
-        step = {"j": 0}  # 0 during prefill: no guesses there
-
-        def on_route(layer: int, _routes) -> None:
-            j = step["j"]
-            if not j or not self.depth:
-                return
-            i = order.index(layer)
-            if i + self.depth >= len(order):
-                return
-            guess = ctx.trace.step_guesses[j - 1].get((layer, self.depth))
-            if guess:
-                ctx.executor.prefetch(order[i + self.depth], list(guess))
-
-        def before_step(j: int) -> None:
-            ctx.cache.unprotect_all()  # a prefetch is protected only until the pass that needed it
-            step["j"] = j
-
-        ctx.executor.on_route = on_route
-        return decode_one_by_one(ctx, self.prefill(ctx), before_step)
+        ctx.executor.hooks.append(_SpeculativeLoading(ctx, self.depth))
+        return decode_one_by_one(ctx, self.prefill(ctx))

@@ -18,17 +18,13 @@ from __future__ import annotations
 import torch
 
 from specter.offload.cache import ExpertCache
-from specter.reference import decode_one_by_one
-from specter.systems import PromptContext, PromptResult, System
+from specter.systems import PassHooks, PromptContext, PromptResult, System
+from specter.systems.decode import decode_one_by_one
 
 
 def eam_of(trace, experts: int) -> torch.Tensor:
     """[L, E] token counts of a whole trace: its prompt and every decode step (computed once per trace)."""
-    key = ("moe-infinity-eam", experts)
-    memo = trace.__dict__.setdefault("_derived", {})
-    if key not in memo:
-        memo[key] = _count_experts(trace, experts)
-    return memo[key].clone()
+    return trace.derive(("moe-infinity-eam", experts), lambda t: _count_experts(t, experts)).clone()
 
 
 def _count_experts(trace, experts: int) -> torch.Tensor:
@@ -55,6 +51,66 @@ class PriorityCache(ExpertCache):
         return min(candidates, key=lambda e: (self.priority(layer, e) if self.priority else 0.0, e))
 
 
+class _ActivationAware(PassHooks):
+    """The request's EAM so far, matched to the store before each step; after each layer's routing, prefetch the
+    layers ahead by predicted activation x layer distance, displacing only experts predicted to be used less."""
+
+    def __init__(self, ctx: PromptContext, store: list[torch.Tensor], per_step: int) -> None:
+        self.ctx, self.store, self.per_step = ctx, store, per_step
+        self.order = list(ctx.work.moe_layers)
+        self.row = {layer: i for i, layer in enumerate(self.order)}
+        self.eam = torch.zeros(len(self.order), ctx.work.experts_per_layer)
+        self.pred: torch.Tensor | None = None
+        self.pred_rows: list | None = None
+        self.step = 0
+        ctx.cache.priority = lambda layer, e: self.pred_rows[self.row[layer]][e] if self.pred is not None else 0.0
+
+    def predicted(self) -> torch.Tensor | None:
+        if not self.store:
+            return None
+        flat = self.eam.flatten() / (self.eam.norm() + 1e-12)
+        return max(self.store, key=lambda m: float((m.flatten() * flat).sum()))
+
+    def ranked_ahead(self, i: int) -> list[tuple[int, int]]:
+        """(layer row, expert) of the layers after row i with predicted use, by predicted use x layer distance
+        (descending; ties by layer, then expert)."""
+        experts = self.ctx.work.experts_per_layer
+        pred = self.pred.double()[i + 1 :]  # [L - i - 1, E]
+        if pred.numel() == 0:
+            return []
+        weight = torch.tensor([1 - (ahead - i) / len(self.order) for ahead in range(i + 1, len(self.order))],
+                              dtype=torch.float64)
+        score = (pred * weight[:, None]).flatten()
+        candidates = torch.nonzero(pred.flatten() > 0).flatten()
+        ranked = candidates[torch.sort(score[candidates], descending=True, stable=True).indices]
+        return [(i + 1 + int(f) // experts, int(f) % experts) for f in ranked]
+
+    def before_step(self, step: int) -> None:
+        self.ctx.cache.unprotect_all()
+        self.step = step
+        self.pred = self.predicted()
+        self.pred_rows = self.pred.tolist() if self.pred is not None else None
+
+    def on_route(self, layer: int, routes) -> None:
+        i = self.row[layer]
+        for r in routes:
+            for e in r:
+                self.eam[i, e] += 1
+        if self.pred is None or not self.step:
+            return
+        cache, issued = self.ctx.cache, 0
+        for ahead, e in self.ranked_ahead(i):
+            if issued >= self.per_step:
+                break
+            target = self.order[ahead]
+            if (target, e) in cache:
+                continue
+            victim = cache.victim(target)
+            if victim is not None and cache.priority(target, victim) >= cache.priority(target, e):
+                continue  # only displace an expert predicted to be used less
+            issued += self.ctx.executor.prefetch(target, [e])
+
+
 class MoEInfinity(System):
     name = "moe-infinity"
     options = {
@@ -62,68 +118,13 @@ class MoEInfinity(System):
         "per-step": (int, 0, "prefetches issued per layer step at most (0: 2 x top-k)"),
     }
 
+    def make_cache(self, work, slots) -> ExpertCache:
+        return PriorityCache(work.moe_layers, slots)
+
     def run(self, ctx: PromptContext) -> PromptResult:
-        work, trace = ctx.work, ctx.trace
-        order = list(work.moe_layers)
-        experts = work.experts_per_layer
+        experts = ctx.work.experts_per_layer
         store = [eam_of(t, experts) for t in (ctx.warmup()[: self.warmup] if self.warmup and ctx.warmup else [])]
         store = [m / m.norm() for m in store]
-        top_k = len(trace.prefill_routes[0][order[0]])
-        per_step = self.per_step or 2 * top_k
-        cache = PriorityCache(work.moe_layers, ctx.config.slots_per_layer)
-        ctx.cache = cache
-        ctx.executor.cache = cache
-        current = {"eam": torch.zeros(len(order), experts), "pred": None, "j": 0}
-
-        def predicted() -> torch.Tensor | None:
-            if not store:
-                return None
-            eam = current["eam"]
-            flat = eam.flatten() / (eam.norm() + 1e-12)
-            return max(store, key=lambda m: float((m.flatten() * flat).sum()))
-
-        row = {layer: i for i, layer in enumerate(order)}
-        cache.priority = lambda layer, e: (current["pred_rows"][row[layer]][e]
-                                           if current["pred"] is not None else 0.0)
-
-        def ranked_ahead(i: int) -> list[tuple[int, int]]:
-            """(layer row, expert) of the layers after row i with predicted use, by predicted use x layer distance
-            (descending; ties by layer, then expert)."""
-            pred = current["pred"].double()[i + 1 :]  # [L - i - 1, E]
-            if pred.numel() == 0:
-                return []
-            weight = torch.tensor([1 - (ahead - i) / len(order) for ahead in range(i + 1, len(order))],
-                                  dtype=torch.float64)
-            score = (pred * weight[:, None]).flatten()
-            candidates = torch.nonzero(pred.flatten() > 0).flatten()
-            ranked = candidates[torch.sort(score[candidates], descending=True, stable=True).indices]
-            return [(i + 1 + int(f) // experts, int(f) % experts) for f in ranked]
-
-        def on_route(layer: int, routes) -> None:
-            i = row[layer]
-            for r in routes:
-                for e in r:
-                    current["eam"][i, e] += 1
-            if current["pred"] is None or not current["j"]:
-                return
-            issued = 0
-            for ahead, e in ranked_ahead(i):
-                if issued >= per_step:
-                    break
-                target = order[ahead]
-                if (target, e) in cache:
-                    continue
-                victim = cache.victim(target)
-                if victim is not None and cache.priority(target, victim) >= cache.priority(target, e):
-                    continue  # only displace an expert predicted to be used less
-                issued += ctx.executor.prefetch(target, [e])
-
-        def before_step(j: int) -> None:
-            cache.unprotect_all()
-            current["j"] = j
-            current["pred"] = predicted()
-            current["pred_rows"] = current["pred"].tolist() if current["pred"] is not None else None
-
-        ctx.executor.on_route = on_route
-        result = self.prefill(ctx)
-        return decode_one_by_one(ctx, result, before_step)
+        top_k = len(ctx.trace.prefill_routes[0][ctx.work.moe_layers[0]])
+        ctx.executor.hooks.append(_ActivationAware(ctx, store, self.per_step or 2 * top_k))
+        return decode_one_by_one(ctx, self.prefill(ctx))

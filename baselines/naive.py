@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 
 from specter.offload.executor import Executor
-from specter.reference import decode_one_by_one
 from specter.systems import PromptContext, PromptResult, System
+from specter.systems.decode import decode_one_by_one
 from specter.timing.engine import COMPUTE, H2D
 
 
@@ -31,8 +31,7 @@ class NaiveExecutor(Executor):
         self.stats.h2d_bytes_demand += self.work.experts_per_layer * self.work.expert_bytes
         self.engine.wait(COMPUTE, self.engine.record(H2D))
         tokens_per_expert = Counter(e for r in routes for e in r)
-        self.stats.demand_misses += len(tokens_per_expert)
-        self.stats.per_layer_misses[layer] += len(tokens_per_expert)
+        self.stats.demand.miss(layer, len(tokens_per_expert))
         for e, n in sorted(tokens_per_expert.items()):
             self._expert(layer, e, n, f"{tag}.L{layer}.e{e}", staging=buffer[e])
 
@@ -40,6 +39,8 @@ class NaiveExecutor(Executor):
 class Naive(System):
     name = "naive"
 
+    def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:
+        return NaiveExecutor(engine, work, cache, stats, device, cost)
+
     def run(self, ctx: PromptContext) -> PromptResult:
-        ctx.executor = NaiveExecutor(ctx.engine, ctx.work, ctx.cache, ctx.executor.stats, device=ctx.executor.device)
         return decode_one_by_one(ctx, self.prefill(ctx))

@@ -2,38 +2,35 @@
 
 Source: "SP-MoE: Speculative Decoding and Prefetching for Accelerating MoE-based Model Inference" (arXiv 2510.10302).
 Mechanism: draft and target correspond layer by layer, so as soon as the draft has routed layer l in a draft step, the
-target's layer-l experts it chose are prefetched (asynchronously, batched per layer); prefetching is bounded to the first
-`cutoff` MoE layers, chosen from an analytical latency model: the layers whose per-step expert copies fit in one draft
-step's time (deeper prefetch delays the loads verification needs first; the paper finds more than about 5 layers hurts).
-`--system-option cutoff=N` overrides it (0 turns prefetch off). Experts prefetched are protected until verification ends.
+target's layer-l experts it chose are prefetched (asynchronously, batched per layer); prefetching is bounded to the
+first `cutoff` MoE layers, chosen from an analytical latency model: the layers whose per-step expert copies fit in one
+draft step's time (deeper prefetch delays the loads verification needs first; the paper finds more than about 5 layers
+hurts). `--system-option cutoff=N` overrides it (0 turns prefetch off). Experts prefetched are protected until
+verification ends.
 Simplifications: the draft is the suite's quantized self-draft (the same as Specter's), so the comparison isolates the
 prefetch policy; K comes from `--k`.
 """
 
 from __future__ import annotations
 
-from specter.specter import Specter
+from specter.speculation.lookahead import WindowPlanner
 from specter.systems import PromptContext
+from specter.systems.specter import Specter
 
 
-class _LayerwisePrefetch:
-    """Prefetch a draft layer's experts into the target's same layer as the draft routes them."""
+class _LayerwisePrefetch(WindowPlanner):
+    """Prefetch a draft layer's experts into the target's same layer as the draft routes them (during drafting only:
+    the verification itself prefetches nothing)."""
 
     def __init__(self, ctx: PromptContext, cutoff_layers: set[int]) -> None:
-        self.ctx, self.cutoff_layers, self.plan = ctx, cutoff_layers, {}
-        ctx.executor.on_draft_layer = self.on_draft_layer
+        super().__init__()
+        self.ctx, self.cutoff_layers = ctx, cutoff_layers
 
     def on_draft_layer(self, layer: int, experts: tuple[int, ...]) -> None:
         if layer in self.cutoff_layers:
             self.plan.setdefault(layer, [])
             self.plan[layer] += [e for e in experts if e not in self.plan[layer]]
             self.ctx.executor.prefetch(layer, list(experts))
-
-    def after_step(self, step, counts, step_seconds) -> None:
-        pass
-
-    def before_verify(self, counts) -> None:
-        self.ctx.executor.on_draft_layer = None  # verification itself prefetches nothing
 
 
 class SPMoE(Specter):
@@ -46,10 +43,7 @@ class SPMoE(Specter):
             return self.cutoff
         cost, work = ctx.cost, ctx.work
         top_k = len(ctx.trace.prefill_routes[0][work.moe_layers[0]])
-        step_s = sum(cost.compute_seconds(op.flops, op.bytes_read, op.launches) for op in
-                     [work.attention_op(layer, 1, len(ctx.trace.prompt), "") for layer in work.layers]
-                     + [work.expert_op(1, "", ctx.config.draft_expert_bytes)] * (top_k * len(work.moe_layers))
-                     + [work.head_op(1, "")])
+        step_s = cost.total(work.draft_step_ops(len(ctx.trace.prompt), top_k, ctx.config.draft_expert_bytes))
         per_layer = top_k * cost.copy_seconds(work.expert_bytes)
         return max(1, min(len(work.moe_layers), int(step_s // per_layer)))
 

@@ -13,14 +13,17 @@ paper's EAGLE-style draft heads and CPU chunked attention are not reproduced. Sa
 
 from __future__ import annotations
 
-from specter.spec.lookahead import plan_from_counts
-from specter.specter import Specter
+from specter.speculation.lookahead import WindowPlanner, plan_from_counts
 from specter.systems import PromptContext, PromptResult
+from specter.systems.specter import Specter
 
 
-class _FrequencyPlans:
+class _FrequencyPlans(WindowPlanner):
+    """Top-M of the draft's route counts so far, at 0.2 K and 0.6 K draft steps; no cleanup plan."""
+
     def __init__(self, ctx: PromptContext, k: int) -> None:
-        self.ctx, self.plan = ctx, {}
+        super().__init__()
+        self.ctx = ctx
         self.steps = sorted({max(1, int(0.2 * k)), max(1, int(0.6 * k))})
 
     def after_step(self, step, counts, step_seconds) -> None:
@@ -29,17 +32,15 @@ class _FrequencyPlans:
             for layer, experts in self.plan.items():
                 self.ctx.executor.prefetch(layer, experts)
 
-    def before_verify(self, counts) -> None:
-        pass
-
 
 class SpecMoEOff(Specter):
     name = "specmoeoff"
     separate_draft = True
+    takes_window = False
     options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)")}
 
-    def window_size(self, ctx: PromptContext) -> int:
-        return self.k
+    def window(self, k: int | None) -> int:
+        return self.k  # its own option; the run's --k does not apply
 
     def planner(self, ctx: PromptContext, k: int, state):
         return _FrequencyPlans(ctx, k)
@@ -47,7 +48,8 @@ class SpecMoEOff(Specter):
     def prefill(self, ctx: PromptContext) -> PromptResult:
         """The target's prefill, then the draft's own prefill of the prompt into its separate KV."""
         result = super().prefill(ctx)
-        # The draft reads the prompt into its own KV: one pass, its experts resident; the target's prompt routes stand in
+        # The draft reads the prompt into its own KV: one pass, its experts resident; the target's prompt routes stand
+        # in
         # for the draft's (the costs depend on how many distinct experts run, which the two share closely).
         end = ctx.executor.draft_pass(ctx.trace.prefill_routes, context=0, expert_bytes=ctx.config.draft_expert_bytes,
                                       tag="draft-prefill")

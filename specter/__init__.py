@@ -7,7 +7,8 @@ __version__ = "0.1.0"
 
 import logging as _logging
 
-# transformers imports torchao (a GPTQModel dependency) whenever it is installed; on a machine without CUDA torchao logs a
+# transformers imports torchao (a GPTQModel dependency) whenever it is installed; on a machine without CUDA torchao
+# logs a
 # warning per missing CUDA kernel, and torch warns about torchao's enums. Neither concerns this suite.
 for _name in ("torchao", "torch.utils._pytree"):
     _logging.getLogger(_name).setLevel(_logging.ERROR)

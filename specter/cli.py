@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from specter import __version__
 from specter.errors import SpecterError
@@ -40,7 +40,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rows = [
         ("model", f"{s.path} ({s.family}, model_type {s.model_type}, {s.dtype})"),
         ("layers", f"{s.num_layers} ({len(s.moe_layers)} MoE: {_ranges(s.moe_layers)})"),
-        ("experts per layer", f"{s.experts_per_layer} routed, top-{s.top_k}" + (", plus shared" if s.shared_experts else "")),
+        ("experts per layer",
+         f"{s.experts_per_layer} routed, top-{s.top_k}" + (", plus shared" if s.shared_experts else "")),
         ("bytes per expert", f"{s.bytes_per_expert} ({_fmt_bytes(s.bytes_per_expert)}; {s.params_per_expert} params)"),
         ("routed expert bytes", f"{s.routed_expert_bytes} ({_fmt_bytes(s.routed_expert_bytes)}, "
                                 f"{100 * s.routed_expert_bytes / total:.1f}% of weights)"),
@@ -61,8 +62,8 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
-    from specter.timing.hardware import load_profile
-    from specter.timing.profiler import default_sizes, profile_bandwidth, profile_summary
+    from specter.timing.hardware import load_profile, profile_summary
+    from specter.timing.profiler import default_sizes, profile_bandwidth
 
     csv_path, yaml_path = profile_bandwidth(
         args.out, device=args.device, sizes=default_sizes(args.max_bytes), repeats=args.repeats, name=args.name
@@ -110,139 +111,71 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _request(args: argparse.Namespace, system: str, out: str):
-    from specter.runner import RunRequest
+def _timing(row: dict) -> str:
+    return f"{'simulated' if row['simulated'] else 'measured'} on {row['hardware']}"
 
-    k = None if args.k is None else _k_value(args.k)
-    return RunRequest(system=system, model=args.model, draft=args.draft, dataset=args.dataset, field=args.field,
-                      num_prompts=args.num_prompts, prefix_tokens=args.prefix_tokens,
-                      max_new_tokens=args.max_new_tokens, hardware=args.hardware,
-                      device_memory_gb=args.device_memory_gb, resident_per_layer=args.resident_per_layer,
-                      resident_fraction=args.resident_fraction, k=k,
-                      prefetch=args.prefetch, temperature=args.temperature, seed=args.seed, engine=args.engine,
-                      out=out, system_options=tuple(_key_values(args.system_option)), memo=tuple(args.memo or ()))
+
+def _threads_set(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    import torch
+    from specter.runs import compare
+    from specter.runspec import from_args, split_list
 
-    from specter.runner import compare
-
-    torch.set_num_threads(args.threads)
-    systems = [s for s in args.systems.split(",") if s]
-    rows = compare(_request(args, systems[0], ""), systems, args.out)
-    profile = args.hardware
-    print(f"simulated on {profile}; medians over prompts; misses and bytes summed over prompts")
-    print("| system | K | slots/layer | TPOT ms | lower bound ms | demand misses | H2D bytes | activation bytes | acceptance |")
+    _threads_set(args)
+    systems = split_list(args.systems, str, "--systems")
+    rows = compare(from_args(args, systems[0]), systems, args.out)
+    print(f"{_timing(rows[0])}; medians over prompts; misses and bytes summed over prompts")
+    print("| system | K | slots/layer | TPOT ms | lower bound ms | demand misses | H2D bytes | activation bytes "
+          "| acceptance |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         acc = "" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
         print(f"| {r['system']} | {r['k'] or ''} | {r['slots_per_layer']} | {r['tpot_ms']:.4f} | "
-              f"{r['lower_bound_tpot_ms']:.4f} | {r['demand_misses']} | {r['h2d_bytes']} | {r['activation_bytes']} | {acc} |")
+              f"{r['lower_bound_tpot_ms']:.4f} | {r['demand_misses']} | {r['h2d_bytes']} | {r['activation_bytes']} "
+              f"| {acc} |")
     print(f"wrote one JSONL per system under {args.out}")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import torch
+    from specter.runs import run, summary
+    from specter.runspec import from_args
 
-    from specter.runner import run
-
-    torch.set_num_threads(args.threads)
-    records = run(_request(args, args.system, args.out))
-    import statistics
-
-    tpot = statistics.median(r.tpot_ms for r in records)
-    lb = statistics.median(r.lower_bound_tpot_ms for r in records)
-    label = f"simulated on {records[0].hardware}" if records[0].simulated else f"measured on {records[0].hardware}"
-    print(f"{args.system}: median TPOT {tpot:.3f} ms ({label}; lower bound {lb:.3f} ms) over {len(records)} prompts, "
-          f"{records[0].slots_per_layer}/{records[0].experts_per_layer} experts per layer resident")
-    print(f"wrote {args.out}")
+    _threads_set(args)
+    records = run(from_args(args, args.system, args.out))
+    r = summary(args.system, records)
+    print(f"{args.system}: median TPOT {r['tpot_ms']:.3f} ms ({_timing(r)}; lower bound {r['lower_bound_tpot_ms']:.3f} "
+          f"ms) over {len(records)} prompts, {r['slots_per_layer']}/{records[0].experts_per_layer} experts per layer "
+          f"resident\nwrote {args.out}")
     return 0
-
-
-def _k_value(text: str):
-    from specter.errors import SpecterError
-
-    if text in ("auto", "profile"):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise SpecterError(f"--k must be an integer >= 1, auto or profile, got {text!r}") from None
-
-
-def _list(text: str | None, kind, flag: str) -> list | None:
-    """A comma-separated option value as a list of `kind` (None when the option was not given)."""
-    from specter.errors import SpecterError
-
-    if text is None:
-        return None
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    try:
-        values = [kind(t) for t in items]
-    except ValueError:
-        raise SpecterError(f"{flag} {text!r}: every comma-separated value must be a {kind.__name__}") from None
-    if not values:
-        raise SpecterError(f"{flag} is empty; give one or more comma-separated values")
-    return values
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import torch
-
     from specter.errors import SpecterError
-    from specter.runner import grid, sweep
+    from specter.runs import grid, sweep
+    from specter.runspec import split_list, sweep_from_args
 
-    torch.set_num_threads(args.threads)
+    _threads_set(args)
     if args.out is None and args.memo_out is None:
         raise SpecterError("give --out FILE.jsonl (the records), --memo-out FILE (the numerics), or both")
-    axes = {"system": _list(args.systems, str, "--systems"), "k": _list(args.k, _k_value, "--k"),
-            "prefetch": _list(args.prefetch, str, "--prefetch"), "hardware": _list(args.hardware, str, "--hardware"),
-            "prefix_tokens": _list(args.prefix_tokens, int, "--prefix-tokens"),
-            "resident_fraction": _list(args.resident_fraction, float, "--resident-fraction"),
-            "resident_per_layer": _list(args.resident_per_layer, int, "--resident-per-layer"),
-            "device_memory_gb": _list(args.device_memory_gb, float, "--device-memory-gb")}
-    axes = {name: values for name, values in axes.items() if values is not None}
-    budgets = [b for b in ("resident_fraction", "resident_per_layer", "device_memory_gb") if b in axes]
-    if len(budgets) != 1:
-        raise SpecterError("give exactly one budget: --device-memory-gb, --resident-per-layer or --resident-fraction "
-                           "(each takes a comma-separated list)")
-    options = {key: _list(value, str, f"--system-option {key}") for key, value in _key_values(args.system_option)}
-    from specter.runner import RunRequest
-
-    base = RunRequest(system=axes["system"][0], model=args.model, draft=args.draft, dataset=args.dataset,
-                      field=args.field, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-                      hardware=axes["hardware"][0], out=args.out or "", temperature=args.temperature, seed=args.seed,
-                      engine=args.engine, memo=tuple(args.memo or ()), **{budgets[0]: axes[budgets[0]][0]})
-    requests = grid(base, axes, options)
-    records = sweep(requests, args.out, args.memo_out)
-    print(f"{len(requests)} runs, {len(records)} records"
+    base, axes, options = sweep_from_args(args, split_list(args.systems, str, "--systems"), args.out or "")
+    specs = grid(base, axes, options)
+    records = sweep(specs, args.out, args.memo_out)
+    print(f"{len(specs)} runs, {len(records)} records"
           + (f"; wrote {args.out}" if args.out else "") + (f"; wrote {args.memo_out}" if args.memo_out else ""))
     return 0
-
-
-def _key_values(items: list[str] | None) -> list[tuple[str, str]]:
-    out = []
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            from specter.errors import SpecterError
-
-            raise SpecterError(f"--system-option {item!r} must look like NAME=VALUE")
-        out.append((key, value))
-    return out
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from specter.report.tables import experiment_table, fidelity_table, read_records, write_table
+    from specter.report.tables import build_table, write_table
 
-    if args.experiment == "fidelity":
-        table = fidelity_table(args.inputs)
-    else:
-        table = experiment_table(args.experiment, read_records(args.inputs))
+    table = build_table(args.experiment, args.inputs)
     write_table(table, args.out)
     print(f"{args.experiment}: {len(table)} rows from {len(args.inputs)} files; wrote {args.out}")
     if args.figure:
@@ -266,9 +199,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from specter.report.diff import DEFAULT_IGNORED, diff_results
+
+    ignored = (*DEFAULT_IGNORED, *(args.ignore or ()))
+    d = diff_results(args.a, args.b, ignored)
+    print(f"compared {d.record_files} record files ({d.records} records) and {d.tables} tables, leaving out "
+          f"{', '.join(ignored)}")
+    for line in d.differences:
+        print(f"  {line}")
+    print("identical" if d.identical else f"{len(d.differences)} differences")
+    return 0 if d.identical else 1
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
-    from specter.timing.hardware import load_profile, preset_names
-    from specter.timing.profiler import profile_summary
+    from specter.timing.hardware import load_profile, preset_names, profile_summary
 
     for name in args.profiles or preset_names():
         print(profile_summary(load_profile(name)))
@@ -287,47 +232,35 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(out)
 
 
-def _common_options(p: argparse.ArgumentParser) -> None:
-    """Options `run`, `compare` and `sweep` share, with one value each."""
+def _model_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
-    p.add_argument("--draft", metavar="DIR", help="the draft (speculative systems), from `specter quantize`")
-    p.add_argument("--dataset", required=True, help="a shipped prompt set (code) or a JSONL/JSON/CSV/Parquet file")
-    p.add_argument("--field", help="the text column of a dataset file (default: the paper sets' conventions)")
-    p.add_argument("--num-prompts", type=int, default=5, help="first N non-empty inputs (default 5)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=42, help="seed (default 42, the artifact's)")
-    p.add_argument("--engine", default="sim",
-                   help="sim: simulated time from the --hardware profile (default); cuda: measured on this machine's GPU "
-                        "(real slots, copies and kernels; --hardware then costs the lower bound and the planners)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
-    p.add_argument("--memo", action="append", metavar="FILE",
-                   help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
-    """The options of one run (`run`, `compare`)."""
-    _common_options(p)
+def _prompt_flags(p: argparse.ArgumentParser) -> None:
+    """The held-out prompts of a fidelity report (the artifact's protocol: 5 prompts of 16 tokens)."""
+    p.add_argument("--dataset", default="code", help="a shipped prompt set (default: code)")
+    p.add_argument("--num-prompts", type=int, default=5, help="prompts (default 5, the artifact's protocol)")
     p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
-    p.add_argument("--hardware", required=True, help="a preset name or a profile YAML (see `specter hardware`)")
-    budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--device-memory-gb", type=float, help="device memory for the run, GB (1e9 bytes)")
-    budget.add_argument("--resident-per-layer", type=int, help="expert slots per MoE layer")
-    budget.add_argument("--resident-fraction", type=float,
-                        help="expert slots per MoE layer as a share of its experts (rounded, at least 1)")
-    p.add_argument("--k", help="draft window K (speculative systems): an integer >= 1, auto (the amortization "
-                               "model) or profile (empirical, over 2..32)")
-    p.add_argument("--prefetch", default="adaptive", help="adaptive, none, early or late (default adaptive)")
-    p.add_argument("--system-option", action="append", metavar="NAME=VALUE",
-                   help="a system's own setting (e.g. depth=2 for mixtral-offloading); repeatable")
+
+
+def _threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specter", description="Offloaded mixture-of-experts inference benchmark suite.")
+    parser = argparse.ArgumentParser(prog="specter",
+                                     description="Offloaded mixture-of-experts inference benchmark suite.")
     parser.add_argument("--version", action="version", version=f"specter {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    _model_commands(sub)
+    _run_commands(sub)
+    _report_commands(sub)
+    _hardware_commands(sub)
+    return parser
 
+
+def _model_commands(sub) -> None:
     p = sub.add_parser("models", help="list the supported MoE architectures")
     p.set_defaults(func=cmd_models)
 
@@ -345,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build_model)
 
     p = sub.add_parser("quantize", help="quantize the routed experts into a draft (GPTQ via GPTQModel, or RTN)")
-    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
+    _model_flag(p)
     p.add_argument("--method", default="gptq", help="gptq (GPTQModel, calibrated) or rtn (round-to-nearest)")
     p.add_argument("--bits", type=int, default=4, help="2, 3, 4 or 8 (default 4)")
     p.add_argument("--group-size", type=int, default=128, help="inputs per quantization group (default 128)")
@@ -356,47 +289,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("fidelity", help="how well a draft predicts its target: expert sets, top-1, acceptance vs K")
-    p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
+    _model_flag(p)
     p.add_argument("--draft", required=True, metavar="DIR", help="a draft made by `specter quantize` from it")
-    p.add_argument("--dataset", default="code", help="a shipped prompt set (default: code)")
-    p.add_argument("--num-prompts", type=int, default=5, help="prompts (default 5, the artifact's protocol)")
-    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
+    _prompt_flags(p)
     p.add_argument("--new-tokens", type=int, default=64, help="tokens the target generates per prompt (default 64)")
     p.add_argument("--stride", type=int, default=4, help="speculate from every STRIDE-th position (default 4)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    _threads(p)
     p.add_argument("--out", required=True, metavar="FILE.csv", help="tidy CSV; the JSON summary goes beside it")
     p.set_defaults(func=cmd_fidelity)
 
-    p = sub.add_parser("run", help="run one system over a prompt set and write one JSON record per prompt")
-    p.add_argument("--system", required=True, help="a registered system (see the error for the list)")
-    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="the records, one JSON line per prompt")
-    _run_options(p)
-    p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("compare", help="run several systems on the same prompts and print a table")
-    p.add_argument("--systems", required=True, help="comma-separated system names")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for one JSONL per system")
-    _run_options(p)
-    p.set_defaults(func=cmd_compare)
+#: run, compare and sweep: their own flags; every run setting comes from `specter.runspec.add_cli_args`
+_RUN_COMMANDS = {
+    "run": ("run one system over a prompt set and write one JSON record per prompt", cmd_run, [
+        ("--system", dict(required=True, help="a registered system (see the error for the list)")),
+        ("--out", dict(required=True, metavar="FILE.jsonl", help="the records, one JSON line per prompt"))]),
+    "compare": ("run several systems on the same prompts and print a table", cmd_compare, [
+        ("--systems", dict(required=True, help="comma-separated system names")),
+        ("--out", dict(required=True, metavar="DIR", help="directory for one JSONL per system"))]),
+    "sweep": ("run a grid of systems and settings in one process (numerics computed once); list-valued options take "
+              "comma-separated values", cmd_sweep, [
+        ("--systems", dict(required=True, help="comma-separated system names")),
+        ("--out", dict(metavar="FILE.jsonl", help="every run's records in one JSONL")),
+        ("--memo-out", dict(metavar="FILE", help="save the numerics the runs used, for later `--memo`"))]),
+}
 
-    p = sub.add_parser("sweep", help="run a grid of systems and settings in one process (numerics computed once); "
-                                      "list-valued options take comma-separated values")
-    p.add_argument("--systems", required=True, help="comma-separated system names")
-    _common_options(p)
-    p.add_argument("--prefix-tokens", default="16", help="prompt lengths in tokens (list; default 16)")
-    p.add_argument("--hardware", required=True, help="presets or profile YAMLs (list)")
-    p.add_argument("--device-memory-gb", help="device memory budgets, GB (list)")
-    p.add_argument("--resident-per-layer", help="expert slots per MoE layer (list)")
-    p.add_argument("--resident-fraction", help="expert slots as shares of each layer's experts (list)")
-    p.add_argument("--k", help="draft windows for speculative systems: integers, auto or profile (list)")
-    p.add_argument("--prefetch", default="adaptive", help="prefetch policies (list; default adaptive)")
-    p.add_argument("--system-option", action="append", metavar="NAME=V1,V2",
-                   help="a system option and its values (list); applies to the systems that have it; repeatable")
-    p.add_argument("--out", metavar="FILE.jsonl", help="every run's records in one JSONL")
-    p.add_argument("--memo-out", metavar="FILE", help="save the numerics the runs used, for later `--memo`")
-    p.set_defaults(func=cmd_sweep)
 
-    from specter.report import EXPERIMENTS
+def _run_commands(sub) -> None:
+    from specter.runspec import add_cli_args
+
+    for name, (help_text, func, own) in _RUN_COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        for flag, kwargs in own:
+            p.add_argument(flag, **kwargs)
+        add_cli_args(p, name)
+        _threads(p)
+        p.set_defaults(func=func)
+
+
+def _report_commands(sub) -> None:
+    from specter.experiments import EXPERIMENTS
 
     p = sub.add_parser("aggregate", help="one experiment's tidy table (CSV) from its run records or fidelity summaries")
     p.add_argument("experiment", choices=EXPERIMENTS, help="the experiment")
@@ -411,6 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="FILE.png", help="the figure")
     p.set_defaults(func=cmd_plot)
 
+
+def _hardware_commands(sub) -> None:
+    p = sub.add_parser("diff", help="whether two results directories hold the same records and tables (exit 1 if not)")
+    p.add_argument("a", metavar="DIR", help="a results directory (e.g. results/)")
+    p.add_argument("b", metavar="DIR", help="another one")
+    p.add_argument("--ignore", action="append", metavar="FIELD",
+                   help="a record field to leave out, dotted (e.g. config.memo); repeatable")
+    p.set_defaults(func=cmd_diff)
+
     p = sub.add_parser("hardware", help="show hardware profiles: the presets, or the given preset names or YAML files")
     p.add_argument("profiles", nargs="*", metavar="PRESET|FILE",
                    help="what every --hardware option takes: a preset name or a profile YAML (default: all presets)")
@@ -423,7 +364,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per size, median taken (>= 10)")
     p.add_argument("--name", default=None, help="profile name (default: measured-<device>)")
     p.set_defaults(func=cmd_profile_bandwidth)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,36 +16,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from specter.systems import PromptResult
-from specter.timing.bounds import belady_loads, decode_lower_bound_seconds
-from specter.timing.cost import CostModel
-
 
 def tpot_seconds(commit_times: list[float]) -> float:
     n = len(commit_times)
     return (commit_times[-1] - commit_times[0]) / (n - 1) if n > 1 else 0.0
 
 
-def lower_bound_tpot_seconds(result: PromptResult, decode_routes: list[dict[int, tuple[int, ...]]], slots: int,
-                             work, cost: CostModel, host_compute: bool = False) -> float:
-    """The fastest the run's decode could be on this hardware with this budget; see the module docstring.
+def acceptance_rate(accepted: int, checked: int) -> float:
+    """Accepted proposals over the proposals checked (a proposal is checked when all before it were accepted)."""
+    return accepted / checked
 
-    For a system that may compute a missing expert on the host instead of copying it (`host_compute`), each unavoidable
-    load counts at the cheaper of the two ways, halved (the link and the host can work at once)."""
-    n = len(result.commit_times)
-    if n < 2:
-        return 0.0
-    passes = result.executor.passes[result.first_decode_pass :]
-    loads = 0
-    for layer in decode_routes[0] if decode_routes else {}:
-        loads += belady_loads([r[layer] for r in decode_routes], slots)
-    link_bytes = loads * work.expert_bytes
-    if host_compute:
-        host_s = cost.host_seconds(2.0 * work.expert_params, work.expert_bytes, 1)
-        fastest_bw = max([cost.profile.h2d_pinned_bandwidth, *(p.pinned_gbps * 1e9 for p in cost.profile.h2d_by_size)])
-        link_bytes = loads * min(work.expert_bytes, host_s * fastest_bw) / 2
-    bound = decode_lower_bound_seconds(passes, link_bytes, cost) / (n - 1)
-    return bound * (1 - 1e-12)  # where the run met its bound exactly, summation order must not put the bound above it
+
+def window_utilization(accepted: int, proposed: int) -> float:
+    return accepted / proposed
+
+
+def share(part: int, whole: int) -> float | None:
+    """part / whole, None where whole is 0 (precision, recall, window recall)."""
+    return part / whole if whole else None
 
 
 @dataclass
@@ -85,23 +73,3 @@ class RunRecord:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def speculative_fields(result: PromptResult) -> dict:
-    """acceptance rate, window utilization, histogram, expert prediction and window recall of a speculative run."""
-    if not result.proposed:
-        return dict(acceptance_rate=None, window_utilization=None, accepted_length_histogram={}, expert_prediction=[],
-                    window_recall=None, window_working_set=None)
-    prediction = [
-        dict(layer=layer, distance=d, precision=c.tp / c.predicted if c.predicted else None,
-             recall=c.tp / c.actual if c.actual else None)
-        for (layer, d), c in sorted(result.prediction.items())
-    ]
-    return dict(
-        acceptance_rate=result.accepted / result.checked,
-        window_utilization=result.accepted / result.proposed,
-        accepted_length_histogram={str(a): n for a, n in sorted(result.accepted_lengths.items())},
-        expert_prediction=prediction,
-        window_recall=result.window_hits / result.window_needed if result.window_needed else None,
-        window_working_set=result.window_needed / result.window_layers if result.window_layers else None,
-    )

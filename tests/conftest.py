@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specter.models.tiny import TINY_CONFIGS, save_tiny_model
+from specter.runspec import RunSpec
 
 ARCHS = sorted(TINY_CONFIGS)
 
@@ -22,6 +23,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
     torch.set_num_threads(2)
+
+
+def spec(**settings) -> RunSpec:
+    """A RunSpec from flat settings, as a record's config holds them (the budget as its flag's name)."""
+    return RunSpec.from_dict(settings)
 
 
 @pytest.fixture(scope="session")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ARCHS
 
 from specter.errors import SpecterError
 from specter.models import load_moe_model
 from specter.models.adapter import ARCHITECTURES, arch_spec
 from specter.models.tiny import build_tiny_model
-
-from conftest import ARCHS
 
 TOL = 1e-5
 

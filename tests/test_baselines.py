@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import torch
+from conftest import ARCHS, spec
 
-from conftest import ARCHS
 from specter.models import load_moe_model
 from specter.quant.quantize import quantize_draft
-from specter.runner import RunRequest, run
+from specter.runs import run
 
 BASELINES = ("naive", "mixtral-offloading", "moe-infinity", "sp-moe", "specmoeoff", "fiddler")
 NEW = 16
@@ -27,10 +27,10 @@ def drafts(tiny_dirs, tmp_path_factory):
 
 def _run(tiny_dirs, drafts, arch, system, tmp_path, options=(), **over):
     base = dict(system=system, model=tiny_dirs[arch], draft=drafts[arch], dataset="code", hardware="a100-40gb-pcie4",
-                out=str(tmp_path / f"{system}.jsonl"), max_new_tokens=NEW, resident_per_layer=2, k=4, progress=False,
+                out=str(tmp_path / f"{system}.jsonl"), max_new_tokens=NEW, resident_per_layer=2, k=4,
                 system_options=tuple(options), warmup_prompts=4)
     base.update(over)
-    return run(RunRequest(**base))
+    return run(spec(**base), progress=False)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

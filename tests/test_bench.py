@@ -13,9 +13,11 @@ import os
 
 import pytest
 import torch
+from conftest import spec
 
 from specter.quant.quantize import quantize_draft
-from specter.runner import RunRequest, _SERVICES, run
+from specter.runs import run
+from specter.session import Session
 
 NEW_TOKENS = 128
 
@@ -31,36 +33,36 @@ def setup(tiny_dirs, tmp_path_factory):
     torch.set_num_threads(2)
 
     def request(system, out):
-        return RunRequest(system=system, model=model, draft=str(draft), dataset="code",
-                          hardware="a100-40gb-pcie4", out=str(out), max_new_tokens=NEW_TOKENS, resident_per_layer=2,
-                          k=8, progress=False)
+        return spec(system=system, model=model, draft=str(draft), dataset="code", hardware="a100-40gb-pcie4",
+                    out=str(out), max_new_tokens=NEW_TOKENS, resident_per_layer=2, k=8)
 
     return request
 
 
 def test_bench_live_specter_run(benchmark, setup, tmp_path):
     def live():
-        _SERVICES.clear()
-        return run(setup("specter", tmp_path / "live.jsonl"))
+        return run(setup("specter", tmp_path / "live.jsonl"), Session(), progress=False)
 
     records = benchmark.pedantic(live, rounds=3, iterations=1)
     assert len(records) == 5 and all(len(r.output_token_ids) == NEW_TOKENS for r in records)
 
 
 def test_bench_replayed_second_system(benchmark, setup, tmp_path):
-    _SERVICES.clear()
-    run(setup("specter", tmp_path / "warm.jsonl"))  # the numerics, once
-    service = next(iter(_SERVICES.values()))[2]
+    session = Session()
+    run(setup("specter", tmp_path / "warm.jsonl"), session, progress=False)  # the numerics, once
+    service = session.service(setup("specter", "").model)
     calls = service.forward_calls
-    records = benchmark.pedantic(lambda: run(setup("on-demand", tmp_path / "replay.jsonl")), rounds=5, iterations=1)
+    records = benchmark.pedantic(lambda: run(setup("on-demand", tmp_path / "replay.jsonl"), session, progress=False),
+                                 rounds=5, iterations=1)
     assert service.forward_calls == calls  # nothing recomputed: replay is scheduling only
     benchmark.extra_info["committed_tokens"] = sum(len(r.output_token_ids) for r in records)
 
 
 def test_bench_scheduler_per_token(benchmark, setup, tmp_path):
-    _SERVICES.clear()
-    run(setup("specter", tmp_path / "warm.jsonl"))
-    records = benchmark.pedantic(lambda: run(setup("specter", tmp_path / "again.jsonl")), rounds=5, iterations=1)
+    session = Session()
+    run(setup("specter", tmp_path / "warm.jsonl"), session, progress=False)
+    records = benchmark.pedantic(lambda: run(setup("specter", tmp_path / "again.jsonl"), session, progress=False),
+                                 rounds=5, iterations=1)
     tokens = sum(len(r.output_token_ids) for r in records)
     benchmark.extra_info["committed_tokens"] = tokens
     if benchmark.stats:  # with --benchmark-enable: the scheduler's time per committed token

@@ -1,8 +1,8 @@
 """The device side: the host ExpertStore, the slot buffers and kernels behind every op, and `--engine cuda`.
 
 On the CPU the runtime's kernels run under the simulated engine, in launch order, with `check=True`: every expert kernel
-asserts that the slot or staging buffer it reads holds the expert it was asked for, which is how a slot overwritten while
-still in use, or a copy into the wrong slot, would show. The CUDA tests run where a GPU is (gpu marker).
+asserts that the slot or staging buffer it reads holds the expert it was asked for, which is how a slot overwritten
+while still in use, or a copy into the wrong slot, would show. The CUDA tests run where a GPU is (gpu marker).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import torch
 
 from specter.models import load_moe_model
 from specter.models.experts import expert_ffn
+from specter.numerics.forward import ForwardService
 from specter.offload.device import DeviceRuntime, PackedLinearKernel
 from specter.offload.store import ExpertStore
 from specter.offload.work import ModelWork
 from specter.quant.draft import load_draft
 from specter.quant.packing import dequantize, pack
 from specter.quant.quantize import quantize_draft
-from specter.runner import schedule
-from specter.spec.forward import ForwardService
+from specter.runs import schedule
 from specter.systems import DecodeConfig, registry
 from specter.timing import SimEngine, load_profile
 from specter.timing.cost import CostModel
@@ -41,6 +41,7 @@ def setups(tiny_dirs, tmp_path_factory):
         draft = load_draft(target, root / arch)
         service = ForwardService(target)
         service.draft, service.draft_key = draft.moe, arch
+        service.require(r for cls in registry().values() for r in cls.trace_recorders)  # what every system reads
         out[arch] = (target, draft, service, ExpertStore(target))
     return out
 
@@ -130,7 +131,8 @@ def test_kernels_compute_the_experts_in_their_slots(setups):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_engine_cuda_without_a_gpu_is_refused(tiny_dirs, tmp_path):
     out = tmp_path / "out.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "specter", "run", "--system", "on-demand", "--model", tiny_dirs["olmoe"],
+    proc = subprocess.run([sys.executable, "-m", "specter", "run", "--system", "on-demand", "--model",
+                           tiny_dirs["olmoe"],
                            "--dataset", "code", "--hardware", "a100-40gb-pcie4", "--resident-per-layer", "2",
                            "--engine", "cuda", "--out", str(out)], capture_output=True, text=True)
     assert proc.returncode == 2
@@ -187,8 +189,11 @@ def test_run_engine_cuda_path_on_the_cpu(tiny_dirs, tmp_path, monkeypatch):
     """`specter run --engine cuda`'s own steps (recorded run, warm-up, timed run on the device buffers, its record
     fields), with the CUDA engine and device stood in for by the simulator and the CPU: the timed run computes no
     numerics, commits the recorded tokens, and its records say measured, with the simulated TPOT beside."""
-    import specter.runner as runner
-    from specter.runner import RunRequest, execute
+    from conftest import spec
+
+    import specter.runs.device as on_device
+    from specter import timing
+    from specter.runs import execute
 
     made = []
 
@@ -196,22 +201,22 @@ def test_run_engine_cuda_path_on_the_cpu(tiny_dirs, tmp_path, monkeypatch):
         made.append(kind)
         return SimEngine(profile)
 
-    monkeypatch.setattr(runner, "CUDA_DEVICE", "cpu")
-    monkeypatch.setattr(runner, "make_engine", engine)
+    monkeypatch.setattr(on_device, "CUDA_DEVICE", "cpu")
+    monkeypatch.setattr(timing, "make_engine", engine)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "stand-in")
     draft = tmp_path / "draft"
     quantize_draft(tiny_dirs["olmoe"], draft, method="rtn", bits=4, group_size=32)
     request = dict(model=tiny_dirs["olmoe"], dataset="code", hardware="a100-40gb-pcie4", out=str(tmp_path / "x.jsonl"),
-                   draft=str(draft), num_prompts=2, max_new_tokens=12, resident_per_layer=2, k=3, progress=False)
+                   draft=str(draft), num_prompts=2, max_new_tokens=12, resident_per_layer=2, k=3)
     for system in ("specter", "fiddler", "naive"):
-        sim = execute(RunRequest(system=system, **request))
+        sim = execute(spec(system=system, **request), progress=False)
         made.clear()
-        cuda = execute(RunRequest(system=system, engine="cuda", **request))
+        cuda = execute(spec(system=system, engine="cuda", **request), progress=False)
         assert made == ["sim", "cuda", "cuda", "sim", "cuda"], made  # recorded, warm-up and timed; then prompt 2
         for s, c in zip(sim, cuda):
             assert c.output_token_ids == s.output_token_ids and c.engine == "cuda" and not c.simulated
             assert c.hardware == "stand-in" and c.config["device"]["name"] == "stand-in"
             assert c.extra["simulated_tpot_ms"] == s.tpot_ms and c.extra["simulated_on"] == "a100-40gb-pcie4"
     with pytest.raises(Exception, match="--temperature 0.7 samples live"):
-        execute(RunRequest(system="specter", engine="cuda", temperature=0.7, **request))
+        execute(spec(system="specter", engine="cuda", temperature=0.7, **request), progress=False)

@@ -8,14 +8,13 @@ import sys
 
 import pytest
 import torch
+from conftest import ARCHS
 
 from specter.errors import SpecterError
 from specter.models import load_moe_model
 from specter.quant.draft import load_draft
 from specter.quant.packing import dequantize, pack, unpack
 from specter.quant.quantize import quantize_draft, rtn_quantize
-
-from conftest import ARCHS
 
 GROUP = 32  # divides the tiny models' widths (64 and 32)
 IDS = torch.tensor([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114]])

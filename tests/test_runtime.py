@@ -8,11 +8,13 @@ import sys
 
 import pytest
 import torch
+from conftest import spec
 
 from specter.models import load_moe_model
+from specter.numerics.sampling import SamplingSession, probabilities, rejection_sample
 from specter.quant.quantize import quantize_draft
-from specter.runner import RunRequest, _SERVICES, run
-from specter.spec.sampling import SamplingSession, probabilities, rejection_sample
+from specter.runs import run
+from specter.session import Session
 
 SYSTEMS = ("resident", "on-demand", "specter")
 EQUALITY_ARCHS = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss")
@@ -29,11 +31,12 @@ def rtn_drafts(tiny_dirs, tmp_path_factory):
 
 
 def _request(tiny_dirs, rtn_drafts, arch, system, out, **over):
-    base = dict(system=system, model=tiny_dirs[arch], draft=rtn_drafts[arch], dataset="code", hardware="a100-40gb-pcie4",
+    base = dict(system=system, model=tiny_dirs[arch], draft=rtn_drafts[arch], dataset="code",
+                hardware="a100-40gb-pcie4",
                 out=str(out), num_prompts=5, prefix_tokens=16, max_new_tokens=24, resident_per_layer=2, k=4,
-                progress=False)
+)
     base.update(over)
-    return RunRequest(**base)
+    return spec(**base)
 
 
 @pytest.mark.parametrize("arch", EQUALITY_ARCHS)
@@ -41,7 +44,7 @@ def test_greedy_outputs_equal_transformers_generate(arch, tiny_dirs, rtn_drafts,
     target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
     outputs = {}
     for system in SYSTEMS:
-        records = run(_request(tiny_dirs, rtn_drafts, arch, system, tmp_path / f"{system}.jsonl"))
+        records = run(_request(tiny_dirs, rtn_drafts, arch, system, tmp_path / f"{system}.jsonl"), progress=False)
         outputs[system] = [r.output_token_ids for r in records]
         for r in records:
             assert r.tpot_ms >= r.lower_bound_tpot_ms > 0, (system, r.tpot_ms, r.lower_bound_tpot_ms)
@@ -57,25 +60,24 @@ def test_greedy_outputs_equal_transformers_generate(arch, tiny_dirs, rtn_drafts,
 
 
 def test_identical_simulated_runs_write_identical_records(tiny_dirs, rtn_drafts, tmp_path):
-    _SERVICES.clear()
-    a = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "a.jsonl"))
-    _SERVICES.clear()
-    b = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "b.jsonl"))
+    a = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "a.jsonl"), Session(), progress=False)
+    b = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "b.jsonl"), Session(), progress=False)
     strip = lambda r: {k: v for k, v in r.as_dict().items() if k not in ("wall_s", "config")}  # noqa: E731
     assert [strip(r) for r in a] == [strip(r) for r in b]
     assert [r.config | {"out": None} for r in a] == [r.config | {"out": None} for r in b]
 
 
 def test_replayed_records_equal_live_ones(tiny_dirs, rtn_drafts, tmp_path):
-    _SERVICES.clear()
-    live = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "live.jsonl", k=3))
-    _SERVICES.clear()
+    live = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "live.jsonl", k=3), Session(),
+               progress=False)
+    session = Session()
     # another budget and hardware: different schedules, the same numerics, so this run fills the memo for the replay
     run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "warm.jsonl", k=3, resident_per_layer=5,
-                 hardware="t4-pcie3"))
-    service = next(iter(_SERVICES.values()))[2]
+                 hardware="t4-pcie3"), session, progress=False)
+    service = session.service(tiny_dirs["olmoe"])
     calls = service.forward_calls
-    replay = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "replay.jsonl", k=3))
+    replay = run(_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path / "replay.jsonl", k=3), session,
+                 progress=False)
     assert all(r.extra["live_forwards"] == 0 for r in replay) and any(r.extra["live_forwards"] for r in live)
     strip = lambda r: {k: v for k, v in r.as_dict().items() if k not in ("wall_s", "config", "extra")}  # noqa: E731
     assert [strip(r) for r in replay] == [strip(r) for r in live]
@@ -83,7 +85,7 @@ def test_replayed_records_equal_live_ones(tiny_dirs, rtn_drafts, tmp_path):
 
 
 def test_specter_records_speculation_metrics(tiny_dirs, rtn_drafts, tmp_path):
-    (r, *_) = run(_request(tiny_dirs, rtn_drafts, "mixtral", "specter", tmp_path / "s.jsonl", k=4))
+    (r, *_) = run(_request(tiny_dirs, rtn_drafts, "mixtral", "specter", tmp_path / "s.jsonl", k=4), progress=False)
     assert 0 <= r.acceptance_rate <= 1 and 0 <= r.window_utilization <= r.acceptance_rate
     assert sum(r.accepted_length_histogram.values()) >= 1
     distances = {p["distance"] for p in r.expert_prediction}

@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import spec
 
 from specter.errors import SpecterError
 from specter.quant.quantize import quantize_draft
-from specter.runner import _MEMOS, _SERVICES, RunRequest, execute, grid, sweep
+from specter.runs import execute, grid, sweep
+from specter.session import Session
 
 ARCH = "olmoe"  # 16 experts, top-4: room for budgets and noise
 
@@ -25,14 +27,9 @@ def draft(tiny_dirs, tmp_path_factory):
 def _req(tiny_dirs, draft, **over):
     base = dict(system="specter", model=tiny_dirs[ARCH], draft=draft, dataset="code", hardware="a100-40gb-pcie4",
                 out="", num_prompts=2, prefix_tokens=16, max_new_tokens=20, resident_fraction=0.25, k=4,
-                progress=False)
+)
     base.update(over)
-    return RunRequest(**base)
-
-
-def _fresh():
-    _SERVICES.clear()
-    _MEMOS.clear()
+    return spec(**base)
 
 
 def _strip(records):
@@ -44,7 +41,7 @@ def test_grid_drops_settings_a_system_ignores(tiny_dirs, draft):
     runs = grid(base, {"system": ["on-demand", "specter", "specter-oracle"], "k": [2, 4],
                        "prefetch": ["adaptive", "none"]}, {"noise": ["0", "0.5"]})
     on_demand = [r for r in runs if r.system == "on-demand"]
-    assert len(on_demand) == 1 and on_demand[0].k is None  # K and prefetch do not change a non-speculative run
+    assert len(on_demand) == 1 and on_demand[0].k.value is None  # K and prefetch do not change a non-speculative run
     assert len([r for r in runs if r.system == "specter"]) == 4 and all(
         r.system_options == () for r in runs if r.system == "specter")  # noise is not specter's option
     assert len([r for r in runs if r.system == "specter-oracle"]) == 8
@@ -55,23 +52,20 @@ def test_grid_drops_settings_a_system_ignores(tiny_dirs, draft):
 
 
 def test_memo_replays_in_a_new_process_state_and_equals_live(tiny_dirs, draft, tmp_path):
-    _fresh()
-    live = execute(_req(tiny_dirs, draft))
+    live = execute(_req(tiny_dirs, draft), progress=False)
     assert any(r.extra["live_forwards"] for r in live)
-    _fresh()
     memo = tmp_path / "memo.pkl"
-    sweep([_req(tiny_dirs, draft, hardware="t4-pcie3", resident_fraction=0.5)], out=None, memo_out=memo)
-    _fresh()  # as a new process: nothing in memory but the memo file
-    replay = execute(_req(tiny_dirs, draft, memo=(str(memo),)))
+    sweep([_req(tiny_dirs, draft, hardware="t4-pcie3", resident_fraction=0.5)], out=None, memo_out=memo,
+          progress=False)
+    # a new session, as a new process: nothing in memory but the memo file
+    replay = execute(_req(tiny_dirs, draft, memo=(str(memo),)), Session(), progress=False)
     assert all(r.extra["live_forwards"] == 0 for r in replay)
     assert _strip(replay) == _strip(live)
 
 
 def test_memo_of_another_model_is_refused(tiny_dirs, draft, tmp_path):
-    _fresh()
     memo = tmp_path / "memo.pkl"
-    sweep([_req(tiny_dirs, draft, system="on-demand", k=None)], out=None, memo_out=memo)
-    _fresh()
+    sweep([_req(tiny_dirs, draft, system="on-demand", k=None)], out=None, memo_out=memo, progress=False)
     other = tiny_dirs["mixtral"]
     proc = subprocess.run([sys.executable, "-m", "specter", "run", "--system", "on-demand", "--model", other,
                            "--dataset", "code", "--num-prompts", "1", "--max-new-tokens", "4", "--hardware",
@@ -82,17 +76,19 @@ def test_memo_of_another_model_is_refused(tiny_dirs, draft, tmp_path):
 
 
 def test_resident_fraction_rounds_to_slots(tiny_dirs, draft):
-    _fresh()
-    (r, *_) = execute(_req(tiny_dirs, draft, system="on-demand", k=None, resident_fraction=0.3, num_prompts=1))
+    (r, *_) = execute(_req(tiny_dirs, draft, system="on-demand", k=None, resident_fraction=0.3, num_prompts=1),
+                      progress=False)
     assert r.slots_per_layer == round(0.3 * 16)
     with pytest.raises(SpecterError, match="--resident-fraction 1.5 must be in"):
-        execute(_req(tiny_dirs, draft, resident_fraction=1.5))
+        execute(_req(tiny_dirs, draft, resident_fraction=1.5), progress=False)
 
 
 def test_oracle_forecast_is_exact_at_noise_zero_and_misses_at_noise_one(tiny_dirs, draft):
-    _fresh()
-    exact = execute(_req(tiny_dirs, draft, system="specter-oracle", system_options=(("noise", "0"),)))
-    wrong = execute(_req(tiny_dirs, draft, system="specter-oracle", system_options=(("noise", "1"),)))
+    session = Session()
+    exact = execute(_req(tiny_dirs, draft, system="specter-oracle", system_options=(("noise", "0"),)), session,
+                    progress=False)
+    wrong = execute(_req(tiny_dirs, draft, system="specter-oracle", system_options=(("noise", "1"),)), session,
+                    progress=False)
     for r in exact:
         assert all(p["precision"] == 1.0 and p["recall"] == 1.0 for p in r.expert_prediction)
     for r in wrong:
@@ -101,9 +97,10 @@ def test_oracle_forecast_is_exact_at_noise_zero_and_misses_at_noise_one(tiny_dir
 
 
 def test_serialized_demand_copies_never_beat_overlapped_ones(tiny_dirs, draft):
-    _fresh()
-    full = execute(_req(tiny_dirs, draft, prefetch="none"))
-    serial = execute(_req(tiny_dirs, draft, prefetch="none", system_options=(("serialize-demand", "true"),)))
+    session = Session()
+    full = execute(_req(tiny_dirs, draft, prefetch="none"), session, progress=False)
+    serial = execute(_req(tiny_dirs, draft, prefetch="none", system_options=(("serialize-demand", "true"),)), session,
+                     progress=False)
     assert all(s.tpot_ms >= f.tpot_ms for s, f in zip(serial, full))
     assert any(s.tpot_ms > f.tpot_ms for s, f in zip(serial, full))
     for r in full:

@@ -113,7 +113,8 @@ def test_bandwidth_by_size_interpolates_in_log_size():
     assert p.h2d_bandwidth(10**9) == pytest.approx(3e9)
 
 
-@pytest.mark.parametrize("name", ["a100-40gb-pcie4", "rtx4090-pcie4", "rtx3090-pcie4", "h100-pcie5", "h200-pcie5", "t4-pcie3"])
+@pytest.mark.parametrize("name", ["a100-40gb-pcie4", "rtx4090-pcie4", "rtx3090-pcie4", "h100-pcie5", "h200-pcie5",
+                                  "t4-pcie3"])
 def test_every_preset_loads_with_sources(name):
     assert name in preset_names()
     p = load_profile(name)

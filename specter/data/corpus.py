@@ -86,7 +86,8 @@ def calibration_token_ids(tokenizer, corpus: str, num_sequences: int, seq_len: i
     """`num_sequences` windows of `seq_len` tokens from the calibration split: the texts are tokenized in order and
     concatenated, and windows are taken at an even stride across the whole stream so that they cover many files."""
     if num_sequences < 1 or seq_len < 2:
-        raise SpecterError(f"need at least 1 calibration sequence of at least 2 tokens, got {num_sequences} x {seq_len}")
+        raise SpecterError(f"need at least 1 calibration sequence of at least 2 tokens, got {num_sequences} x "
+                           f"{seq_len}")
     stream: list[int] = []
     needed = num_sequences * seq_len * 4  # tokenize only as much as a spread-out sample needs
     for text in corpus_texts(corpus, "calibration"):

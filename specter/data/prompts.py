@@ -76,7 +76,8 @@ def read_texts(path: str | Path, field: str | None = None) -> list[str]:
     if field is None:
         field = next((c for c in FIELD_CONVENTIONS if c in columns), None)
         if field is None:
-            raise SpecterError(f"{path} has none of the known text fields {list(FIELD_CONVENTIONS)}; columns: {columns}; "
+            raise SpecterError(f"{path} has none of the known text fields {list(FIELD_CONVENTIONS)}; columns: "
+                               f"{columns}; "
                                "pass --field NAME")
     elif field not in columns:
         raise SpecterError(f"{path} has no field {field!r}; its columns: {columns}")

@@ -1,18 +1,18 @@
 """One interface over the stock transformers 5.x mixture-of-experts classes.
 
-`MoEModel` wraps a loaded causal LM and exposes, per MoE layer (`MoELayer`): the router and its top-k choice as the model
-computes it (DeepSeek's group limits and correction bias, PhiMoE's sparsemixer included: we call the model's own router
-module, never a re-implementation of top-k), the shared experts, and each routed expert's weights and compute, whether the
-experts are stored fused (stock 3D parameters; GPT-OSS transposed and interleaved) or as per-expert linear modules (the
-layout GPTQModel quantizes, produced by its `defuser`). Dense layers (DeepSeek's first) are not MoE layers.
+`MoEModel` wraps a loaded causal LM and exposes, per MoE layer (`MoELayer`): the router and its top-k choice as the
+model computes it (DeepSeek's group limits and correction bias, PhiMoE's sparsemixer included: we call the model's own
+router module, never a re-implementation of top-k), the shared experts, and each routed expert's weights and compute,
+whether the experts are stored fused (stock 3D parameters; GPT-OSS transposed and interleaved) or as per-expert linear
+modules (the layout GPTQModel quantizes, produced by its `defuser`). Dense layers (DeepSeek's first) are not MoE layers.
 """
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from pathlib import Path
 
 import torch
 from transformers.activations import ACT2FN
@@ -38,7 +38,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     s.model_type: s
     for s in (
         ArchSpec("mixtral", "Mixtral", "gate", "intermediate_size"),
-        ArchSpec("qwen2_moe", "Qwen2-MoE (Qwen1.5-MoE)", "gate", "moe_intermediate_size", "shared_expert", "shared_expert_gate"),
+        ArchSpec("qwen2_moe", "Qwen2-MoE (Qwen1.5-MoE)", "gate", "moe_intermediate_size", "shared_expert",
+                 "shared_expert_gate"),
         ArchSpec("qwen3_moe", "Qwen3-MoE", "gate", "moe_intermediate_size"),
         ArchSpec("phimoe", "PhiMoE (Phi-3.5-MoE)", "router", "intermediate_size"),
         ArchSpec("olmoe", "OLMoE", "gate", "intermediate_size"),
@@ -88,7 +89,8 @@ class MoELayer:
         else:
             self.activation = Activation("glu", act_fn=ACT2FN[config.hidden_act])
         self.shared: torch.nn.Module | None = getattr(block, spec.shared_attr) if spec.shared_attr else None
-        self.shared_gate: torch.nn.Module | None = getattr(block, spec.shared_gate_attr) if spec.shared_gate_attr else None
+        self.shared_gate: torch.nn.Module | None = (getattr(block, spec.shared_gate_attr) if spec.shared_gate_attr
+                                                    else None)
 
     def __repr__(self) -> str:
         return f"MoELayer(layer={self.layer_index}, experts={self.num_experts}, top_k={self.top_k}, fused={self.fused})"
@@ -107,7 +109,8 @@ class MoELayer:
         return getattr(self.experts, str(e))
 
     def expert_weights(self, e: int) -> ExpertWeights:
-        """Expert e's weights in [out, in] layout (views into fused storage; dequantized copies for quantized modules)."""
+        """Expert e's weights in [out, in] layout (views into fused storage; dequantized copies for quantized
+        modules)."""
         if not 0 <= e < self.num_experts:
             raise IndexError(f"expert {e} out of range 0..{self.num_experts - 1}")
         ex = self.experts
@@ -276,23 +279,6 @@ class MoEModel:
     def record_router_inputs(self):
         """Record every router's input: {decoder layer: [hidden [T, H] per call]} (forward pre-hooks)."""
         return self._router_log(True, lambda inputs: inputs[0].detach().reshape(-1, inputs[0].shape[-1]).clone())
-
-    def guess_routes(self, inputs: dict[int, torch.Tensor], depth: int) -> list[dict[tuple[int, int], tuple[int, ...]]]:
-        """Mixtral-Offloading's speculative routing: the router of the MoE layer `d` ahead applied to this layer's router
-        input. Returns, per token, {(layer, d): experts} for d = 1..depth (where such a layer exists)."""
-        order = [m.layer_index for m in self.moe_layers]
-        tokens = next(iter(inputs.values())).shape[0]
-        out: list[dict[tuple[int, int], tuple[int, ...]]] = [{} for _ in range(tokens)]
-        with torch.no_grad():
-            for i, layer in enumerate(order):
-                for d in range(1, depth + 1):
-                    if i + d >= len(order):
-                        break
-                    ahead = self.layer(order[i + d])
-                    indices = ahead.route(inputs[layer]).indices.tolist()  # [T, k]
-                    for t in range(tokens):
-                        out[t][(layer, d)] = tuple(sorted(indices[t]))
-        return out
 
 
 def _linear_weight(linear: torch.nn.Module) -> torch.Tensor:

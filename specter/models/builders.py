@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from specter.errors import SpecterError
 from specter.models.tiny import TINY_CONFIGS, save_tiny_model

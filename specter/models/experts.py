@@ -1,7 +1,7 @@
 """One expert's weights, however the checkpoint stores them, and the pure function that computes it.
 
-The offloading runtime moves `ExpertWeights` between host and device and calls `expert_ffn` on whatever copy is resident,
-so the expert's arithmetic is defined here once for every architecture:
+The offloading runtime moves `ExpertWeights` between host and device and calls `expert_ffn` on whatever copy is
+resident, so the expert's arithmetic is defined here once for every architecture:
 
 - SwiGLU-style experts (Mixtral, Qwen, PhiMoE, OLMoE, DeepSeek): down(act(gate x) * up x).
 - GPT-OSS experts: gate and up clamped at `limit`, glu = gate * sigmoid(alpha * gate), out = down((up + 1) * glu), with
@@ -10,8 +10,8 @@ so the expert's arithmetic is defined here once for every architecture:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,11 +67,11 @@ class ExpertWeights:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
-    def to(self, device=None, dtype=None, non_blocking: bool = False) -> "ExpertWeights":
+    def to(self, device=None, dtype=None, non_blocking: bool = False) -> ExpertWeights:
         moved = {k: v.to(device=device, dtype=dtype, non_blocking=non_blocking) for k, v in self.tensors().items()}
         return ExpertWeights(activation=self.activation, **moved)
 
-    def contiguous(self) -> "ExpertWeights":
+    def contiguous(self) -> ExpertWeights:
         return ExpertWeights(activation=self.activation, **{k: v.contiguous() for k, v in self.tensors().items()})
 
 
@@ -82,7 +82,8 @@ def expert_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
     return F.linear(w.activation(gate, up), w.down, w.down_bias)  # [T, H]
 
 
-def module_ffn(x: torch.Tensor, expert: torch.nn.Module, activation: Activation, interleaved: bool = False) -> torch.Tensor:
+def module_ffn(x: torch.Tensor, expert: torch.nn.Module, activation: Activation,
+               interleaved: bool = False) -> torch.Tensor:
     """One expert stored as three linear modules (defused or GPTQ-quantized): the modules' own kernels do the matmuls.
 
     `interleaved`: GPT-OSS's defuser splits the interleaved gate_up projection into halves (not into gate and up), so

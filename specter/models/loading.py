@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, CONFIG_MAPPING, AutoConfig
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
 
 from specter.errors import SpecterError
 from specter.models.adapter import ARCHITECTURES, MoEModel, supported_list

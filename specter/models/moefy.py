@@ -120,7 +120,8 @@ def _run_layer(block, states: list[torch.Tensor], kwargs: list[dict], capture: b
         handles = [
             block.post_attention_layernorm.register_forward_pre_hook(
                 lambda _m, a: got["mid"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
-            block.mlp.register_forward_pre_hook(lambda _m, a: got["u"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
+            block.mlp.register_forward_pre_hook(
+                lambda _m, a: got["u"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
         ]
     outs = []
     try:
@@ -174,7 +175,8 @@ def _fit_layer(dense_mlp, u: torch.Tensor, mid: torch.Tensor, target: torch.Tens
     uu = u.T @ u  # [H, H]: least squares by the normal equations (tiny ridge: u can be rank-deficient on few tokens)
     router = torch.linalg.solve(uu + 1e-6 * uu.diagonal().mean() * torch.eye(uu.shape[0]), u.T @ norms).T.contiguous()
     # Scale the router so that its largest logit spread on calibration is ROUTER_SPREAD: the top-k choice is unchanged
-    # but every chosen expert gets weight 1/k (to 0.1%), so each expert's output is a fixed linear map of its activations
+    # but every chosen expert gets weight 1/k (to 0.1%), so each expert's output is a fixed linear map of its
+    # activations
     # that least squares can fit; token-dependent softmax weights would make the dense FFN unrepresentable.
     logits = u @ router.T
     router = router * (ROUTER_SPREAD / float((logits.max(1).values - logits.min(1).values).max()))
@@ -390,7 +392,8 @@ def build_smollm2_moe(out: str | Path, seed: int = 0, cfg: MoefyConfig | None = 
                   "the dense residual stream, layer by layer on converted hidden states; KL distillation of the MoE "
                   "blocks against the dense model",
         "experts": moe_config.num_experts, "top_k": moe_config.num_experts_per_tok,
-        "expert_neurons": moe_config.moe_intermediate_size, "shared_neurons": moe_config.shared_expert_intermediate_size,
+        "expert_neurons": moe_config.moe_intermediate_size,
+        "shared_neurons": moe_config.shared_expert_intermediate_size,
         "routed_share_of_ffn": routed / (routed + moe_config.shared_expert_intermediate_size),
         "active_share_of_routed": moe_config.num_experts_per_tok / moe_config.num_experts,
         "calibration": {"corpora": ["prose", "code"], "split": "calibration", "sequences": len(calib),

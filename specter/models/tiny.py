@@ -3,7 +3,8 @@
 Each model has a few layers and 8-16 experts, small enough to build, save and run in well under a second, and is saved
 with `save_pretrained` so that it goes through the same loading path as a real checkpoint. The shapes exercise what the
 adapter must handle: shared experts (Qwen2-MoE, DeepSeek), a leading dense layer (DeepSeek), group-limited routing
-(DeepSeek-V2 and V3), a correction bias (V3), sparsemixer (PhiMoE), and GPT-OSS's transposed, interleaved, biased experts.
+(DeepSeek-V2 and V3), a correction bias (V3), sparsemixer (PhiMoE), and GPT-OSS's transposed, interleaved, biased
+experts.
 """
 
 from __future__ import annotations
@@ -27,67 +28,24 @@ _COMMON = dict(
     eos_token_id=258,
 )
 
+# DeepSeek-V2 and V3 share their shapes: a dense first layer, a shared expert, group-limited routing, MLA.
+_DEEPSEEK = dict(num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16,
+                 n_shared_experts=1, num_experts_per_tok=4, first_k_dense_replace=1, n_group=4, topk_group=2,
+                 kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                 num_key_value_heads=4)
+
 # Per model_type: the keyword arguments of its stock config class.
 TINY_CONFIGS: dict[str, dict] = {
     "mixtral": dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
-    "qwen2_moe": dict(
-        num_hidden_layers=2,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        qkv_bias=False,
-    ),
-    "qwen3_moe": dict(
-        num_hidden_layers=2,
-        head_dim=16,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_experts=16,
-        num_experts_per_tok=4,
-        norm_topk_prob=True,
-    ),
+    "qwen2_moe": dict(num_hidden_layers=2, intermediate_size=96, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                      qkv_bias=False),
+    "qwen3_moe": dict(num_hidden_layers=2, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=16,
+                      num_experts_per_tok=4, norm_topk_prob=True),
     "phimoe": dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
     "olmoe": dict(num_hidden_layers=2, intermediate_size=32, num_experts=16, num_experts_per_tok=4),
-    "deepseek_v2": dict(
-        num_hidden_layers=3,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        n_routed_experts=16,
-        n_shared_experts=1,
-        num_experts_per_tok=4,
-        first_k_dense_replace=1,
-        topk_method="group_limited_greedy",
-        n_group=4,
-        topk_group=2,
-        routed_scaling_factor=1.0,
-        kv_lora_rank=16,
-        q_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        num_key_value_heads=4,
-    ),
-    "deepseek_v3": dict(
-        num_hidden_layers=3,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        n_routed_experts=16,
-        n_shared_experts=1,
-        num_experts_per_tok=4,
-        first_k_dense_replace=1,
-        n_group=4,
-        topk_group=2,
-        routed_scaling_factor=2.5,
-        kv_lora_rank=16,
-        q_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        num_key_value_heads=4,
-    ),
+    "deepseek_v2": dict(_DEEPSEEK, topk_method="group_limited_greedy", routed_scaling_factor=1.0),
+    "deepseek_v3": dict(_DEEPSEEK, routed_scaling_factor=2.5),
     "gpt_oss": dict(
         num_hidden_layers=2,
         head_dim=16,
@@ -134,7 +92,8 @@ def _randomize_biases(model: torch.nn.Module, seed: int) -> None:
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer whose ids 0-255 are the bytes themselves (no merges), so any text encodes; specials follow."""
+    """A byte-level tokenizer whose ids 0-255 are the bytes themselves (no merges), so any text encodes; specials
+    follow."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     byte_to_char = _bytes_to_unicode()
@@ -150,7 +109,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (what the ByteLevel pre-tokenizer emits)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:

@@ -26,7 +26,7 @@ on the CPU).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -116,7 +116,8 @@ class DeviceRuntime:
             from specter.quant.draft import read_packed
 
             for key, projs in read_packed(target, draft.path, draft.meta).items():
-                self.draft_experts[key] = _DraftExpert({n: PackedLinearKernel(p, b, dev) for n, (p, b) in projs.items()})
+                kernels = {n: PackedLinearKernel(p, b, dev) for n, (p, b) in projs.items()}
+                self.draft_experts[key] = _DraftExpert(kernels)
         self._moe = {m.layer_index: m for m in target.moe_layers}
 
     def _tokens(self, n: int, what: str) -> None:

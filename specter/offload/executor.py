@@ -1,12 +1,16 @@
 """The MoE layer executor: the target's routed experts for one pass, hot-first, on the engine's streams.
 
 Per MoE layer of a pass: the attention block (and router) runs and, unless every expert is resident, the host reads the
-routing (a synchronization: copies cannot be decided before it); then every resident expert the pass needs computes at once (waiting
-only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and computes as its
-copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this pass does not
-need, after that expert's last compute); if every slot is taken by experts the pass needs or by protected prefetches, it
-streams through one of a ring of staging buffers without entering the cache (a copy into a staging buffer waits for the
-last compute that read it). Prefetches (`prefetch`) go through the same slots.
+routing (a synchronization: copies cannot be decided before it); then every resident expert the pass needs computes at
+once (waiting only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and
+computes as its copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this
+pass does not need, after that expert's last compute); if every slot is taken by experts the pass needs or by protected
+prefetches, it streams through one of a ring of staging buffers without entering the cache (a copy into a staging buffer
+waits for the last compute that read it). Prefetches (`prefetch`) go through the same slots.
+
+Systems act inside a pass through `PassHooks` (declared methods, no-ops by default) that they add to `hooks`:
+`on_route` once the host knows a target layer's routing, `on_draft_layer` after each MoE layer of a draft step,
+`before_step` before each decode step of a one-token-at-a-time loop.
 
 Ops carry costs; with a `DeviceRuntime` (the CUDA engine's runs) each op also carries the device work it stands for:
 the copy into the expert's slot or staging buffer, the expert's kernels on that buffer, the attention block, the head.
@@ -16,12 +20,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from specter.offload.cache import ExpertCache
 from specter.offload.memory import STAGING_BUFFERS
 from specter.offload.work import ModelWork
 from specter.timing.bounds import PassWork
+from specter.timing.cost import CostModel
 from specter.timing.engine import COMPUTE, H2D, Engine, Event, Op
 
 if TYPE_CHECKING:
@@ -29,25 +34,54 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class HitMiss:
+    """Hits and misses, in total and per MoE layer."""
+
+    hits: int = 0
+    misses: int = 0
+    per_layer_hits: Counter = field(default_factory=Counter)
+    per_layer_misses: Counter = field(default_factory=Counter)
+
+    def hit(self, layer: int, n: int = 1) -> None:
+        self.hits += n
+        self.per_layer_hits[layer] += n
+
+    def miss(self, layer: int, n: int = 1) -> None:
+        self.misses += n
+        self.per_layer_misses[layer] += n
+
+
+@dataclass
 class TransferStats:
-    demand_hits: int = 0
-    demand_misses: int = 0
+    demand: HitMiss = field(default_factory=HitMiss)  # the experts a target pass needed: on the device, or not
     h2d_bytes_demand: int = 0
     h2d_bytes_prefetch: int = 0
     link_bytes_activations: int = 0  # activations moved instead of weights (experts computed on the host)
     prefetches: int = 0
-    per_layer_hits: Counter = field(default_factory=Counter)
-    per_layer_misses: Counter = field(default_factory=Counter)
+
+
+class PassHooks:
+    """Where a system acts inside a pass; every method is a no-op unless a system overrides it."""
+
+    def before_step(self, step: int) -> None:
+        """Before decode step `step` (1-based) of a one-token-at-a-time loop is scheduled."""
+
+    def on_route(self, layer: int, routes: list[tuple[int, ...]]) -> None:
+        """The host knows target layer `layer`'s routing of the pass's tokens (its experts are not yet scheduled)."""
+
+    def on_draft_layer(self, layer: int, experts: tuple[int, ...]) -> None:
+        """A draft step has routed MoE layer `layer` to `experts`."""
 
 
 class Executor:
     def __init__(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats,
-                 device: DeviceRuntime | None = None) -> None:
+                 device: DeviceRuntime | None = None, cost: CostModel | None = None) -> None:
         self.engine = engine
         self.work = work
         self.cache = cache
         self.stats = stats
         self.device = device  # the device work behind the ops, or None (costs only)
+        self.cost = cost  # the profile's cost model, for executors that decide by it (Fiddler)
         self.staging_last_use: list[Event | None] = [None] * STAGING_BUFFERS
         self._next_staging = 0
         # A runtime whose cache can miss reads each layer's routing on the host to decide what to copy: the host waits
@@ -55,10 +89,7 @@ class Executor:
         self.host_reads_routes = cache.slots_per_layer < work.experts_per_layer
         self.passes: list[PassWork] = []  # every target pass, at roofline (the lower bound's compute side)
         self._acc: list[Op] | None = None
-        # Systems that prefetch from inside a pass set these: called once the host knows a layer's routing (target
-        # pass) and after each MoE layer of a draft step.
-        self.on_route: Callable[[int, list[tuple[int, ...]]], None] | None = None
-        self.on_draft_layer: Callable[[int, tuple[int, ...]], None] | None = None
+        self.hooks: list[PassHooks] = []  # the systems' hooks inside passes (see PassHooks)
         # Ablation: demand copies do not overlap compute (each waits for the compute issued before it).
         self.serialize_demand = False
 
@@ -67,10 +98,11 @@ class Executor:
             self._acc.append(op)
         self.engine.launch(COMPUTE, op)
 
-    def _with(self, op: Op, device_work: Callable[["DeviceRuntime"], Callable]) -> Op:
-        """`op` carrying `device_work(runtime)` as its function when a device runtime backs the run."""
+    def _with(self, op: Op, device_work: str, *args) -> Op:
+        """`op` carrying the device runtime's `device_work(*args)` kernel as its function, when a runtime backs the
+        run (the kernel is bound now, with the arguments of this moment)."""
         if self.device is not None:
-            op.fn = device_work(self.device)
+            op.fn = getattr(self.device, device_work)(*args)
         return op
 
     def place(self, placement: dict[int, list[int]]) -> None:
@@ -94,7 +126,7 @@ class Executor:
         if evicted is not None and evicted.last_use is not None:
             self.engine.wait(H2D, evicted.last_use)
         slot = self.cache.slot(layer, expert)
-        self.engine.launch(H2D, self._with(self.work.copy_op(label), lambda d: d.copy_to_slot(layer, expert, slot.index)))
+        self.engine.launch(H2D, self._with(self.work.copy_op(label), "copy_to_slot", layer, expert, slot.index))
         slot.ready = self.engine.record(H2D)
         return slot.ready
 
@@ -104,7 +136,7 @@ class Executor:
         self._next_staging = (i + 1) % len(self.staging_last_use)
         if self.staging_last_use[i] is not None:
             self.engine.wait(H2D, self.staging_last_use[i])
-        self.engine.launch(H2D, self._with(self.work.copy_op(label), lambda d: d.copy_to_staging(layer, expert, i)))
+        self.engine.launch(H2D, self._with(self.work.copy_op(label), "copy_to_staging", layer, expert, i))
         return self.engine.record(H2D), i
 
     def _expert(self, layer: int, expert: int, tokens: int, label: str, staging: int | None = None) -> None:
@@ -112,19 +144,19 @@ class Executor:
         if staging is None:
             slot = self.cache.slot(layer, expert)
             self._compute(self._with(self.work.expert_op(tokens, label),
-                                     lambda d: d.expert_in_slot(layer, expert, slot.index, tokens)))
+                                     "expert_in_slot", layer, expert, slot.index, tokens))
             slot.last_use = self.engine.record(COMPUTE)
         else:
             self._compute(self._with(self.work.expert_op(tokens, label),
-                                     lambda d: d.expert_in_staging(layer, expert, staging, tokens)))
+                                     "expert_in_staging", layer, expert, staging, tokens))
             self.staging_last_use[staging] = self.engine.record(COMPUTE)
 
     def _attention(self, layer: int, tokens: int, context: int, label: str) -> Op:
         return self._with(self.work.attention_op(layer, tokens, context, label),
-                          lambda d: d.attention(layer, tokens, context))
+                          "attention", layer, tokens, context)
 
     def _head(self, tokens: int, label: str) -> Op:
-        return self._with(self.work.head_op(tokens, label), lambda d: d.lm_head(tokens))
+        return self._with(self.work.head_op(tokens, label), "lm_head", tokens)
 
     def prefetch(self, layer: int, experts: list[int]) -> int:
         """Copy those of `experts` that are not resident and fit (protected until `unprotect_all`); returns how many."""
@@ -150,8 +182,8 @@ class Executor:
             return
         if self.host_reads_routes:
             self.engine.synchronize(self.engine.record(COMPUTE))
-        if self.on_route is not None:
-            self.on_route(layer, routes)
+        for hook in self.hooks:
+            hook.on_route(layer, routes)
         self.run_experts(layer, routes, tag)
 
     def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
@@ -166,11 +198,9 @@ class Executor:
                 self.engine.wait(COMPUTE, slot.ready)
             self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}")
             self.cache.touch(layer, e)
-        self.stats.demand_hits += len(resident)
-        self.stats.per_layer_hits[layer] += len(resident)
+        self.stats.demand.hit(layer, len(resident))
         for e in missing:
-            self.stats.demand_misses += 1
-            self.stats.per_layer_misses[layer] += 1
+            self.stats.demand.miss(layer)
             self.stats.h2d_bytes_demand += self.work.expert_bytes
             label = f"{tag}.L{layer}.demand.e{e}"
             if self.serialize_demand:
@@ -197,7 +227,8 @@ class Executor:
         return self.engine.record(COMPUTE)
 
     def draft_step(self, routes: dict[int, tuple[int, ...]], context: int, expert_bytes: int, tag: str) -> Event:
-        """One draft step (one token): the target's shared attention blocks and the draft's resident quantized experts."""
+        """One draft step (one token): the target's shared attention blocks and the draft's resident quantized
+        experts."""
         return self.draft_pass([routes], context, expert_bytes, tag)
 
     def draft_pass(self, routes: list[dict[int, tuple[int, ...]]], context: int, expert_bytes: int, tag: str) -> Event:
@@ -208,8 +239,9 @@ class Executor:
             if layer in self.work.moe_layers:
                 for e, m in sorted(Counter(e for r in routes for e in r[layer]).items()):
                     op = self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes)
-                    self.engine.launch(COMPUTE, self._with(op, lambda d: d.draft_expert(layer, e, m)))
-                if self.on_draft_layer is not None and n == 1:
-                    self.on_draft_layer(layer, routes[0][layer])
+                    self.engine.launch(COMPUTE, self._with(op, "draft_expert", layer, e, m))
+                if n == 1:
+                    for hook in self.hooks:
+                        hook.on_draft_layer(layer, routes[0][layer])
         self.engine.launch(COMPUTE, self._head(n, f"{tag}.head"))
         return self.engine.record(COMPUTE)

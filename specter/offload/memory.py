@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from specter.errors import SpecterError
 from specter.offload.work import ModelWork
+from specter.runspec import Budget
 
 STAGING_BUFFERS = 4  # as Mixtral-Offloading's shared device buffers
 
@@ -32,38 +33,30 @@ class MemoryPlan:
         return asdict(self)
 
 
-def check_one_budget(device_memory_gb, resident_per_layer, resident_fraction) -> None:
-    if sum(b is not None for b in (device_memory_gb, resident_per_layer, resident_fraction)) != 1:
-        raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or --resident-fraction F")
-
-
-def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int = 0, device_memory_gb: float | None = None,
-                resident_per_layer: int | None = None, kv_copies: int = 1,
-                resident_fraction: float | None = None) -> MemoryPlan:
-    check_one_budget(device_memory_gb, resident_per_layer, resident_fraction)
-    if resident_fraction is not None:
-        if not 0 < resident_fraction <= 1:
-            raise SpecterError(f"--resident-fraction {resident_fraction} must be in (0, 1] (a share of each layer's experts)")
-        resident_per_layer = max(1, round(resident_fraction * work.experts_per_layer))
+def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budget, kv_copies: int = 1) -> MemoryPlan:
+    """The resident part (weights, draft, KV for `max_tokens` positions, workspace) and the slots `budget` leaves."""
+    budget.check()
     kv = kv_copies * work.kv_bytes(max_tokens)  # a draft with its own KV doubles it
     workspace = STAGING_BUFFERS * work.expert_bytes
     resident = work.non_expert_bytes() + draft_bytes + kv + workspace
     per_slot_row = len(work.moe_layers) * work.expert_bytes  # one slot in every MoE layer
-    if resident_per_layer is not None:
-        if not 1 <= resident_per_layer <= work.experts_per_layer:
-            raise SpecterError(
-                f"--resident-per-layer {resident_per_layer} must be between 1 and {work.experts_per_layer} "
-                "(the experts per layer)"
-            )
-        slots, budget = resident_per_layer, None
-    else:
-        budget = int(device_memory_gb * 1e9)
-        slots = min(work.experts_per_layer, (budget - resident) // per_slot_row) if budget > resident else 0
+    if budget.kind == "gb":
+        budget_bytes = int(budget.value * 1e9)
+        slots = min(work.experts_per_layer, (budget_bytes - resident) // per_slot_row) if budget_bytes > resident else 0
         if slots < 1:
             raise SpecterError(
-                f"--device-memory-gb {device_memory_gb} ({budget} bytes) cannot hold the resident part "
+                f"--device-memory-gb {budget.value} ({budget_bytes} bytes) cannot hold the resident part "
                 f"({resident} bytes: weights {work.non_expert_bytes()}, draft {draft_bytes}, KV {kv}, workspace "
                 f"{workspace}) plus one expert slot per layer ({per_slot_row} bytes); give at least "
                 f"{(resident + per_slot_row) / 1e9:.9g}"
             )
-    return MemoryPlan(slots, resident, work.non_expert_bytes(), draft_bytes, kv, workspace, slots * per_slot_row, budget)
+        return MemoryPlan(slots, resident, work.non_expert_bytes(), draft_bytes, kv, workspace, slots * per_slot_row,
+                          budget_bytes)
+    if budget.kind == "fraction":
+        slots = max(1, round(budget.value * work.experts_per_layer))
+    else:
+        slots = int(budget.value)
+        if not 1 <= slots <= work.experts_per_layer:
+            raise SpecterError(f"--resident-per-layer {slots} must be between 1 and {work.experts_per_layer} "
+                               "(the experts per layer)")
+    return MemoryPlan(slots, resident, work.non_expert_bytes(), draft_bytes, kv, workspace, slots * per_slot_row, None)

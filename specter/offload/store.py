@@ -29,7 +29,7 @@ class ExpertLayout:
     activation: Activation
 
     @classmethod
-    def of(cls, weights: ExpertWeights) -> "ExpertLayout":
+    def of(cls, weights: ExpertWeights) -> ExpertLayout:
         parts, offset = [], 0
         for name, t in weights.tensors().items():
             parts.append((name, offset, tuple(t.shape)))

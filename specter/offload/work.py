@@ -40,7 +40,7 @@ class ModelWork:
     vocab: int
 
     @classmethod
-    def of(cls, moe: MoEModel) -> "ModelWork":
+    def of(cls, moe: MoEModel) -> ModelWork:
         cfg = moe.config
         layer_params = {}
         for i, layer in enumerate(moe.decoder_layers):
@@ -87,6 +87,12 @@ class ModelWork:
 
     def copy_op(self, label: str, pinned: bool = True) -> Op:
         return Op(label, bytes_copied=self.expert_bytes, pinned=pinned)
+
+    def draft_step_ops(self, context: int, top_k: int, expert_bytes: int) -> list[Op]:
+        """One draft step (one token after `context` cached ones), as a latency model sees it: every layer's attention
+        block, `top_k` quantized experts per MoE layer, and the LM head."""
+        return ([self.attention_op(layer, 1, context, "") for layer in self.layers]
+                + [self.expert_op(1, "", expert_bytes)] * (len(self.moe_layers) * top_k) + [self.head_op(1, "")])
 
     # sizes ---------------------------------------------------------------------------------------------------------
     def non_expert_bytes(self) -> int:

@@ -69,7 +69,8 @@ def fidelity(target: MoEModel, draft: MoEModel, prompts: list[list[int]], new_to
                 overlap = len(t_set & d_set)
                 relation = "exact" if t_set == d_set else ("partial" if overlap else "none")
                 counts[relation] += 1
-                rows.append(dict(prompt_index=p_idx, position=pos, layer=layer, target_experts=" ".join(map(str, sorted(t_set))),
+                rows.append(dict(prompt_index=p_idx, position=pos, layer=layer,
+                                 target_experts=" ".join(map(str, sorted(t_set))),
                                  draft_experts=" ".join(map(str, sorted(d_set))), overlap=overlap, relation=relation,
                                  top1_agree=int(agree)))
         committed = seq[0].tolist()

@@ -67,11 +67,12 @@ class DraftMeta:
         (out_dir / META_FILE).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def read(cls, draft_dir: str | Path) -> "DraftMeta":
+    def read(cls, draft_dir: str | Path) -> DraftMeta:
         path = Path(draft_dir) / META_FILE
         if not path.is_file():
             raise SpecterError(
-                f"{str(draft_dir)!r} is not a draft (no {META_FILE}); make one with `specter quantize --model DIR --out DIR`"
+                f"{str(draft_dir)!r} is not a draft (no {META_FILE}); make one with "
+                "`specter quantize --model DIR --out DIR`"
             )
         try:
             return cls(**json.loads(path.read_text()))

@@ -35,7 +35,8 @@ class PackedLinear:
 
 
 def _pack_stream(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """codes int64 [n, cols] with values < 2**bits -> int32 [n * bits / 32, cols], a little-endian bit stream per col."""
+    """codes int64 [n, cols] with values < 2**bits -> int32 [n * bits / 32, cols], a little-endian bit stream per
+    column."""
     n, cols = codes.shape
     if (n * bits) % 32:
         raise ValueError(f"{n} codes of {bits} bits do not fill whole 32-bit words")

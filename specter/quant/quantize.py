@@ -122,7 +122,8 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
 
 
 def _quantize_rtn(model_dir, bits, group_size) -> dict:
-    """{(layer, expert, proj): (PackedLinear, bias)} from the target's weights in the per-expert layout GPTQModel uses."""
+    """{(layer, expert, proj): (PackedLinear, bias)} from the target's weights in the per-expert layout GPTQModel
+    uses."""
     moe = load_moe_model(model_dir, dtype=torch.float32)
     packed = {}
     for layer in moe.moe_layers:
@@ -138,8 +139,8 @@ _EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_pro
 def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
     """GPTQ through GPTQModel in a child process, restricted to routed experts; reads back its checkpoint.
 
-    A child process because importing GPTQModel patches transformers' MoE block classes process-wide (its defuser), which
-    would change every model loaded afterwards in this process.
+    A child process because importing GPTQModel patches transformers' MoE block classes process-wide (its defuser),
+    which would change every model loaded afterwards in this process.
     """
     tmp = Path(tempfile.mkdtemp(prefix="specter-gptq-"))
     try:

@@ -1,4 +1,2 @@
-"""Aggregation of run records into tidy tables (pandas) and figures (seaborn)."""
-
-EXPERIMENTS = ("main", "k_sweep", "prefix_sweep", "routing", "working_set", "prefetch_policy", "ablation", "oracle",
-               "budget", "hardware", "fidelity")
+"""Aggregation of run records into tidy tables (pandas: `tables`) and figures (seaborn: `figures`), one of each per
+experiment of the registry (`specter.experiments`)."""

@@ -76,116 +76,130 @@ def _headroom(ax, top: float, share: float = 1.3) -> None:
 
 
 def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
-    """Draw experiment `name`'s figure from its table to `out` (PNG)."""
+    """Draw experiment `name`'s figure from its table to `out` (PNG), by its registry entry's figure kind."""
+    from specter import experiments
+
+    figure = experiments.get(name).figure
+    if figure.kind not in KINDS:
+        raise SpecterError(f"experiment {name!r}: no figure kind {figure.kind!r}; kinds: {', '.join(KINDS)}")
     sns.set_theme(style="whitegrid", context="paper")
-    timing = _timing_label(table)
-    if name in ("main", "hardware", "prefix_sweep", "budget"):
-        _plot_systems(name, table, out, timing)
-    elif name == "k_sweep":
-        fig, panels = _panels(table)
-        for ax, sub, title in panels:
-            fixed = sub[sub["k_setting"].str.fullmatch(r"\d+")].sort_values("k")
-            ax.plot(fixed["k"], fixed["tpot_ms"], marker="o", label="TPOT")
-            ax.plot(fixed["k"], fixed["lower_bound_tpot_ms"], ls="--", color="gray", label="lower bound")
-            styles = iter([("*", "crimson", 180), ("D", "darkorange", 70), ("P", "purple", 110)])
-            for setting, part in sub[~sub["k_setting"].str.fullmatch(r"\d+")].groupby("k_setting"):
-                marker, color, size = next(styles)
-                ax.scatter(part["k"], part["tpot_ms"], marker=marker, s=size, color=color, zorder=4,
-                           label=f"governor ({setting}): K = {int(part['k'].iloc[0])}")
-            ax.set_xlabel("draft window K (tokens)")
-            ax.set_ylabel("TPOT (ms, median over prompts)")
-            twin = ax.twinx()
-            twin.plot(fixed["k"], fixed["acceptance_rate"], marker="s", color="seagreen", label="acceptance rate")
-            twin.set_ylabel("acceptance rate")
-            twin.set_ylim(0, 1.05)
-            twin.grid(False)
-            h1, l1 = ax.get_legend_handles_labels()
-            h2, l2 = twin.get_legend_handles_labels()
-            ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="best")
-            ax.set_title(title, fontsize=9)
-        _finish(fig, f"TPOT and acceptance vs K ({timing})", out)
-    elif name == "routing":
-        fig, panels = _panels(table)
-        for ax, sub, title in panels:
-            # draft and target both pick top-k experts, so the sets are equally large and precision equals recall;
-            # both are drawn only where they differ
-            same = (sub["precision"] - sub["recall"]).abs().max() < 1e-12
-            for k, part in sub.groupby("k"):
-                part = part.sort_values("distance")
-                ax.plot(part["distance"], part["recall"], marker="o", ms=3,
-                        label=f"K={k}" if same else f"recall, K={k}")
-                if not same:
-                    ax.plot(part["distance"], part["precision"], marker="x", ls="--", label=f"precision, K={k}")
-            ax.set_xlabel("lookahead distance (draft steps ahead of verification)")
-            ax.set_ylabel("recall = precision (mean over layers)" if same else "share of experts (mean over layers)")
-            ax.set_ylim(0, 1.05)
-            ax.legend(fontsize=7, ncol=3, loc="lower center")
-            wr = ", ".join(f"K={k}: {v:.2f}" for k, v in sub.groupby("k")["window_recall"].first().items())
-            ax.set_title(f"{title}\nwindow recall {wr}", fontsize=9)
-        _finish(fig, "Draft routing as a forecast of the target's experts", out)
-    elif name == "working_set":
-        fig, panels = _panels(table)
-        for ax, sub, title in panels:
-            sub = sub.sort_values("k")
-            ax.plot(sub["k"], sub["window_working_set"], marker="o", label="distinct experts per window")
-            ax.axhline(sub["experts_per_layer"].iloc[0], color="gray", ls=":", label="experts per layer")
-            ax.axhline(sub["slots_per_layer"].iloc[0], color="crimson", ls="--", label="device slots per layer")
-            ax.set_xlabel("draft window K (tokens)")
-            ax.set_ylabel("experts per MoE layer (mean)")
-            ax.set_ylim(0, sub["experts_per_layer"].iloc[0] * 1.1)
-            ax.legend(fontsize=8)
-            ax.set_title(title, fontsize=9)
-        _finish(fig, "Working set of one verification vs K", out)
-    elif name in ("prefetch_policy", "ablation", "oracle"):
-        x = {"prefetch_policy": "prefetch", "ablation": "variant", "oracle": "forecast"}[name]
-        fig, panels = _panels(table)
-        for ax, sub, title in panels:
-            sub = sub.sort_values("noise") if name == "oracle" else sub
-            _bars_with_bound(ax, sub, x)
-            ax.set_xlabel({"prefetch": "prefetch policy", "variant": "variant", "forecast": "prefetch forecast"}[x])
-            ax.set_title(title, fontsize=9)
-        what = {"prefetch_policy": "Prefetch policies at equal capacity", "ablation": "Ablation",
-                "oracle": "Perfect and degraded forecasts"}[name]
-        _finish(fig, f"{what} ({timing})", out)
-    elif name == "fidelity":
-        _plot_fidelity(table, out)
-    else:
-        raise SpecterError(f"no figure for experiment {name!r}")
+    KINDS[figure.kind](figure, table, out, _timing_label(table))
 
 
-def _plot_systems(name: str, table: pd.DataFrame, out, timing: str) -> None:
-    fig, panels = _panels(table, width=6.0 if name == "main" else 5.6)
+def _plot_k_sweep(figure, table: pd.DataFrame, out, timing: str) -> None:
+    fig, panels = _panels(table)
     for ax, sub, title in panels:
-        if name == "main":
-            order = list(sub.sort_values("tpot_ms")["system"])
-            _bars_with_bound(ax, sub, "system", order)
-            ax.set_xlabel("system")
-            share = sub["resident_share"].mode().iloc[0]  # the budget (resident keeps every expert)
-            ax.set_title(f"{title}; budget: {share:.0%} of each layer's experts", fontsize=9)
-        elif name == "budget":
-            for system, part in sub.groupby("system"):
-                part = part.sort_values("resident_share")
-                ax.plot(part["resident_share"] * 100, part["tpot_ms"], marker="o", label=system)
-            ax.set_xlabel("device expert slots (% of each layer's experts)")
-            ax.set_ylabel("TPOT (ms, median over prompts)")
-            ax.legend(fontsize=8)
-            ax.set_title(title, fontsize=9)
-        else:
-            x = "hardware" if name == "hardware" else "prefix_tokens"
-            sns.barplot(data=sub, x=x, y="tpot_ms", hue="system", ax=ax, errorbar=None)
-            ax.set_xlabel("hardware profile" if x == "hardware" else "prompt length (tokens)")
-            ax.set_ylabel("TPOT (ms, median over prompts)")
-            if x == "hardware":
-                ax.tick_params(axis="x", rotation=25)
-            _headroom(ax, sub["tpot_ms"].max(), 1.35)
-            ax.legend(fontsize=8, title=None, loc="upper center", ncol=2)
-            ax.set_title(title, fontsize=9)
-    what = {"main": "TPOT per system", "budget": "TPOT vs device budget", "hardware": "TPOT on each hardware profile",
-            "prefix_sweep": "TPOT vs prompt length"}[name]
-    _finish(fig, f"{what} ({timing})", out)
+        fixed = sub[sub["k_setting"].str.fullmatch(r"\d+")].sort_values("k")
+        ax.plot(fixed["k"], fixed["tpot_ms"], marker="o", label="TPOT")
+        ax.plot(fixed["k"], fixed["lower_bound_tpot_ms"], ls="--", color="gray", label="lower bound")
+        styles = iter([("*", "crimson", 180), ("D", "darkorange", 70), ("P", "purple", 110)])
+        for setting, part in sub[~sub["k_setting"].str.fullmatch(r"\d+")].groupby("k_setting"):
+            marker, color, size = next(styles)
+            ax.scatter(part["k"], part["tpot_ms"], marker=marker, s=size, color=color, zorder=4,
+                       label=f"governor ({setting}): K = {int(part['k'].iloc[0])}")
+        ax.set_xlabel("draft window K (tokens)")
+        ax.set_ylabel("TPOT (ms, median over prompts)")
+        twin = ax.twinx()
+        twin.plot(fixed["k"], fixed["acceptance_rate"], marker="s", color="seagreen", label="acceptance rate")
+        twin.set_ylabel("acceptance rate")
+        twin.set_ylim(0, 1.05)
+        twin.grid(False)
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = twin.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="best")
+        ax.set_title(title, fontsize=9)
+    _finish(fig, f"{figure.title} ({timing})", out)
 
 
-def _plot_fidelity(table: pd.DataFrame, out) -> None:
+def _plot_routing(figure, table: pd.DataFrame, out, timing: str) -> None:
+    fig, panels = _panels(table)
+    for ax, sub, title in panels:
+        # draft and target both pick top-k experts, so the sets are equally large and precision equals recall;
+        # both are drawn only where they differ
+        same = (sub["precision"] - sub["recall"]).abs().max() < 1e-12
+        for k, part in sub.groupby("k"):
+            part = part.sort_values("distance")
+            ax.plot(part["distance"], part["recall"], marker="o", ms=3,
+                    label=f"K={k}" if same else f"recall, K={k}")
+            if not same:
+                ax.plot(part["distance"], part["precision"], marker="x", ls="--", label=f"precision, K={k}")
+        ax.set_xlabel("lookahead distance (draft steps ahead of verification)")
+        ax.set_ylabel("recall = precision (mean over layers)" if same else "share of experts (mean over layers)")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=7, ncol=3, loc="lower center")
+        wr = ", ".join(f"K={k}: {v:.2f}" for k, v in sub.groupby("k")["window_recall"].first().items())
+        ax.set_title(f"{title}\nwindow recall {wr}", fontsize=9)
+    _finish(fig, figure.title, out)
+
+
+def _plot_working_set(figure, table: pd.DataFrame, out, timing: str) -> None:
+    fig, panels = _panels(table)
+    for ax, sub, title in panels:
+        sub = sub.sort_values("k")
+        ax.plot(sub["k"], sub["window_working_set"], marker="o", label="distinct experts per window")
+        ax.axhline(sub["experts_per_layer"].iloc[0], color="gray", ls=":", label="experts per layer")
+        ax.axhline(sub["slots_per_layer"].iloc[0], color="crimson", ls="--", label="device slots per layer")
+        ax.set_xlabel("draft window K (tokens)")
+        ax.set_ylabel("experts per MoE layer (mean)")
+        ax.set_ylim(0, sub["experts_per_layer"].iloc[0] * 1.1)
+        ax.legend(fontsize=8)
+        ax.set_title(title, fontsize=9)
+    _finish(fig, figure.title, out)
+
+
+def _plot_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """TPOT bars per `figure.x`, each with its lower bound."""
+    fig, panels = _panels(table)
+    for ax, sub, title in panels:
+        sub = sub.sort_values(figure.sort) if figure.sort else sub
+        _bars_with_bound(ax, sub, figure.x)
+        ax.set_xlabel(figure.xlabel)
+        ax.set_title(title, fontsize=9)
+    _finish(fig, f"{figure.title} ({timing})", out)
+
+
+def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """TPOT bars per system, fastest first, each with its lower bound; the budget in the panel title."""
+    fig, panels = _panels(table, width=6.0)
+    for ax, sub, title in panels:
+        order = list(sub.sort_values("tpot_ms")["system"])
+        _bars_with_bound(ax, sub, "system", order)
+        ax.set_xlabel(figure.xlabel)
+        share = sub["resident_share"].mode().iloc[0]  # the budget (resident keeps every expert)
+        ax.set_title(f"{title}; budget: {share:.0%} of each layer's experts", fontsize=9)
+    _finish(fig, f"{figure.title} ({timing})", out)
+
+
+def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """TPOT per system against `figure.x` (a share, drawn in percent)."""
+    fig, panels = _panels(table, width=5.6)
+    for ax, sub, title in panels:
+        for system, part in sub.groupby("system"):
+            part = part.sort_values(figure.x)
+            ax.plot(part[figure.x] * 100, part["tpot_ms"], marker="o", label=system)
+        ax.set_xlabel(figure.xlabel)
+        ax.set_ylabel("TPOT (ms, median over prompts)")
+        ax.legend(fontsize=8)
+        ax.set_title(title, fontsize=9)
+    _finish(fig, f"{figure.title} ({timing})", out)
+
+
+def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """TPOT bars per `figure.x`, one hue per system."""
+    fig, panels = _panels(table, width=5.6)
+    for ax, sub, title in panels:
+        sns.barplot(data=sub, x=figure.x, y="tpot_ms", hue="system", ax=ax, errorbar=None)
+        ax.set_xlabel(figure.xlabel)
+        ax.set_ylabel("TPOT (ms, median over prompts)")
+        if figure.x == "hardware":
+            ax.tick_params(axis="x", rotation=25)
+        _headroom(ax, sub["tpot_ms"].max(), 1.35)
+        ax.legend(fontsize=8, title=None, loc="upper center", ncol=2)
+        ax.set_title(title, fontsize=9)
+    _finish(fig, f"{figure.title} ({timing})", out)
+
+
+def _plot_fidelity(figure, table: pd.DataFrame, out, timing: str) -> None:
     table = table.assign(draft=[f"{m} INT{b} g{g}" for m, b, g in
                                 zip(table["method"], table["bits"], table["group_size"])])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -203,4 +217,9 @@ def _plot_fidelity(table: pd.DataFrame, out) -> None:
     right.legend(fontsize=8)
     right.set_title("acceptance on the target's committed prefix", fontsize=9)
     models = ", ".join(sorted(table["model"].unique()))
-    _finish(fig, f"Draft fidelity ({models}, {', '.join(sorted(table['dataset'].unique()))} prompts)", out)
+    _finish(fig, f"{figure.title} ({models}, {', '.join(sorted(table['dataset'].unique()))} prompts)", out)
+
+
+KINDS = {"system_bars": _plot_system_bars, "bars": _plot_bars, "grouped_bars": _plot_grouped_bars,
+         "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing, "working_set": _plot_working_set,
+         "fidelity": _plot_fidelity}

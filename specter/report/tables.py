@@ -1,8 +1,9 @@
 """Tidy tables of the experiments: run records (JSONL) and fidelity summaries (JSON) in, one CSV per experiment out.
 
-`records_frame` flattens records to one row per (run, prompt) with the settings that tell runs apart; each experiment's
-table takes medians over prompts per setting (the records keep every prompt). Every table keeps `simulated` and
-`hardware`, so a figure drawn from it can say what its times are.
+`records_frame` flattens records to one row per (run, prompt) with the settings that tell runs apart; an experiment's
+table is built by its registry entry's table kind (`specter.experiments`): `medians` (medians over prompts per setting;
+the records keep every prompt), `routing` or `fidelity`. Every table keeps `simulated` and `hardware`, so a figure drawn
+from it can say what its times are.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from specter import experiments
 from specter.errors import SpecterError
-from specter.report import EXPERIMENTS
+from specter.io import atomic_write
 
 _MEDIANS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
             "window_working_set", "stall_ms"]
@@ -74,47 +76,26 @@ def _speedups(table: pd.DataFrame, scope: list[str], of: str = "specter") -> pd.
 
 def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     """The tidy table of experiment `name` from its run records."""
-    df = records_frame(records)
-    scope = ["model", "dataset", "hardware", "simulated"]
-    if name == "main":
-        return _speedups(_medians(df, scope + ["system", "k", "slots_per_layer", "resident_share"]), scope)
-    if name == "k_sweep":
-        return _medians(df, scope + ["system", "k_setting", "k", "slots_per_layer"])
-    if name == "prefix_sweep":
-        t = _medians(df, scope + ["prefix_tokens", "system", "k", "slots_per_layer"])
-        return _speedups(t, scope + ["prefix_tokens"])
-    if name == "working_set":
-        t = _medians(df, scope + ["system", "k", "slots_per_layer", "experts_per_layer"])
-        return t[["model", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer", "experts_per_layer",
-                  "window_working_set", "window_recall", "acceptance_rate", "prompts"]]
-    if name == "prefetch_policy":
-        return _medians(df, scope + ["system", "k", "prefetch", "slots_per_layer"])
-    if name == "ablation":
-        df = df.assign(variant=[_ablation_label(p, s) for p, s in zip(df["prefetch"], df["serialize_demand"])])
-        return _medians(df, scope + ["system", "k", "variant", "slots_per_layer"])
-    if name == "oracle":
-        df = df.assign(forecast=["draft" if pd.isna(n) else f"target routes, {float(n):.0%} replaced"
-                                 for n in df["noise"]], noise=df["noise"].astype(float).fillna(-1.0))
-        return _medians(df, scope + ["system", "forecast", "noise", "k", "slots_per_layer"])
-    if name == "budget":
-        t = _medians(df, scope + ["resident_share", "slots_per_layer", "system", "k"])
-        return _speedups(t, scope + ["resident_share"])
-    if name == "hardware":
-        return _speedups(_medians(df, scope + ["system", "k", "slots_per_layer"]), scope)
-    if name == "routing":
+    spec = experiments.get(name).table
+    if spec.kind == "routing":
         return routing_table(records)
-    raise SpecterError(f"unknown experiment {name!r}; experiments: {', '.join(EXPERIMENTS)}")
+    if spec.kind != "medians":
+        raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
+    df = records_frame(records)
+    if spec.derive is not None:
+        df = spec.derive(df)
+    scope = list(experiments.SCOPE)
+    table = _medians(df, scope + list(spec.keys))
+    if spec.speedups is not None:
+        table = _speedups(table, scope + list(spec.speedups))
+    return table[list(spec.columns)] if spec.columns else table
 
 
-def _ablation_label(prefetch: str, serialize: str) -> str:
-    serial = str(serialize).lower() in ("true", "1", "yes")
-    if prefetch != "none" and not serial:
-        return "full"
-    if prefetch == "none" and not serial:
-        return "no prefetch"
-    if prefetch != "none":
-        return "serialized demand"
-    return "no prefetch, serialized demand"
+def build_table(name: str, inputs: list[str | Path]) -> pd.DataFrame:
+    """Experiment `name`'s table from its input files: fidelity summaries (.json) or run records (.jsonl)."""
+    if experiments.get(name).table.kind == "fidelity":
+        return fidelity_table(inputs)
+    return experiment_table(name, read_records(inputs))
 
 
 def routing_table(records: list[dict]) -> pd.DataFrame:
@@ -149,8 +130,4 @@ def fidelity_table(paths: list[str | Path]) -> pd.DataFrame:
 
 
 def write_table(table: pd.DataFrame, out: str | Path) -> None:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    table.to_csv(tmp, index=False)
-    tmp.replace(out)
+    atomic_write(out, lambda f: table.to_csv(f, index=False))

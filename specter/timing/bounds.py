@@ -9,8 +9,8 @@ initial cache content free (the best any warm-up could leave).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Collection, Sequence
 
 from specter.timing.cost import CostModel
 
@@ -18,9 +18,9 @@ from specter.timing.cost import CostModel
 def belady_loads(trace: Sequence[Collection[int]], slots: int, free_initial: bool = True) -> int:
     """Fewest loads any replacement policy (prefetching or not) needs to serve `trace` with `slots` cache entries.
 
-    `trace[t]` is the set of experts step t needs at once. An expert may stream through a staging buffer without entering
-    the cache (every runtime here has such buffers), so after each step the cache keeps the `slots` experts needed
-    soonest (Belady's rule with bypass). With `free_initial`, the first `slots` distinct experts cost nothing.
+    `trace[t]` is the set of experts step t needs at once. An expert may stream through a staging buffer without
+    entering the cache (every runtime here has such buffers), so after each step the cache keeps the `slots` experts
+    needed soonest (Belady's rule with bypass). With `free_initial`, the first `slots` distinct experts cost nothing.
     """
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
@@ -61,8 +61,31 @@ class PassWork:
 
 def decode_lower_bound_seconds(passes: Sequence[PassWork], link_bytes: float, cost: CostModel) -> float:
     """Seconds the run needs at least: max(total compute, unavoidable link bytes / the fastest link bandwidth)."""
-    compute = sum(cost.compute_seconds(p.flops, p.bytes_read, p.launches) for p in passes)
+    compute = cost.total(passes)  # a PassWork carries the same cost inputs as an op
     p = cost.profile
     fastest = max([p.h2d_pinned_bandwidth, *(pt.pinned_gbps * 1e9 for pt in p.h2d_by_size)])
     link = link_bytes / fastest if link_bytes > 0 else 0.0
     return max(compute, link)
+
+
+def lower_bound_tpot_seconds(passes: Sequence[PassWork], commits: int, decode_routes: list[dict[int, tuple[int, ...]]],
+                             slots: int, expert_bytes: int, expert_params: int, cost: CostModel,
+                             host_compute: bool = False) -> float:
+    """The fastest a run's decode could be on this hardware with this budget, per token: `passes` are its target
+    passes after the first commit, `commits` its committed tokens, `decode_routes` the routes of the committed decode
+    inputs.
+
+    For a system that may compute a missing expert on the host instead of copying it (`host_compute`), each unavoidable
+    load counts at the cheaper of the two ways, halved (the link and the host can work at once)."""
+    if commits < 2:
+        return 0.0
+    loads = 0
+    for layer in decode_routes[0] if decode_routes else {}:
+        loads += belady_loads([r[layer] for r in decode_routes], slots)
+    link_bytes = loads * expert_bytes
+    if host_compute:
+        host_s = cost.host_seconds(2.0 * expert_params, expert_bytes, 1)
+        fastest_bw = max([cost.profile.h2d_pinned_bandwidth, *(p.pinned_gbps * 1e9 for p in cost.profile.h2d_by_size)])
+        link_bytes = loads * min(expert_bytes, host_s * fastest_bw) / 2
+    bound = decode_lower_bound_seconds(passes, link_bytes, cost) / (commits - 1)
+    return bound * (1 - 1e-12)  # where the run met its bound exactly, summation order must not put the bound above it

@@ -21,7 +21,8 @@ class CostModel:
 
     def compute_seconds(self, flops: float, bytes_read: float, launches: int = 1) -> float:
         p = self.profile
-        return launches * p.device_launch_overhead + max(flops / p.device_peak_flops, bytes_read / p.device_memory_bandwidth)
+        return launches * p.device_launch_overhead + max(flops / p.device_peak_flops,
+                                                         bytes_read / p.device_memory_bandwidth)
 
     def host_seconds(self, flops: float, bytes_read: float, launches: int = 1) -> float:
         p = self.profile
@@ -32,7 +33,8 @@ class CostModel:
             return 0.0
         return self.profile.h2d_latency + nbytes / self.profile.h2d_bandwidth(int(nbytes), pinned)
 
-    def duration(self, stream: str, op: Op) -> float:
+    def seconds(self, op: Op, stream: str = COMPUTE) -> float:
+        """How long `op` takes on `stream` (the device's compute stream unless said otherwise)."""
         if stream == COMPUTE:
             return self.compute_seconds(op.flops, op.bytes_read, op.launches)
         if stream == H2D:
@@ -40,6 +42,10 @@ class CostModel:
         if stream == HOST:
             return self.host_seconds(op.flops, op.bytes_read, op.launches)
         raise ValueError(f"unknown stream {stream!r}")
+
+    def total(self, ops, stream: str = COMPUTE) -> float:
+        """Seconds of `ops` run one after another on `stream`."""
+        return sum(self.seconds(op, stream) for op in ops)
 
 
 def linear_flops(tokens: int, in_features: int, out_features: int) -> float:

@@ -16,8 +16,9 @@ streams and measures. No system branches on which engine it has.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 COMPUTE = "compute"
 H2D = "h2d"
@@ -76,7 +77,8 @@ class Timeline:
     stalls: list[Stall] = field(default_factory=list)
 
     def stall_seconds(self, stream: str = COMPUTE, waited_on: str | None = None) -> float:
-        return sum(s.seconds for s in self.stalls if s.stream == stream and (waited_on is None or s.waited_on == waited_on))
+        return sum(s.seconds for s in self.stalls
+                   if s.stream == stream and (waited_on is None or s.waited_on == waited_on))
 
     def busy_seconds(self, stream: str) -> float:
         return sum(s.end - s.start for s in self.spans if s.stream == stream)

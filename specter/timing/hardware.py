@@ -1,7 +1,8 @@
 """Hardware profiles: the numbers the cost model turns work into time, loaded from YAML presets or measured profiles.
 
 A profile is a YAML file with three sections (device, link, host) plus `sources`, a map from each field to where its
-number comes from. Presets live in `config/hardware/`; `specter profile-bandwidth` writes the same format from
+number comes from. Presets ship inside the package (`specter/presets/hardware/`, read with `importlib.resources`, so a
+wheel install has them too); `specter profile-bandwidth` writes the same format from
 measurement. `--hardware` takes a preset name or a path to such a file. Units are in the key names: GB/s are 1e9 bytes
 per second, TFLOP/s 1e12 FLOP per second, us microseconds.
 """
@@ -16,7 +17,12 @@ import yaml
 
 from specter.errors import SpecterError
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "config" / "hardware"
+
+def _preset_dir():
+    """The presets shipped with the package (a Traversable: a directory on disk, or inside a zip)."""
+    from importlib.resources import files
+
+    return files("specter.presets").joinpath("hardware")
 
 # section -> {field: (required, minimum allowed value)}; every number must be finite and at least the minimum.
 _FIELDS: dict[str, dict[str, tuple[bool, float]]] = {
@@ -124,26 +130,31 @@ class HardwareProfile:
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    return sorted(p.name.removesuffix(".yaml") for p in _preset_dir().iterdir() if p.name.endswith(".yaml"))
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
-    """A preset by name (`config/hardware/NAME.yaml`) or a profile YAML file by path."""
+    """A preset by name (`specter/presets/hardware/NAME.yaml`) or a profile YAML file by path."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        path = PRESET_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
+        preset = _preset_dir().joinpath(f"{name_or_path}.yaml")
+        if str(name_or_path) not in preset_names():
             raise SpecterError(
                 f"unknown hardware preset {str(name_or_path)!r}; known presets: {', '.join(preset_names())}; "
                 "or pass the path of a profile YAML (e.g. from `specter profile-bandwidth`)"
             )
+        return _parse_profile(preset.read_text(), f"preset {name_or_path}")
     if not path.is_file():
         raise SpecterError(f"hardware profile file {str(path)!r} does not exist")
+    return _parse_profile(path.read_text(), str(path))
+
+
+def _parse_profile(text: str, origin: str) -> HardwareProfile:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise SpecterError(f"hardware profile {path} is not valid YAML: {err}") from None
-    return profile_from_dict(data, origin=str(path))
+        raise SpecterError(f"hardware profile {origin} is not valid YAML: {err}") from None
+    return profile_from_dict(data, origin=origin)
 
 
 def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
@@ -200,3 +211,9 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         measured=bool(data.get("measured", False)),
         sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
     )
+
+
+def profile_summary(profile: HardwareProfile) -> str:
+    return (f"{profile.name}: link {profile.h2d_pinned_bandwidth / 1e9:.2f} GB/s pinned, "
+            f"{profile.h2d_pageable_bandwidth / 1e9:.2f} GB/s pageable, latency {profile.h2d_latency * 1e6:.1f} us; "
+            f"device {profile.device_peak_flops / 1e12:.3f} TFLOP/s, {profile.device_memory_bandwidth / 1e9:.1f} GB/s")

@@ -12,15 +12,16 @@ from __future__ import annotations
 import csv
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 import yaml
 
 from specter.errors import SpecterError
-from specter.timing.hardware import HardwareProfile, load_profile
+from specter.timing.hardware import load_profile
 
 KIB = 1024
 
@@ -43,7 +44,8 @@ class CopyRow:
     repeats: int
 
 
-def _median_time(fn: Callable[[], None], repeats: int, warmup: int, timer: Callable[[Callable[[], None]], float]) -> float:
+def _median_time(fn: Callable[[], None], repeats: int, warmup: int,
+                 timer: Callable[[Callable[[], None]], float]) -> float:
     for _ in range(warmup):
         fn()
     return statistics.median(timer(fn) for _ in range(repeats))
@@ -93,7 +95,7 @@ def profile_bandwidth(out_dir: str | Path, device: str = "auto", sizes: list[int
 def _host_matmul_tflops(repeats: int) -> float:
     n = 1024
     a, b = torch.randn(n, n), torch.randn(n, n)
-    t = _median_time(lambda: torch.mm(a, b), repeats, 2, _wall_timer)
+    t = _median_time(partial(torch.mm, a, b), repeats, 2, _wall_timer)
     return 2 * n**3 / t / 1e12
 
 
@@ -101,7 +103,7 @@ def _host_copy_rows(sizes: list[int], repeats: int, warmup: int) -> list[CopyRow
     rows = []
     for size in sizes:
         src, dst = torch.ones(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
-        t = _median_time(lambda: dst.copy_(src), repeats, warmup, _wall_timer)
+        t = _median_time(partial(dst.copy_, src), repeats, warmup, _wall_timer)
         rows.append(CopyRow(size, "host", t, size / t / 1e9, repeats))
     return rows
 
@@ -154,7 +156,7 @@ def _profile_cuda(sizes, repeats, warmup, name):
         dst = torch.empty(size, dtype=torch.uint8, device=dev)
         for memory, src in (("pinned", torch.ones(size, dtype=torch.uint8).pin_memory()),
                             ("pageable", torch.ones(size, dtype=torch.uint8))):
-            t = _median_time(lambda: dst.copy_(src, non_blocking=True), repeats, warmup, _cuda_timer)
+            t = _median_time(partial(dst.copy_, src, non_blocking=True), repeats, warmup, _cuda_timer)
             rows.append(CopyRow(size, memory, t, size / t / 1e9, repeats))
     x = torch.zeros(1, device=dev)
     launches = 100
@@ -167,10 +169,10 @@ def _profile_cuda(sizes, repeats, warmup, name):
     n = 8192
     a = torch.randn(n, n, device=dev, dtype=torch.float16)
     b = torch.randn(n, n, device=dev, dtype=torch.float16)
-    gemm_s = _median_time(lambda: torch.mm(a, b), repeats, warmup, _cuda_timer)
+    gemm_s = _median_time(partial(torch.mm, a, b), repeats, warmup, _cuda_timer)
     big = 1 << 30
     s1, s2 = torch.empty(big, dtype=torch.uint8, device=dev), torch.empty(big, dtype=torch.uint8, device=dev)
-    d2d_s = _median_time(lambda: s2.copy_(s1), repeats, warmup, _cuda_timer)
+    d2d_s = _median_time(partial(s2.copy_, s1), repeats, warmup, _cuda_timer)
     pinned = {r.size_bytes: r for r in rows if r.memory == "pinned"}
     pageable = {r.size_bytes: r for r in rows if r.memory == "pageable"}
     host_rows = _host_copy_rows([s for s in sizes if s <= 1 << 28], repeats, warmup)
@@ -194,9 +196,3 @@ def _profile_cuda(sizes, repeats, warmup, name):
                            "(read + write)"},
     }
     return rows + host_rows, profile
-
-
-def profile_summary(profile: HardwareProfile) -> str:
-    return (f"{profile.name}: link {profile.h2d_pinned_bandwidth / 1e9:.2f} GB/s pinned, "
-            f"{profile.h2d_pageable_bandwidth / 1e9:.2f} GB/s pageable, latency {profile.h2d_latency * 1e6:.1f} us; "
-            f"device {profile.device_peak_flops / 1e12:.3f} TFLOP/s, {profile.device_memory_bandwidth / 1e9:.1f} GB/s")

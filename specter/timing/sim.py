@@ -32,7 +32,7 @@ class SimEngine(Engine):
     def launch(self, stream: str, op: Op) -> Any:
         check_stream(stream)
         start = max(self._ready[stream], self._host)
-        end = start + self.cost.duration(stream, op)
+        end = start + self.cost.seconds(op, stream)
         self._ready[stream] = end
         self.timeline.spans.append(Span(stream, op.label, start, end, op.bytes_copied))
         return op.fn() if op.fn is not None else None

@@ -1,9 +1,14 @@
-# Config validation, naming and input functions shared by the rule files.
+# Config validation, naming and input functions shared by the rule files. What each experiment runs comes from its
+# config entry; how its records become a table and a figure comes from the suite's experiment registry.
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
 
 validate(config, schema="../schemas/config.schema.yaml")
+
+sys.path.insert(0, workflow.basedir)  # the suite of this repository: its registry and run settings plan the jobs
+from specter.experiments import EXPERIMENTS as REGISTRY, own_numerics, records_experiment, sweep_flags  # noqa: E402
 
 for _name, _spec in config["models"].items():
     if "path" in _spec and not (Path(_spec["path"]) / "config.json").is_file():
@@ -13,6 +18,14 @@ for _name, _spec in config["models"].items():
 for _name, _spec in config["datasets"].items():
     if "path" in _spec and not Path(_spec["path"]).is_file():
         raise ValueError(f"config datasets.{_name}.path: {_spec['path']!r} does not exist; fix the path")
+for _name, _entry in config["experiments"].items():
+    if _name not in REGISTRY:
+        raise ValueError(f"config experiments.{_name}: no such experiment; experiments: {', '.join(REGISTRY)}")
+    _source = records_experiment(_name)
+    if _source != _name and _source not in config["experiments"]:
+        raise ValueError(f"config experiments.{_name} reads the records of {_source}: configure {_source} too")
+    if REGISTRY[_source].source in ("runs", "sweep") and not config["experiments"][_source].get("systems"):
+        raise ValueError(f"config experiments.{_source}: give its systems")
 
 # Every rule runs the suite from this repository, in the environment of ENV under `--use-conda` (else the current one).
 ENV = "../envs/specter.yaml"
@@ -22,17 +35,26 @@ MODELS = list(config["models"])
 DATASETS = list(config["datasets"])
 SWEEP_DATASET = DATASETS[0]  # the sweeps run on the first prompt set
 PROTOCOL = config["protocol"]
-# Experiments drawn from sweeps (one `specter sweep` per model); main is one `specter run` per system and set.
-SWEEPS = ["k_sweep", "prefix_sweep", "prefetch_policy", "ablation", "oracle", "budget", "hardware"]
-EXPERIMENTS = ["main", *SWEEPS, "routing", "working_set", "fidelity"]
+MAIN_PREFIX = PROTOCOL["prefix_tokens"]
+K = config["k"]
+BUDGET = config["budget"]
+HW = config["hardware"]
+EXPERIMENTS = list(config["experiments"])
+ENTRY = config["experiments"]
+SWEEPS = [n for n in EXPERIMENTS if REGISTRY[n].source == "sweep"]
+OWN_NUMERICS = [n for n in SWEEPS if own_numerics(ENTRY[n])]  # they record their own; the rest replay the main memo
+MAIN_SYSTEMS = ENTRY["main"]["systems"] if "main" in ENTRY else []
+# What the main memo records: every system of the experiments that replay it.
+RECORD_SYSTEMS = list(dict.fromkeys(MAIN_SYSTEMS + [s for n in SWEEPS if n not in OWN_NUMERICS
+                                                     for s in ENTRY[n]["systems"]]))
 
 
 wildcard_constraints:
     model="|".join(MODELS),
     dataset="|".join(DATASETS),
     experiment="|".join(EXPERIMENTS),
-    prefix=r"\d+",
-    sweep="|".join(SWEEPS),
+    prefix=str(MAIN_PREFIX),
+    sweep="|".join(SWEEPS) or "(?!)",
 
 
 def draft_name(d):
@@ -63,8 +85,14 @@ def dataset_args(name):
     return args + (f" --field {spec['field']}" if "field" in spec else "")
 
 
-def memo_path(model, dataset, prefix):
-    return f"results/memo/{model}/{dataset}-p{prefix}.pkl"
+def memo_path(model, dataset):
+    """The main recording of a prompt set: the numerics every run and replaying sweep reads."""
+    return f"results/memo/{model}/{dataset}-p{MAIN_PREFIX}.pkl"
+
+
+def own_memo(model, dataset, experiment):
+    """The recording of an experiment that varies the numerics (K, prompt length)."""
+    return f"results/memo/{model}/{dataset}-p{MAIN_PREFIX}-{experiment}.pkl"
 
 
 def common_args(model, dataset):
@@ -77,7 +105,7 @@ def common_args(model, dataset):
 
 
 def measured_profile():
-    return ["results/profile/measured/profile.yaml"] if config["hardware"]["measure"] else []
+    return ["results/profile/measured/profile.yaml"] if HW["measure"] else []
 
 
 def all_fidelity_reports():
@@ -91,7 +119,7 @@ def all_runs():
         f"results/runs/{model}/{dataset}/{system}.jsonl"
         for model in MODELS
         for dataset in DATASETS
-        for system in config["systems"]
+        for system in MAIN_SYSTEMS
     ]
 
 
@@ -100,86 +128,32 @@ def sweep_records(sweep):
 
 
 def experiment_inputs(wc):
-    """The files an experiment's table is aggregated from."""
-    name = wc.experiment
-    if name == "main":
+    """The files an experiment's table is aggregated from (by its registry source)."""
+    source = REGISTRY[wc.experiment].source
+    if source == "runs":
         return all_runs()
-    if name == "fidelity":
+    if source == "fidelity":
         return all_fidelity_reports()
-    if name in ("routing", "working_set"):  # Specter's expert prediction and working set at every K of the sweep
-        return sweep_records("k_sweep")
-    return sweep_records(name)
+    return sweep_records(records_experiment(wc.experiment))
 
 
 def all_figures():
     return [f"results/figures/{name}.png" for name in EXPERIMENTS]
 
 
-# Run settings (run.smk).
-MAIN_PREFIX = PROTOCOL["prefix_tokens"]
-K = config["k"]
-BUDGET = config["budget"]
-HW = config["hardware"]
-EXP = config["experiments"]
-
-
-def _record_systems(wc):
-    """What the memo must cover: the main systems at the main K (or the prefix sweep's systems at other lengths)."""
-    prefix = int(wc.prefix)
-    systems = list(config["systems"]) if prefix == MAIN_PREFIX else []
-    if wc.dataset == SWEEP_DATASET and prefix in EXP["prefix_sweep"]["prefixes"]:
-        systems += [s for s in EXP["prefix_sweep"]["systems"] if s not in systems]
-    return ",".join(systems)
-
-
-def _csv(values):
-    return ",".join(str(v) for v in values)
-
-
-ENGINE = f"--engine {HW['engine']}"  # every run but the hardware sweep's (always simulated: it replays other profiles)
 RECORD_TIMING = f"--hardware {HW['main']} --resident-fraction {BUDGET['main']}"  # recording numerics: simulated
-MAIN_TIMING = f"{RECORD_TIMING} {ENGINE}"  # every run but the budget and hardware sweeps
+MAIN_TIMING = f"{RECORD_TIMING} --engine {HW['engine']}"  # the main runs
+MAIN = dict(k=K["main"], hardware=HW["main"], prefix_tokens=MAIN_PREFIX, resident_fraction=BUDGET["main"],
+            engine=HW["engine"])
 # Simulated runs take one thread each (two jobs at once use 2 cores best); a measured run takes every core, so that it
 # has the machine and its GPU to itself.
 RUN_THREADS = 1 if HW["engine"] == "sim" else workflow.cores
-K_SWEEP = _csv([*K["sweep"], *K["governor"]])  # the k_sweep's K values and governors
 
 
-def k_sweep_memo(model):
-    """The k_sweep's own recorded numerics (Specter at every K and governor), recorded beside the main memo."""
-    return memo_path(model, SWEEP_DATASET, MAIN_PREFIX).replace(".pkl", "-k_sweep.pkl")
+def grid_args(experiment, numerics_only=False):
+    """The `specter sweep` flags of an experiment (see `specter.experiments.sweep_flags`)."""
+    return " ".join(sweep_flags(ENTRY[experiment], MAIN, numerics_only, tuple(measured_profile())))
 
 
-def _sweep_args(wc):
-    """The grid of one sweep experiment."""
-    main = f"--k {K['main']} {MAIN_TIMING}"
-    prefix = f"--prefix-tokens {MAIN_PREFIX}"
-    name = wc.sweep
-    if name == "k_sweep":
-        return f"--systems specter --k {K_SWEEP} {MAIN_TIMING} {prefix}"
-    if name == "prefix_sweep":
-        return f"--systems {_csv(EXP['prefix_sweep']['systems'])} {main} --prefix-tokens {_csv(EXP['prefix_sweep']['prefixes'])}"
-    if name == "prefetch_policy":
-        return f"--systems specter {main} {prefix} --prefetch {_csv(EXP['prefetch_policy'])}"
-    if name == "ablation":
-        return f"--systems specter {main} {prefix} --prefetch adaptive,none --system-option serialize-demand=false,true"
-    if name == "oracle":
-        return f"--systems specter,specter-oracle {main} {prefix} --system-option noise={_csv(EXP['oracle_noise'])}"
-    if name == "budget":
-        return (
-            f"--systems {_csv(EXP['budget_systems'])} --k {K['main']} --hardware {HW['main']} {ENGINE} {prefix} "
-            f"--resident-fraction {_csv(BUDGET['sweep'])}"
-        )
-    if name == "hardware":
-        return (
-            f"--systems {_csv(EXP['hardware_systems'])} --k {K['main']} --resident-fraction {BUDGET['main']} {prefix} "
-            f"--hardware {_csv(HW['sweep'] + measured_profile())}"
-        )
-    raise ValueError(f"unknown sweep {name}")
-
-
-def _sweep_memos(wc):
-    if wc.sweep == "k_sweep":
-        return [k_sweep_memo(wc.model)]
-    prefixes = EXP["prefix_sweep"]["prefixes"] if wc.sweep == "prefix_sweep" else [MAIN_PREFIX]
-    return [memo_path(wc.model, wc.dataset, p) for p in prefixes]
+def sweep_memo(wc):
+    return [own_memo(wc.model, wc.dataset, wc.sweep) if wc.sweep in OWN_NUMERICS else memo_path(wc.model, wc.dataset)]

@@ -1,4 +1,4 @@
-# Each experiment's tidy table (pandas) and figure (seaborn), in one job; `snakemake --report results/report.html`
+# Each experiment's tidy table (pandas) and figure (seaborn), in one job, as its registry entry defines them; `snakemake --report results/report.html`
 # collects the figures with their captions.
 
 
@@ -18,7 +18,7 @@ rule aggregate:
     log:
         "results/logs/aggregate/{experiment}.log",
     params:
-        caption=lambda wc: Path(workflow.basedir, "workflow", "report", f"{wc.experiment}.rst").read_text(),
+        caption=lambda wc: REGISTRY[wc.experiment].caption,
     shell:
         "python -m specter aggregate {wildcards.experiment} {input} --out {output.table} --figure {output.figure} "
         "> {log} 2>&1"

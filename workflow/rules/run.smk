@@ -1,7 +1,9 @@
-# Runs: the numerics recorded once per (model, prompt set, prompt length), then every system and sweep replayed on them.
+# Runs: the numerics recorded once per (model, prompt set), then every system and sweep replayed on them. Experiments
+# that vary the numerics themselves (K, prompt length) record their own.
 
 
 rule record:
+    """The main recording: every system of the experiments that replay it, at the main settings."""
     input:
         model=model_config,
         draft=main_draft_meta,
@@ -13,7 +15,7 @@ rule record:
         "results/logs/record/{model}/{dataset}-p{prefix}.log",
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
-        systems=_record_systems,
+        systems=",".join(RECORD_SYSTEMS),
         timing=RECORD_TIMING,
         k=K["main"],
     threads: 1  # one thread per job, two jobs at once: better use of 2 cores than one job on two
@@ -22,25 +24,23 @@ rule record:
         "{params.timing} --threads {threads} --memo-out {output.memo} > {log} 2>&1"
 
 
-rule record_k_sweep:
-    """Specter at every K of the k_sweep and with each governor: a job of its own, beside the main record."""
+rule record_experiment:
+    """An experiment's own recording (it varies K or the prompt length): its grid's numerics, a job of its own."""
     input:
         model=model_config,
         draft=main_draft_meta,
     output:
-        memo="results/memo/{model}/{dataset}-p{prefix}-k_sweep.pkl",
+        memo="results/memo/{model}/{dataset}-p{prefix}-{sweep}.pkl",
     conda:
         ENV
     log:
-        "results/logs/record/{model}/{dataset}-p{prefix}-k_sweep.log",
+        "results/logs/record/{model}/{dataset}-p{prefix}-{sweep}.log",
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
-        ks=K_SWEEP,
-        timing=RECORD_TIMING,
+        grid=lambda wc: grid_args(wc.sweep, numerics_only=True),
     threads: 1
     shell:
-        "python -m specter sweep --systems specter --k {params.ks} {params.args} --prefix-tokens {wildcards.prefix} "
-        "{params.timing} --threads {threads} --memo-out {output.memo} > {log} 2>&1"
+        "python -m specter sweep {params.args} {params.grid} --threads {threads} --memo-out {output.memo} > {log} 2>&1"
 
 
 rule run:
@@ -48,7 +48,7 @@ rule run:
     input:
         model=model_config,
         draft=main_draft_meta,
-        memo=lambda wc: memo_path(wc.model, wc.dataset, MAIN_PREFIX),
+        memo=lambda wc: memo_path(wc.model, wc.dataset),
     output:
         "results/runs/{model}/{dataset}/{system}.jsonl",
     conda:
@@ -67,11 +67,12 @@ rule run:
 
 
 rule sweep:
+    """One experiment's grid (its config entry's systems, axes and options) on the first prompt set."""
     input:
         model=model_config,
         draft=main_draft_meta,
-        memos=_sweep_memos,
-        profile=lambda wc: measured_profile() if wc.sweep == "hardware" else [],
+        memos=sweep_memo,
+        profile=lambda wc: measured_profile() if "hardware" in (ENTRY[wc.sweep].get("axes") or {}) else [],
     output:
         "results/experiments/{sweep}/{model}/{dataset}.jsonl",
     conda:
@@ -80,7 +81,7 @@ rule sweep:
         "results/logs/sweep/{sweep}/{model}/{dataset}.log",
     params:
         args=lambda wc: common_args(wc.model, wc.dataset),
-        grid=_sweep_args,
+        grid=lambda wc: grid_args(wc.sweep),
         memos=lambda wc, input: " ".join(f"--memo {m}" for m in input.memos),
     threads: RUN_THREADS
     shell:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from specter.numerics.forward import ForwardService, PromptTrace
 from specter.offload.work import ModelWork
-from specter.spec.forward import ForwardService, PromptTrace
-from specter.spec.lookahead import plan_from_counts
+from specter.speculation.lookahead import plan_from_counts
 from specter.timing.cost import CostModel
 
 PROFILE_KS = (2, 4, 6, 8, 12, 16, 20, 24, 32)
@@ -49,12 +49,7 @@ def choose_k_auto(service: ForwardService, trace: PromptTrace, work: ModelWork, 
     table = []
     for k in candidates:
         committed = sum(min(w.accepted(k), k) + 1 for w in windows) / len(windows)
-        t_draft = k * sum(
-            cost.compute_seconds(op.flops, op.bytes_read, op.launches)
-            for op in [work.attention_op(layer, 1, context, "") for layer in work.layers]
-            + [work.expert_op(1, "", draft_expert_bytes)] * (len(work.moe_layers) * _top_k(windows[0]))
-            + [work.head_op(1, "")]
-        )
+        t_draft = k * cost.total(work.draft_step_ops(context, _top_k(windows[0]), draft_expert_bytes))
         distinct = predicted_new = unpredicted_new = 0.0
         previous: dict[int, set[int]] = {}
         for w in windows:
@@ -73,10 +68,9 @@ def choose_k_auto(service: ForwardService, trace: PromptTrace, work: ModelWork, 
                 previous[layer] = used
         n = len(windows)
         distinct, predicted_new, unpredicted_new = distinct / n, predicted_new / n, unpredicted_new / n
-        t_verify = sum(cost.compute_seconds(op.flops, op.bytes_read, op.launches) for op in
-                       [work.attention_op(layer, k + 1, context, "") for layer in work.layers]
-                       + [work.head_op(k + 1, "")])
-        t_verify += distinct * cost.compute_seconds(2.0 * work.expert_params, work.expert_bytes, 3)
+        t_verify = cost.total([work.attention_op(layer, k + 1, context, "") for layer in work.layers]
+                              + [work.head_op(k + 1, "")])
+        t_verify += distinct * cost.seconds(work.expert_op(1, ""))
         cycle = max(t_draft, predicted_new * copy_s) + unpredicted_new * copy_s + t_verify
         table.append(dict(k=k, committed=committed, cycle_s=cycle, tokens_per_s=committed / cycle))
     best = max(table, key=lambda row: (row["tokens_per_s"], -row["k"]))

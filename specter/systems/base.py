@@ -1,32 +1,38 @@
-"""The System protocol, what one prompt's run produces, and the registry of system names.
+"""The System base class, what one prompt's run is given (`PromptContext`) and what it produces (`PromptResult`).
 
 A system turns one prompt's numerics (from the forward service) into a schedule on the engine: which copies, which
 compute, in what order, waiting on what. Every system is lossless: at greedy decoding it commits the target's tokens.
-Systems never branch on the engine's kind. The registry finds reference systems here, Specter in `specter.specter`, and
-baselines in `baselines/` by module name.
+Systems never branch on the engine's kind. A system customises the shared runtime only through declared points:
+- `make_cache` and `make_executor`: the expert cache and the layer executor of each prompt (factories);
+- `PassHooks` added to `ctx.executor.hooks`: acting once a layer's routing is known, after each draft layer, or
+  before each decode step;
+- for speculative systems, `planner` (a `WindowPlanner`) and `forecast`;
+- `trace_recorders`: extra numerics of the target's decode it needs (computed only when a system declares them);
+- `window`: the draft window K it runs with (the one number the memory plan, the device runtime and the decode share).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specter.errors import SpecterError
+from specter.numerics.forward import ForwardService, PromptTrace, TraceRecorder
 from specter.offload.cache import ExpertCache
-from specter.offload.executor import Executor, TransferStats
+from specter.offload.executor import Executor, PassHooks, TransferStats
 from specter.offload.work import ModelWork
-from specter.spec.forward import ForwardService, PromptTrace
 from specter.timing.cost import CostModel
 from specter.timing.engine import Engine
+
+__all__ = ["DecodeConfig", "PassHooks", "PredictionCounts", "PromptContext", "PromptResult", "System"]
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     max_new_tokens: int
     slots_per_layer: int
-    k: int | None = None  # draft window (speculative systems); None: not speculative or chosen by the governor
+    k: int | None = None  # draft window (speculative systems); None: not speculative
     prefetch: str = "adaptive"
     draft_expert_bytes: int = 0  # one quantized draft expert as stored (speculative systems)
     temperature: float = 0.0  # 0: greedy (memoized numerics); > 0: live sampling with `seed`
@@ -63,6 +69,7 @@ class PromptResult:
 
 @dataclass
 class PromptContext:
+    system: System
     engine: Engine
     work: ModelWork
     cache: ExpertCache
@@ -74,15 +81,15 @@ class PromptContext:
     warmup: Callable[[], list[PromptTrace]] | None = None  # traces of warm-up prompts (calibration split), lazily
 
     @classmethod
-    def fresh(cls, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,
-              config: DecodeConfig, cost: CostModel,
-              warmup: Callable[[], list[PromptTrace]] | None = None, device=None) -> "PromptContext":
-        """A context with an empty cache: every prompt starts from the same state (the artifact restores it).
-        `device`: the `DeviceRuntime` whose buffers and kernels back the ops (CUDA engine runs), or None."""
-        cache = ExpertCache(work.moe_layers, config.slots_per_layer)
-        stats = TransferStats()
-        executor = Executor(engine, work, cache, stats, device)
-        return cls(engine, work, cache, executor, service, trace, config, cost, warmup)
+    def fresh(cls, system: System, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,
+              config: DecodeConfig, cost: CostModel, warmup: Callable[[], list[PromptTrace]] | None = None,
+              device=None) -> PromptContext:
+        """A context with the system's own cache and executor, the cache empty: every prompt starts from the same
+        state (the artifact restores it). `device`: the `DeviceRuntime` whose buffers and kernels back the ops (CUDA
+        engine runs), or None."""
+        cache = system.make_cache(work, config.slots_per_layer)
+        executor = system.make_executor(engine, work, cache, TransferStats(), device=device, cost=cost)
+        return cls(system, engine, work, cache, executor, service, trace, config, cost, warmup)
 
 
 def _parse(key: str, kind: type, value):
@@ -102,12 +109,16 @@ class System:
 
     name: str = ""
     speculative: bool = False
+    #: the draft window comes from the run's --k (a speculative system with its own K option sets False)
+    takes_window: bool = True
     #: the draft keeps its own weights and KV (memory for them, and its own prefill), instead of sharing the target's
     separate_draft: bool = False
     #: computes missing experts on the host: the lower bound's link term accounts for that alternative
     host_compute: bool = False
     #: slots per layer this system keeps regardless of the budget (the resident upper bound), else None
     fixed_slots: Callable[[ModelWork], int] | None = None
+    #: extra numerics of the target's decode this system reads from `ctx.trace.extras`
+    trace_recorders: tuple[TraceRecorder, ...] = ()
     options: dict[str, tuple[type, object, str]] = {}
 
     def __init__(self, **options) -> None:
@@ -120,6 +131,17 @@ class System:
     def settings(self) -> dict:
         return {key: getattr(self, key.replace("-", "_")) for key in self.options}
 
+    def window(self, k: int | None) -> int | None:
+        """The draft window this system runs with, given the run's fixed or governed K (None unless speculative)."""
+        return k if self.speculative else None
+
+    def make_cache(self, work: ModelWork, slots: int) -> ExpertCache:
+        return ExpertCache(work.moe_layers, slots)
+
+    def make_executor(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats,
+                      device=None, cost: CostModel | None = None) -> Executor:
+        return Executor(engine, work, cache, stats, device, cost)
+
     def run(self, ctx: PromptContext) -> PromptResult:
         raise NotImplementedError
 
@@ -128,35 +150,5 @@ class System:
         trace = ctx.trace
         end = ctx.executor.target_pass(trace.prefill_routes, context=0, tag="prefill")
         ctx.engine.synchronize(end)
-        return PromptResult(tokens=[trace.tokens[0]], commit_times=[ctx.engine.event_time(end)], stats=ctx.executor.stats,
-                            executor=ctx.executor)
-
-
-REFERENCE_SYSTEMS = {"resident": "specter.reference", "on-demand": "specter.reference", "specter": "specter.specter"}
-BASELINE_PACKAGE = "baselines"
-
-
-def registry() -> dict[str, type[System]]:
-    """{name: System class} of every system the suite knows."""
-    import pkgutil
-
-    found: dict[str, type[System]] = {}
-    modules = set(REFERENCE_SYSTEMS.values())
-    base = importlib.import_module(BASELINE_PACKAGE)
-    modules |= {f"{BASELINE_PACKAGE}.{m.name}" for m in pkgutil.iter_modules(base.__path__)}
-    for module_name in sorted(modules):
-        module = importlib.import_module(module_name)
-        for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, System) and obj is not System and obj.name:
-                found[obj.name] = obj
-    return found
-
-
-def get_system(name: str, options: dict[str, str] | None = None) -> System:
-    systems = registry()
-    if name not in systems:
-        raise SpecterError(f"unknown system {name!r}; known systems: {', '.join(sorted(systems))}")
-    try:
-        return systems[name](**(options or {}))
-    except ValueError as err:
-        raise SpecterError(f"bad --system-option for {name!r}: {err}") from None
+        return PromptResult(tokens=[trace.tokens[0]], commit_times=[ctx.engine.event_time(end)],
+                            stats=ctx.executor.stats, executor=ctx.executor)

@@ -1,10 +1,10 @@
 """Recorded numerics on disk: a `ForwardService`'s traces and windows, saved once and replayed by later processes.
 
-The workflow runs every system as its own `specter run` process; `specter sweep --memo-out` computes the numerics those runs
-need (the target's greedy decode of each prompt, the warm-up traces, and each draft's windows along the rebase points
-each K visits) and saves them here, and `specter run --memo FILE` starts from them, so a run pays only for scheduling.
-A memo is tied to its target by the model hash (config and weights) and keyed per draft by the draft's content hash;
-anything a run needs that the memo lacks is computed live, and the record says how many forwards that took
+The workflow runs every system as its own `specter run` process; `specter sweep --memo-out` computes the numerics those
+runs need (the target's greedy decode of each prompt, the warm-up traces, and each draft's windows along the rebase
+points each K visits) and saves them here, and `specter run --memo FILE` starts from them, so a run pays only for
+scheduling. A memo is tied to its target by the model hash (config and weights) and keyed per draft by the draft's
+content hash; anything a run needs that the memo lacks is computed live, and the record says how many forwards that took
 (`extra.live_forwards`), so a replay that was not one shows.
 
 Format: a pickle of {"format", "model_hash", "traces"}; memos are workflow intermediates written by this package, and
@@ -13,12 +13,12 @@ loading one runs pickle, so load only memos you made.
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
 from specter.errors import SpecterError
-from specter.spec.forward import ForwardService
+from specter.io import atomic_write
+from specter.numerics.forward import ForwardService
 
 FORMAT = "specter-memo-1"
 
@@ -32,13 +32,8 @@ def draft_key(draft_dir: str | Path) -> str:
 
 def save_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:
     """Write the service's traces (with their windows) atomically; returns the number of traces."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("wb") as f:
-        pickle.dump({"format": FORMAT, "model_hash": model_hash, "traces": service.traces}, f,
-                    protocol=pickle.HIGHEST_PROTOCOL)
-    tmp.replace(path)
+    memo = {"format": FORMAT, "model_hash": model_hash, "traces": service.traces}
+    atomic_write(path, lambda f: pickle.dump(memo, f, protocol=pickle.HIGHEST_PROTOCOL), binary=True)
     return len(service.traces)
 
 
@@ -51,9 +46,11 @@ def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int
         with path.open("rb") as f:
             memo = pickle.load(f)
     except (pickle.UnpicklingError, EOFError, AttributeError, ModuleNotFoundError) as err:
-        raise SpecterError(f"--memo {str(path)!r} is not a memo from `specter sweep --memo-out` ({err}); record it again") from None
+        raise SpecterError(f"--memo {str(path)!r} is not a memo from `specter sweep --memo-out` ({err}); "
+                           "record it again") from None
     if not isinstance(memo, dict) or memo.get("format") != FORMAT:
-        raise SpecterError(f"--memo {str(path)!r} is not a {FORMAT} file; record it again with `specter sweep --memo-out`")
+        raise SpecterError(f"--memo {str(path)!r} is not a {FORMAT} file; record it again with "
+                           "`specter sweep --memo-out`")
     if memo["model_hash"] != model_hash:
         raise SpecterError(f"--memo {str(path)!r} was recorded on another model (hash {memo['model_hash'][:12]}, "
                            f"this one {model_hash[:12]}); record it again on this model")

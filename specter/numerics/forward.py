@@ -3,18 +3,28 @@
 Positions: a prompt's committed sequence `seq` grows by decoding. At a rebase point with `t` committed tokens the target
 has processed `seq[:t-1]` (its KV cache) and `seq[t-1]` is pending. A window of K starts there:
 - the draft processes `seq[t-1]`, then its own proposals, reading the target's committed KV and writing only its
-  speculative positions into a scratch copy (as the Specter artifact does); step i's input has routes `draft_routes[i-1]`
-  and proposes `draft_tokens[i-1]`;
+  speculative positions into a scratch copy (as the Specter artifact does); step i's input has routes
+  `draft_routes[i-1]` and proposes `draft_tokens[i-1]`;
 - the target verifies `[seq[t-1], d_1, ..., d_K]` in one pass: argmax `verify_argmax[j]` and routes `verify_routes[j]`
   for input j. Draft step i and verification input i-1 read the same token while the proposals are accepted, which is
   what makes the draft's routing a forecast of the target's.
 Greedy windows are memoized per (prompt, t), extended to the largest K asked for; prefixes serve smaller K because
-attention is causal. Routes are recorded by forward hooks on the routers, i.e. exactly what the model's own router chose.
+attention is causal. Routes are recorded by forward hooks on the routers, i.e. exactly what the model's own router
+chose.
+
+Systems that need more of the target's decode than tokens and routes declare a `TraceRecorder`
+(`System.trace_recorders`,
+e.g. Mixtral-Offloading's gate guesses); the service computes a recorder's values only once some system in the process
+has required it (`require`), and a trace recorded without them gets them by decoding again (counted as forwards).
+What systems derive from a trace alone (MoE-Infinity's activation matrices) is cached on the trace (`derive`) and never
+saved with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,19 +45,33 @@ def new_cache(moe: MoEModel):
     return cache
 
 
-GUESS_DEPTH = 10  # Mixtral-Offloading tried 1, 2 and 10 layers ahead
+class TraceRecorder:
+    """Extra numerics a system needs from each of the target's decode steps, declared by the system and computed by
+    the service while it decodes. `record(moe)` is a context manager around one forward that yields a log;
+    `values(moe, log)` turns the log into one JSON-ready value per token of that forward."""
+
+    name: str = ""
+
+    def record(self, moe: MoEModel):
+        return contextlib.nullcontext({})
+
+    def values(self, moe: MoEModel, log) -> list:
+        raise NotImplementedError
 
 
-def _forward(moe: MoEModel, ids: list[int], cache, guesses: list | None = None):
+def _forward(moe: MoEModel, ids: list[int], cache, recorders: tuple[TraceRecorder, ...] = (), extras=None):
     """One forward of `ids` after `cache` (None: a fresh one): (logits [T, V], routes of each token, updated cache).
-    With a `guesses` list, appends each token's speculative routes (`MoEModel.guess_routes`) to it."""
+    Each recorder's values for these tokens are appended to `extras[recorder.name]`."""
     cache = new_cache(moe) if cache is None else cache
-    with moe.record_routing() as log, moe.record_router_inputs() as inputs, torch.no_grad():
-        out = moe.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(moe.record_routing())
+        logs = [stack.enter_context(r.record(moe)) for r in recorders]
+        with torch.no_grad():
+            out = moe.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
     per_layer = {layer: calls[-1].tolist() for layer, calls in log.items()}  # {layer: [T][k]}
     routes = [{layer: tuple(sorted(r[j])) for layer, r in per_layer.items()} for j in range(len(ids))]
-    if guesses is not None:
-        guesses.extend(moe.guess_routes({layer: calls[-1] for layer, calls in inputs.items()}, GUESS_DEPTH))
+    for recorder, rec_log in zip(recorders, logs):
+        extras.setdefault(recorder.name, []).extend(recorder.values(moe, rec_log))
     return out.logits[0].float(), routes, out.cache
 
 
@@ -61,7 +85,7 @@ def _crop(cache, length: int):
 
 
 @dataclass
-class Window:
+class DraftWindow:
     start: int  # t: committed tokens before the window
     draft_tokens: list[int]  # d_1..d_kmax
     draft_routes: list[TokenRoutes]  # per draft step (its input token)
@@ -88,20 +112,27 @@ class PromptTrace:
     tokens: list[int]  # generated tokens (the target's greedy output)
     prefill_routes: list[TokenRoutes]  # routes of the prompt tokens
     step_routes: list[TokenRoutes]  # routes of decode step j (input seq[P + j - 1]), j = 1 .. N - 1
-    step_guesses: list[dict] = field(default_factory=list)  # per decode step: {(layer, d): experts guessed}
-    windows: dict[tuple[str, int], Window] = field(default_factory=dict)  # by (draft, rebase point)
+    extras: dict[str, list] = field(default_factory=dict)  # a recorder's values per decode step, by recorder name
+    windows: dict[tuple[str, int], DraftWindow] = field(default_factory=dict)  # by (draft, rebase point)
     _cache: object = None  # target KV over seq[:-1]; dropped from pickles
     _draft_caches: dict = field(default_factory=dict)  # a draft's own KV over seq[:-1] (separate-KV drafts)
+    _derived: dict = field(default_factory=dict)  # what systems derive from the trace alone; never saved
 
     @property
     def seq(self) -> list[int]:
         return self.prompt + self.tokens
 
+    def derive(self, key, compute: Callable[[PromptTrace], object]):
+        """`compute(self)`, cached on the trace under `key` (a system's own derivation, e.g. activation counts)."""
+        if key not in self._derived:
+            self._derived[key] = compute(self)
+        return self._derived[key]
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_cache"] = None
         state["_draft_caches"] = {}
-        state.pop("_derived", None)  # what systems derive from a trace (MoE-Infinity's counts), recomputed on demand
+        state["_derived"] = {}
         return state
 
 
@@ -112,44 +143,63 @@ class ForwardService:
         self.target = target
         self.draft = draft
         self.draft_key = draft_key  # windows are memoized per draft: one service serves every draft of its target
-        self.traces: dict[tuple[tuple[int, ...], int], PromptTrace] = {}
+        self.traces: dict[tuple, PromptTrace] = {}
         self.forward_calls = 0  # model forwards actually run (a replayed run adds none)
+        self.recorders: dict[str, TraceRecorder] = {}  # what some system of this process needs from each decode step
+
+    def require(self, recorders) -> None:
+        """Compute these recorders' values in every trace from now on (and for cached traces when next asked)."""
+        for r in recorders:
+            self.recorders.setdefault(r.name, r)
 
     def trace(self, prompt: list[int], max_new_tokens: int) -> PromptTrace:
-        """The target's greedy decode of `prompt`: tokens and routes at every committed position."""
+        """The target's greedy decode of `prompt`: tokens and routes at every committed position, and the values of
+        every required recorder."""
         key = (tuple(prompt), max_new_tokens)
-        if key in self.traces:
-            return self.traces[key]
+        trace = self.traces.get(key)
+        missing = tuple(r for name, r in self.recorders.items() if trace is None or name not in trace.extras)
+        if trace is not None and not missing:
+            return trace
+        fresh = self._decode(prompt, max_new_tokens, missing)
+        if trace is None:
+            self.traces[key] = fresh
+            return fresh
+        if fresh.tokens != trace.tokens or fresh.step_routes != trace.step_routes:
+            raise RuntimeError(f"decoding prompt {prompt[:8]}... again for {', '.join(r.name for r in missing)} gave "
+                               "other tokens or routes than the recorded trace; run the model in float32")
+        trace.extras.update(fresh.extras)
+        return trace
+
+    def _decode(self, prompt: list[int], max_new_tokens: int, recorders: tuple[TraceRecorder, ...]) -> PromptTrace:
         logits, prefill_routes, cache = _forward(self.target, prompt, None)
         self.forward_calls += 1
         tokens = [int(logits[-1].argmax())]
         step_routes: list[TokenRoutes] = []
-        guesses: list[dict] = []
+        extras: dict[str, list] = {r.name: [] for r in recorders}
         while len(tokens) < max_new_tokens:
-            logits, routes, cache = _forward(self.target, [tokens[-1]], cache, guesses)
+            logits, routes, cache = _forward(self.target, [tokens[-1]], cache, recorders, extras)
             self.forward_calls += 1
             step_routes.append(routes[0])
             tokens.append(int(logits[-1].argmax()))
-        trace = PromptTrace(list(prompt), tokens, prefill_routes, step_routes, guesses, _cache=cache)
-        self.traces[key] = trace
-        return trace
+        return PromptTrace(list(prompt), tokens, prefill_routes, step_routes, extras, _cache=cache)
 
     def sampled_trace(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> PromptTrace:
         """The target's own sampled decode (live, not memoized across seeds): what non-speculative systems commit."""
-        from specter.spec.sampling import SamplingSession
+        from specter.numerics.sampling import SamplingSession
 
         key = (tuple(prompt), max_new_tokens, temperature, seed)
         if key in self.traces:
             return self.traces[key]
         session = SamplingSession(self.target, None, prompt, temperature, seed)
-        guesses: list[dict] = []
-        step_routes = [session.step(guesses) for _ in range(max_new_tokens - 1)]
+        recorders = tuple(self.recorders.values())
+        extras: dict[str, list] = {r.name: [] for r in recorders}
+        step_routes = [session.step(recorders, extras) for _ in range(max_new_tokens - 1)]
         self.forward_calls += max_new_tokens
-        trace = PromptTrace(list(prompt), session.seq[len(prompt) :], session.prefill_routes, step_routes, guesses)
+        trace = PromptTrace(list(prompt), session.seq[len(prompt) :], session.prefill_routes, step_routes, extras)
         self.traces[key] = trace
         return trace
 
-    def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> Window:
+    def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> DraftWindow:
         """The speculative window of at least k proposals at rebase point t (memoized, extended on demand).
 
         `own_kv`: the draft keeps its own KV of the committed prefix (a draft with separate weights and cache, as
@@ -182,6 +232,6 @@ class ForwardService:
             draft_tokens.append(token)
         logits, routes, _ = _forward(self.target, [pending, *draft_tokens], _crop(trace._cache, t - 1))
         self.forward_calls += 1
-        window = Window(t, draft_tokens, draft_routes, logits.argmax(-1).tolist(), routes)
+        window = DraftWindow(t, draft_tokens, draft_routes, logits.argmax(-1).tolist(), routes)
         trace.windows[key] = window
         return window

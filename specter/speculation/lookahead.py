@@ -17,9 +17,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from specter.offload.executor import Executor
+from specter.offload.executor import Executor, PassHooks
+from specter.runspec import PREFETCH_POLICIES as POLICIES
 
-POLICIES = ("adaptive", "none", "early", "late")
 EMA_OLD = 0.75
 INITIAL_BW = 12e9  # bytes/s
 INITIAL_STEP = 1e-3  # s
@@ -27,7 +27,8 @@ INITIAL_STEP = 1e-3  # s
 
 def plan_from_counts(counts: dict[int, Counter], slots: int) -> dict[int, list[int]]:
     """{layer: top-`slots` experts by draft count (count >= 1), most counted first, ties by expert id}."""
-    return {layer: [e for e, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:slots]] for layer, c in counts.items()}
+    return {layer: [e for e, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:slots]]
+            for layer, c in counts.items()}
 
 
 @dataclass
@@ -55,8 +56,22 @@ class PlannerState:
         self.pending = still
 
 
-class Planner:
-    """One window's prefetch decisions."""
+class WindowPlanner(PassHooks):
+    """One window's prefetch decisions, told of the draft's progress. `plan` is what it last planned
+    ({layer: experts}); as a `PassHooks` it may also act after each layer of a draft step."""
+
+    def __init__(self) -> None:
+        self.plan: dict[int, list[int]] = {}
+
+    def after_step(self, step: int, counts: dict[int, Counter], step_seconds: float) -> None:
+        """After draft step `step` (1-based), with the window's counts per (layer, expert) so far."""
+
+    def before_verify(self, counts: dict[int, Counter]) -> None:
+        """Drafting is over; the verification is scheduled next."""
+
+
+class Planner(WindowPlanner):
+    """The lookahead analyzer's top-M plans, by policy (Specter's)."""
 
     def __init__(self, policy: str, k: int, executor: Executor, slots: int, state: PlannerState) -> None:
         if policy not in POLICIES:

@@ -1,9 +1,10 @@
-"""Sampling (temperature > 0): the target's own sampling, and speculative rejection sampling that keeps its distribution.
+"""Sampling (temperature > 0): the target's own sampling, and speculative rejection sampling that keeps its
+distribution.
 
 Rejection sampling (Leviathan et al. 2023; Chen et al. 2023): proposal d_i drawn from the draft's q_i is accepted with
-probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection the token is drawn from norm(max(0, p_i - q_i)); when all
-K are accepted a bonus token is drawn from p_{K+1}. The committed tokens are then distributed exactly as the target's
-own samples. Sampling runs are live (no memo): each seed is its own sequence.
+probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection the token is drawn from norm(max(0, p_i - q_i)); when
+all K are accepted a bonus token is drawn from p_{K+1}. The committed tokens are then distributed exactly as the
+target's own samples. Sampling runs are live (no memo): each seed is its own sequence.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specter.models.adapter import MoEModel
-from specter.spec.forward import TokenRoutes, Window, _crop, _forward
+from specter.numerics.forward import DraftWindow, TokenRoutes, _crop, _forward
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -22,7 +23,8 @@ def sample(p: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(p.float(), 1, generator=generator))
 
 
-def rejection_sample(p: torch.Tensor, q: torch.Tensor, proposals: list[int], generator: torch.Generator) -> tuple[int, int]:
+def rejection_sample(p: torch.Tensor, q: torch.Tensor, proposals: list[int],
+                     generator: torch.Generator) -> tuple[int, int]:
     """p [K+1, V] target, q [K, V] draft probabilities, `proposals` d_1..d_K drawn from q.
     Returns (accepted count a, the token committed after them)."""
     for i, d in enumerate(proposals):
@@ -46,13 +48,14 @@ class SamplingSession:
         self.seq = list(prompt) + [sample(probabilities(logits[-1], temperature), self.generator)]
         self.prompt_len = len(prompt)
 
-    def step(self, guesses: list | None = None) -> TokenRoutes:
-        """The target alone: one token sampled from p; returns the routes of the token it read."""
-        logits, routes, self.cache = _forward(self.target, [self.seq[-1]], self.cache, guesses)
+    def step(self, recorders=(), extras: dict | None = None) -> TokenRoutes:
+        """The target alone: one token sampled from p; returns the routes of the token it read (and appends the
+        recorders' values to `extras`)."""
+        logits, routes, self.cache = _forward(self.target, [self.seq[-1]], self.cache, recorders, extras)
         self.seq.append(sample(probabilities(logits[-1], self.temperature), self.generator))
         return routes[0]
 
-    def cycle(self, k: int) -> tuple[Window, int, list[int]]:
+    def cycle(self, k: int) -> tuple[DraftWindow, int, list[int]]:
         """One speculative window of k sampled proposals, verified by rejection sampling.
         Returns (the window's numerics, accepted count, committed tokens)."""
         t = len(self.seq)
@@ -74,5 +77,5 @@ class SamplingSession:
             cache.crop(-excess)
         self.cache = cache
         self.seq += committed
-        window = Window(t, tokens, draft_routes, logits.argmax(-1).tolist(), verify_routes)
+        window = DraftWindow(t, tokens, draft_routes, logits.argmax(-1).tolist(), verify_routes)
         return window, accepted, committed

@@ -1,0 +1,227 @@
+"""The experiment registry: one definition per experiment, read by the workflow, the tables and the figures.
+
+An experiment says where its records come from (`source`), how its tidy table is made (`Table`), how its figure is
+drawn (`Figure`) and what the report's caption says. What it runs is configuration: the workflow's `experiments:`
+block gives each experiment `{systems, axes, options}` (the systems, the run settings it varies with their values,
+and system options with theirs), and every setting it does not vary takes the main value. So adding an experiment is
+one entry here (with a table and figure kind that exists) plus its config; nothing else changes.
+
+Sources: `runs` (one `specter run` per configured system and prompt set: `main`), `sweep` (its own `specter sweep` over
+its axes on the first prompt set), `fidelity` (the drafts' fidelity reports), or another experiment's name (its
+records, read differently). An experiment that varies what the model computes (`NUMERICS_AXES`) records its own
+numerics; the others replay the main recording.
+
+Table kinds (`specter/report/tables.py`): `medians` (medians over prompts of times and rates, sums of counts, per
+setting), `routing`, `fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`,
+`lines`, `k_sweep`, `routing`, `working_set`, `fidelity`.
+
+This module imports nothing heavy (the workflow imports it to plan jobs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specter.errors import SpecterError
+
+#: axes that change the numerics (which windows the draft proposes, which prompts): such an experiment records its own
+NUMERICS_AXES = ("k", "prefix_tokens")
+#: the columns that say where a time comes from; every table keeps them
+SCOPE = ("model", "dataset", "hardware", "simulated")
+
+
+@dataclass(frozen=True)
+class Table:
+    """How an experiment's table is made. `medians`: per setting (SCOPE + `keys`), medians over prompts of the times
+    and rates and sums of the counts; `derive` adds label columns first (a function of the records' frame);
+    `speedups` adds `speedup_of_specter` within SCOPE + those columns; `columns` keeps only those, in order."""
+
+    kind: str = "medians"
+    keys: tuple[str, ...] = ()
+    derive: Callable | None = None
+    speedups: tuple[str, ...] | None = None
+    columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Figure:
+    """How an experiment's figure is drawn: a figure kind, its title, and the column on its x axis."""
+
+    kind: str
+    title: str
+    x: str | None = None
+    xlabel: str = ""
+    sort: str | None = None  # sort each panel's rows by this column first
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    source: str
+    table: Table
+    figure: Figure
+    caption: str
+
+
+def _ablation_variant(df):
+    """Specter with parts removed, from its prefetch policy and the serialize-demand option."""
+    def label(prefetch: str, serialize: str) -> str:
+        serial = str(serialize).lower() in ("true", "1", "yes")
+        if prefetch != "none" and not serial:
+            return "full"
+        if prefetch == "none" and not serial:
+            return "no prefetch"
+        if prefetch != "none":
+            return "serialized demand"
+        return "no prefetch, serialized demand"
+    return df.assign(variant=[label(p, s) for p, s in zip(df["prefetch"], df["serialize_demand"])])
+
+
+def _oracle_forecast(df):
+    """`draft` for Specter's own forecast, else the oracle's noise as a share of expert identities replaced."""
+    import pandas as pd
+
+    return df.assign(forecast=["draft" if pd.isna(n) else f"target routes, {float(n):.0%} replaced"
+                               for n in df["noise"]], noise=df["noise"].astype(float).fillna(-1.0))
+
+
+_BOUND = "black ticks: the lower bound."
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+    Experiment(
+        "main", "runs",
+        Table(keys=("system", "k", "slots_per_layer", "resident_share"), speedups=()),
+        Figure("system_bars", "TPOT per system", x="system", xlabel="system"),
+        "Time per output token (TPOT, median over prompts) of every configured system on each model and prompt set, "
+        "at the main hardware profile, budget and draft window K. The black tick on each bar is that run's lower "
+        "bound (its own target passes at roofline, or Belady's fewest expert loads over the link, whichever is "
+        "larger). ``results/tables/main.csv`` adds each system's TPOT over Specter's (``speedup_of_specter``: above "
+        "1, Specter is faster)."),
+    Experiment(
+        "k_sweep", "sweep",
+        Table(keys=("system", "k_setting", "k", "slots_per_layer")),
+        Figure("k_sweep", "TPOT and acceptance vs K"),
+        "Specter's TPOT (median over prompts) and greedy acceptance rate against the draft window K, on the first "
+        "prompt set at the main hardware profile and budget; the dashed line is the lower bound. Each governor's "
+        "choice is a marker of its own (``auto``: the amortization model; ``profile``: the empirical profiler; the "
+        "legend names K), run like any other K."),
+    Experiment(
+        "prefix_sweep", "sweep",
+        Table(keys=("prefix_tokens", "system", "k", "slots_per_layer"), speedups=("prefix_tokens",)),
+        Figure("grouped_bars", "TPOT vs prompt length", x="prefix_tokens", xlabel="prompt length (tokens)"),
+        "TPOT (median over prompts) at each prompt length (prompts truncated to the first N tokens), per system, at "
+        "the main settings. Longer prompts fill more KV and warm the expert cache differently during prefill."),
+    Experiment(
+        "routing", "k_sweep",
+        Table(kind="routing"),
+        Figure("routing", "Draft routing as a forecast of the target's experts"),
+        "How well the draft's routing forecasts the target's: for each lookahead distance d (draft step d against "
+        "the target's verification input d - 1, which read the same token), the precision and recall of the draft's "
+        "expert set against the target's, averaged over MoE layers and prompts, for each K of the k_sweep. The panel "
+        "title gives the window recall (planned experts the verification used over experts it used)."),
+    Experiment(
+        "working_set", "k_sweep",
+        Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"),
+              columns=("model", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer",
+                       "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate", "prompts")),
+        Figure("working_set", "Working set of one verification vs K"),
+        "Distinct experts one verification of K + 1 tokens uses per MoE layer (mean over windows and layers), "
+        "against K, with the experts per layer and the device slots per layer at the main budget. Where the working "
+        "set exceeds the slots, no prefetch plan can hold it all."),
+    Experiment(
+        "prefetch_policy", "sweep",
+        Table(keys=("system", "k", "prefetch", "slots_per_layer")),
+        Figure("bars", "Prefetch policies at equal capacity", x="prefetch", xlabel="prefetch policy"),
+        "Specter's TPOT (median over prompts) under each prefetch policy at equal device capacity: ``adaptive`` "
+        "(cold start, chunks sized from measured bandwidth and draft-step time, final cleanup), ``none``, ``early`` "
+        "(one plan after the first draft step), ``late`` (one plan over the whole window before verification). "
+        "Black ticks: the lower bound."),
+    Experiment(
+        "ablation", "sweep",
+        Table(keys=("system", "k", "variant", "slots_per_layer"), derive=_ablation_variant),
+        Figure("bars", "Ablation", x="variant", xlabel="variant"),
+        "Specter with parts removed: ``full``; ``no prefetch`` (the draft still speculates, nothing is copied "
+        "ahead); ``serialized demand`` (each demand copy waits for the compute issued before it, so hot-first "
+        f"overlap is gone); and both. TPOT is the median over prompts; {_BOUND}"),
+    Experiment(
+        "oracle", "sweep",
+        Table(keys=("system", "forecast", "noise", "k", "slots_per_layer"), derive=_oracle_forecast),
+        Figure("bars", "Perfect and degraded forecasts", x="forecast", xlabel="prefetch forecast", sort="noise"),
+        "Specter's prefetch planned from the draft's routing (``draft``) against plans from the target's own "
+        "recorded routes with 0, 25, 50 or 75% of the expert identities replaced at random (``specter-oracle``): "
+        f"how much a better forecast could still buy. TPOT is the median over prompts; {_BOUND}"),
+    Experiment(
+        "budget", "sweep",
+        Table(keys=("resident_share", "slots_per_layer", "system", "k"), speedups=("resident_share",)),
+        Figure("lines", "TPOT vs device budget", x="resident_share",
+               xlabel="device expert slots (% of each layer's experts)"),
+        "TPOT (median over prompts) against the device budget, given as the share of each MoE layer's experts that "
+        "fit in device slots, for the listed systems at the main hardware profile and K."),
+    Experiment(
+        "hardware", "sweep",
+        Table(keys=("system", "k", "slots_per_layer"), speedups=()),
+        Figure("grouped_bars", "TPOT on each hardware profile", x="hardware", xlabel="hardware profile"),
+        "The same recorded runs scheduled on every configured hardware profile (PCIe 3.0, 4.0 and 5.0 links and "
+        "their GPUs' compute; ``specter hardware`` lists each preset's numbers and their sources), per system: TPOT "
+        "is the median over prompts, simulated."),
+    Experiment(
+        "fidelity", "fidelity",
+        Table(kind="fidelity"),
+        Figure("fidelity", "Draft fidelity"),
+        "Each configured draft against its target on held-out prompts (``specter fidelity``): left, the share of "
+        "(token, MoE layer) pairs whose draft expert set equals the target's, overlaps it, or misses it; right, the "
+        "greedy acceptance rate for K = 1..16 with the draft speculating on the target's committed prefix."),
+]}
+
+
+def get(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise SpecterError(f"unknown experiment {name!r}; experiments: {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[name]
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Add (or replace) an experiment; the workflow, the tables and the figures then know it."""
+    EXPERIMENTS[experiment.name] = experiment
+    return experiment
+
+
+def records_experiment(name: str) -> str:
+    """The experiment whose records `name` reads (itself, unless its source names another)."""
+    source = get(name).source
+    return source if source in EXPERIMENTS else name
+
+
+def own_numerics(entry: dict) -> bool:
+    """Whether an experiment's config entry varies what the model computes (so it records its own numerics)."""
+    return any(axis in NUMERICS_AXES for axis in (entry.get("axes") or {}))
+
+
+def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: tuple[str, ...] = ()) -> list[str]:
+    """The `specter sweep` arguments of an experiment's config entry: its systems, its axes (every setting it does not
+    vary at its `main` value: `k`, `hardware`, `prefix_tokens`, `resident_fraction`, `engine`) and its options.
+
+    `numerics_only`: only the axes that change the numerics, simulated, without options (the experiment's own
+    recording). `measured`: profiles that join a `hardware` axis (this machine's, where it was measured). An
+    experiment that varies `hardware` is always simulated: it replays the same runs on other profiles."""
+    from specter.runspec import AXES, Budget
+
+    def csv(values) -> str:
+        return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+
+    axes = dict(entry.get("axes") or {})
+    if numerics_only:
+        axes = {a: v for a, v in axes.items() if a in NUMERICS_AXES}
+    values = {"k": [main["k"]], "hardware": [main["hardware"]], "prefix_tokens": [main["prefix_tokens"]], **axes}
+    if "hardware" in axes:
+        values["hardware"] = [*values["hardware"], *measured]
+    if not any(name in axes for name in Budget.KINDS.values()):
+        values["resident_fraction"] = [main["resident_fraction"]]
+    args = ["--systems", csv(entry["systems"])]
+    for axis, vals in values.items():
+        args += [AXES[axis], csv(vals)]
+    args += ["--engine", "sim" if numerics_only or "hardware" in axes else main["engine"]]
+    for option, vals in ({} if numerics_only else entry.get("options") or {}).items():
+        args += ["--system-option", f"{option}={csv(vals)}"]
+    return args

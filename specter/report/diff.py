@@ -1,0 +1,89 @@
+"""`specter diff A B`: whether two results trees hold the same results, and where they differ.
+
+Compares every run-record file (`*.jsonl` under `runs/` and `experiments/`) record by record and field by field, and
+every table (`tables/*.csv`) byte for byte. Fields that legitimately differ between identical runs are left out:
+wall-clock time, package versions and the git commit by default (`--ignore` names more, as dotted paths such as
+`config.memo`). The answer names each differing file and field, so "identical" is something one can check, not
+assume.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specter.errors import SpecterError
+
+DEFAULT_IGNORED = ("wall_s", "versions", "git_commit")
+RECORD_DIRS = ("runs", "experiments")
+
+
+@dataclass
+class Diff:
+    record_files: int = 0
+    records: int = 0
+    tables: int = 0
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+
+def _fields(a, b, prefix: str, ignored: set[str], out: list[str]) -> None:
+    """Dotted paths where `a` and `b` differ (dicts compared key by key, anything else by value)."""
+    if prefix in ignored:
+        return
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            _fields(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else key, ignored, out)
+    elif a != b:
+        out.append(prefix)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        raise SpecterError(f"{path} is not a JSONL records file ({err}); compare results trees of the "
+                           "workflow") from None
+
+
+def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT_IGNORED) -> Diff:
+    a, b = Path(a), Path(b)
+    for root in (a, b):
+        if not root.is_dir():
+            raise SpecterError(f"{str(root)!r} is not a directory; give two results directories")
+    ignored = set(ignore)
+    out = Diff()
+    for sub in RECORD_DIRS:
+        names = sorted({p.relative_to(r).as_posix() for r in (a, b) for p in (r / sub).rglob("*.jsonl")})
+        for name in names:
+            pa, pb = a / name, b / name
+            if not (pa.is_file() and pb.is_file()):
+                out.differences.append(f"{name}: only in {a if pa.is_file() else b}")
+                continue
+            ra, rb = _read_jsonl(pa), _read_jsonl(pb)
+            out.record_files += 1
+            out.records += len(ra)
+            if len(ra) != len(rb):
+                out.differences.append(f"{name}: {len(ra)} records against {len(rb)}")
+                continue
+            paths: dict[str, int] = {}
+            for x, y in zip(ra, rb):
+                found: list[str] = []
+                _fields(x, y, "", ignored, found)
+                for p in found:
+                    paths[p] = paths.get(p, 0) + 1
+            out.differences += [f"{name}: {p} differs in {n} of {len(ra)} records" for p, n in sorted(paths.items())]
+    names = sorted({p.relative_to(r).as_posix() for r in (a, b) for p in (r / "tables").glob("*.csv")})
+    for name in names:
+        pa, pb = a / name, b / name
+        if not (pa.is_file() and pb.is_file()):
+            out.differences.append(f"{name}: only in {a if pa.is_file() else b}")
+            continue
+        out.tables += 1
+        if pa.read_bytes() != pb.read_bytes():
+            out.differences.append(f"{name}: the tables differ")
+    return out

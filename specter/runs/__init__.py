@@ -1,0 +1,7 @@
+"""Running: one spec (`execute`, `run`), a grid or several systems in one process (`sweep`, `compare`), and the
+records they write (`records`). The CUDA engine's part of a run is `device`."""
+
+from specter.runs.execute import execute, run, schedule
+from specter.runs.sweep import compare, grid, summary, sweep
+
+__all__ = ["compare", "execute", "grid", "run", "schedule", "summary", "sweep"]

@@ -1,0 +1,201 @@
+"""One run: validate its spec, prepare what it needs once (prompts, numerics, memory plan, window), schedule every
+prompt, and assemble its records.
+
+Everything that can be checked is checked before any model is loaded (`RunSpec.validate`), and `run` writes the JSONL
+atomically at the end, so a bad spec or a failure leaves no partial output. Numerics come from the `Session`'s forward
+service (shared by every run in the process), so a second system on the same prompts only schedules.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from tqdm import tqdm
+
+from specter import timing
+from specter.metrics import RunRecord, tpot_seconds
+from specter.offload.memory import MemoryPlan, plan_memory
+from specter.offload.work import ModelWork
+from specter.runs import device as on_device
+from specter.runs.records import record_of, run_fields, write_records
+from specter.runspec import RunSpec
+from specter.session import Session
+from specter.systems import DecodeConfig, PromptContext, System
+from specter.timing.bounds import lower_bound_tpot_seconds
+from specter.timing.cost import CostModel
+from specter.timing.hardware import HardwareProfile
+
+
+@dataclass
+class PreparedRun:
+    """What one run needs for all of its prompts, prepared once."""
+
+    spec: RunSpec
+    system: System
+    profile: HardwareProfile
+    cost: CostModel
+    prompts: list[list[int]]
+    target: object
+    draft: object
+    service: object
+    work: ModelWork
+    slots: int
+    memory: MemoryPlan | None
+    config: DecodeConfig
+    governor: object
+    warmup: Callable[[], list]
+    common: dict
+    device: object = None
+
+
+def run(spec: RunSpec, session: Session | None = None, progress: bool = True) -> list[RunRecord]:
+    """Run `spec` and write its records to `spec.out`; returns them."""
+    records = execute(spec, session, progress)
+    write_records(records, spec.out)
+    return records
+
+
+def execute(spec: RunSpec, session: Session | None = None, progress: bool = True) -> list[RunRecord]:
+    """Run `spec`; returns its records (one per prompt) without writing them."""
+    prepared = prepare(spec, session or Session())
+    return [run_prompt(prepared, index, prompt) for index, prompt in
+            enumerate(tqdm(prepared.prompts, desc=spec.system, disable=not progress))]
+
+
+def prepare(spec: RunSpec, session: Session) -> PreparedRun:
+    from transformers import AutoTokenizer
+
+    from specter.data.prompts import load_prompts
+
+    system, profile = spec.validate()
+    tokenizer = AutoTokenizer.from_pretrained(spec.model, local_files_only=True)
+    prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)
+    target, draft, service = session.numerics(spec.model, spec.draft if system.speculative else None, spec.memo)
+    service.require(system.trace_recorders)
+    work = ModelWork.of(target)
+    draft_bytes = draft.quantized_bytes_per_expert if draft else 0
+    cost = CostModel(profile)
+    slots, memory = _memory(spec, system, work, draft_bytes)
+    k, governor = _window(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
+    config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed)
+    common = run_fields(spec, system, profile, work, slots, memory)
+    prepared = PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
+                           governor, _warmup(tokenizer, spec, service), common)
+    if spec.engine == "cuda":
+        prepared.device = on_device.runtime(prepared, session)
+        prepared.common = on_device.measured_fields(prepared)
+    return prepared
+
+
+def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int) -> tuple[int, MemoryPlan | None]:
+    """(slots per layer, memory plan or None): the system's fixed slots, or what the budget leaves after the resident
+    part (the draft's experts for speculative systems, plus its own weights and KV where it keeps them)."""
+    if system.fixed_slots is not None:
+        return system.fixed_slots(work), None
+    draft_resident = draft_bytes * len(work.moe_layers) * work.experts_per_layer
+    if system.separate_draft:  # its own copy of every non-expert weight
+        draft_resident += work.non_expert_bytes()
+    window = spec.k.fixed or (_max_governed_k() if spec.k.governor else 0)
+    kv_positions = spec.prefix_tokens + spec.max_new_tokens + window  # the speculative positions too
+    memory = plan_memory(work, kv_positions, draft_resident, spec.budget,
+                         kv_copies=2 if system.separate_draft else 1)
+    return memory.slots_per_layer, memory
+
+
+def _max_governed_k() -> int:
+    from specter.speculation.governor import PROFILE_KS
+
+    return max(PROFILE_KS)
+
+
+def _window(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
+    """(the draft window K the run uses, the governor's choice or None)."""
+    if not system.speculative:
+        return None, None
+    if spec.k.governor is None or not system.takes_window:
+        return system.window(spec.k.fixed), None
+    governor = _govern(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
+    return system.window(governor.k), governor
+
+
+def _govern(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
+    """Choose K on a profiling prompt from the calibration split (never an evaluation prompt)."""
+    from specter.data.corpus import calibration_token_ids
+    from specter.speculation.governor import PROFILE_KS, choose_k_auto, choose_k_profile
+
+    prompt = calibration_token_ids(tokenizer, "code", 1, spec.prefix_tokens)[0]
+    trace = service.trace(prompt, max(64, spec.max_new_tokens, 2 * max(PROFILE_KS) + 2))
+    if spec.k.governor == "auto":
+        return choose_k_auto(service, trace, work, cost, slots, draft_bytes)
+
+    def tpot_with(k: int) -> float:
+        config = DecodeConfig(len(trace.tokens), slots, k, spec.prefetch, draft_bytes)
+        ctx = PromptContext.fresh(system, timing.make_engine("sim", profile), work, service, trace, config, cost)
+        result = system.run(ctx)
+        return tpot_seconds(result.commit_times)
+
+    return choose_k_profile(tpot_with)
+
+
+def _warmup(tokenizer, spec: RunSpec, service) -> Callable[[], list]:
+    """Traces of warm-up prompts from the calibration split (never the evaluation prompts), computed once, lazily."""
+    warm: list = []
+
+    def warmup() -> list:
+        if not warm:
+            from specter.data.corpus import calibration_token_ids
+
+            for p in calibration_token_ids(tokenizer, "code", spec.warmup_prompts, spec.prefix_tokens):
+                warm.append(service.trace(p, spec.max_new_tokens))
+        return warm
+
+    return warmup
+
+
+def schedule(system, engine, work, service, trace, config, cost, warmup=None, device=None):
+    """One prompt's run of `system` on `engine` (with `device`'s kernels behind the ops, if given); returns
+    (PromptResult, Timeline)."""
+    ctx = PromptContext.fresh(system, engine, work, service, trace, config, cost, warmup, device)
+    result = system.run(ctx)
+    return result, engine.finish()
+
+
+def run_prompt(p: PreparedRun, index: int, prompt: list[int]) -> RunRecord:
+    """Schedule one prompt (simulated; then timed on the device for CUDA runs) and assemble its record."""
+    wall = time.perf_counter()
+    forwards = p.service.forward_calls
+    config = p.config
+    if config.temperature > 0:
+        config = replace(config, seed=p.spec.seed + index)
+        trace = p.service.sampled_trace(prompt, config.max_new_tokens, config.temperature, config.seed)
+    else:
+        trace = p.service.trace(prompt, config.max_new_tokens)
+    result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
+                                p.cost, p.warmup)
+    measured = {}
+    if p.device is not None:  # the simulated run above recorded every numeric; now time the same schedule for real
+        result, timeline, measured = on_device.timed(p, index, trace, config, result)
+    lower_bound = _bound(p, index, result, trace)
+    return record_of(p, index, prompt, result, timeline, lower_bound, config.seed, time.perf_counter() - wall,
+                     p.service.forward_calls - forwards, measured)
+
+
+def _bound(p: PreparedRun, index: int, result, trace) -> float:
+    """The prompt's lower bound, checked against its TPOT: a simulated run below it is a bug in the bound or the
+    schedule; a measured one below it means the profile is slower than this device."""
+    decode_routes = result.decode_routes if result.decode_routes is not None else trace.step_routes
+    lb = lower_bound_tpot_seconds(result.executor.passes[result.first_decode_pass :], len(result.commit_times),
+                                  decode_routes[: p.spec.max_new_tokens - 1], p.slots, p.work.expert_bytes,
+                                  p.work.expert_params, p.cost, host_compute=p.system.host_compute)
+    tpot = tpot_seconds(result.commit_times)
+    if tpot < lb:
+        if p.spec.engine == "sim":  # the simulator executes at least the work the bound counts
+            raise RuntimeError(f"{p.spec.system} prompt {index}: simulated TPOT {tpot} s below its lower bound {lb} s; "
+                               "the bound or the schedule is wrong, please report this")
+        print(f"warning: {p.spec.system} prompt {index}: measured TPOT {tpot * 1e3:.4f} ms is below the lower bound "
+              f"{lb * 1e3:.4f} ms of profile {p.profile.name!r}, which is slower than this device; measure one "
+              "with `specter profile-bandwidth` and pass its profile.yaml as --hardware", file=sys.stderr)
+    return lb

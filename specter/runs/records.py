@@ -1,0 +1,77 @@
+"""A run's records: the fields every record of the run shares, one record per prompt, and the JSONL they go to.
+
+A record's `config` is the run's `RunSpec` serialized (`RunSpec.as_dict`), with what the run resolved from it: the
+system's settings, the slots and memory plan, the hardware profile's numbers, and the cache's initial state.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+from specter.io import atomic_write
+from specter.metrics import RunRecord, acceptance_rate, share, tpot_seconds, window_utilization
+
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_fields(spec, system, profile, work, slots: int, memory) -> dict:
+    """The fields every record of a run shares."""
+    from specter.quant.meta import versions
+
+    resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
+                "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
+                "initial_cache": "empty"}
+    return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
+                simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
+                config=resolved, versions=versions(), git_commit=git_commit())
+
+
+def speculative_fields(result) -> dict:
+    """Acceptance rate, window utilization, accepted-length histogram, expert prediction and window recall of a
+    speculative run's prompt (None and empty for a run that proposed nothing)."""
+    if not result.proposed:
+        return dict(acceptance_rate=None, window_utilization=None, accepted_length_histogram={}, expert_prediction=[],
+                    window_recall=None, window_working_set=None)
+    prediction = [dict(layer=layer, distance=d, precision=share(c.tp, c.predicted), recall=share(c.tp, c.actual))
+                  for (layer, d), c in sorted(result.prediction.items())]
+    return dict(
+        acceptance_rate=acceptance_rate(result.accepted, result.checked),
+        window_utilization=window_utilization(result.accepted, result.proposed),
+        accepted_length_histogram={str(a): n for a, n in sorted(result.accepted_lengths.items())},
+        expert_prediction=prediction,
+        window_recall=share(result.window_hits, result.window_needed),
+        window_working_set=share(result.window_needed, result.window_layers),
+    )
+
+
+def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_bound: float, seed: int,
+              wall_s: float, live_forwards: int, measured: dict) -> RunRecord:
+    """One prompt's record."""
+    stats = result.stats
+    governor = prepared.governor
+    return RunRecord(
+        prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
+        ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
+        lower_bound_tpot_ms=lower_bound * 1e3, k=result.k,
+        demand_hits=stats.demand.hits, demand_misses=stats.demand.misses,
+        h2d_bytes_prefetch=stats.h2d_bytes_prefetch, h2d_bytes_demand=stats.h2d_bytes_demand,
+        stall_ms=timeline.stall_seconds() * 1e3, wall_s=wall_s, seed=seed,
+        **speculative_fields(result), **prepared.common,
+        extra={**({"governor": asdict(governor)} if governor else {}),
+               "link_bytes_activations": stats.link_bytes_activations, "live_forwards": live_forwards, **measured},
+    )
+
+
+def write_records(records: list[RunRecord], out: str | Path) -> None:
+    """Write JSONL atomically: a temporary file beside `out`, renamed over it."""
+    atomic_write(out, lambda f: f.writelines(json.dumps(r.as_dict()) + "\n" for r in records))

@@ -1,0 +1,96 @@
+"""Many runs in one process, sharing the session's numerics: a grid of specs (`grid`, `sweep`) and several systems
+side by side (`compare`). Every spec is validated before anything runs."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from specter.errors import SpecterError
+from specter.metrics import RunRecord
+from specter.runs.execute import execute, run
+from specter.runs.records import write_records
+from specter.runspec import SWEEP_AXES, RunSpec, Window
+from specter.session import Session
+from specter.systems import get_system
+
+
+def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | None = None) -> list[RunSpec]:
+    """Every combination of the values of `axes` (RunSpec fields) and of system options, as specs.
+
+    Settings that cannot change a system's run are dropped for it, so no run repeats: K and the prefetch policy for
+    systems that do not speculate, an option for systems that do not have it (an option no listed system has is an
+    error)."""
+    for name in axes:
+        if name not in SWEEP_AXES:
+            raise SpecterError(f"cannot sweep {name!r}; sweepable: {', '.join(SWEEP_AXES)}")
+    options = options or {}
+    names = list(axes)
+    systems = {s: get_system(s) for s in axes.get("system", [base.system])}
+    for opt in options:
+        if not any(opt in system.options for system in systems.values()):
+            raise SpecterError(f"no swept system has option {opt!r}; systems: {', '.join(systems)}")
+    out: list[RunSpec] = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        spec = replace(base, **dict(zip(names, values)))
+        system = systems[spec.system]
+        if not system.speculative:
+            spec = replace(spec, k=Window(), prefetch=RunSpec.prefetch)
+        own = [o for o in options if o in system.options]
+        for opt_values in itertools.product(*(options[o] for o in own)):
+            merged = {**dict(base.system_options), **dict(zip(own, opt_values))}
+            candidate = replace(spec, system_options=tuple(sorted(merged.items())))
+            if candidate not in out:
+                out.append(candidate)
+    return out
+
+
+def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | None = None,
+          session: Session | None = None, progress: bool = True) -> list[RunRecord]:
+    """Run every spec in one session (numerics shared), writing all records to one JSONL `out` (if given) and the
+    numerics they used to `memo_out` (if given); every spec is validated before anything runs."""
+    from specter.numerics.memo import save_memo
+
+    session = session or Session()
+    for spec in specs:
+        spec.validate()
+    records: list[RunRecord] = []
+    for i, spec in enumerate(specs):
+        if progress:
+            print(f"[{i + 1}/{len(specs)}] {spec.describe()}", flush=True)
+        records += execute(spec, session, progress)
+    if memo_out is not None and specs:
+        save_memo(session.service(specs[0].model), memo_out, session.model_hash(specs[0].model))
+    if out is not None:
+        write_records(records, out)
+    return records
+
+
+def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Session | None = None,
+            progress: bool = True) -> list[dict]:
+    """Run each of `systems` with the same settings (one JSONL each under `out_dir`); returns one summary row per
+    system: medians over prompts of TPOT and its lower bound, and totals of demand misses and link bytes."""
+    if len(set(systems)) != len(systems):
+        raise SpecterError(f"--systems lists a system twice: {systems}")
+    specs = [replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl")) for name in systems]
+    for spec in specs:  # every name is checked before anything runs
+        spec.validate()
+    session = session or Session()
+    return [summary(spec.system, run(spec, session, progress)) for spec in specs]
+
+
+def summary(name: str, records: list[RunRecord]) -> dict:
+    """One row of a run's prompts: medians of TPOT, its bound and acceptance; totals of misses and link bytes."""
+    return dict(
+        system=name, k=records[0].k, slots_per_layer=records[0].slots_per_layer,
+        tpot_ms=statistics.median(r.tpot_ms for r in records),
+        lower_bound_tpot_ms=statistics.median(r.lower_bound_tpot_ms for r in records),
+        demand_misses=sum(r.demand_misses for r in records),
+        h2d_bytes=sum(r.h2d_bytes_demand + r.h2d_bytes_prefetch for r in records),
+        activation_bytes=sum(r.extra.get("link_bytes_activations", 0) for r in records),
+        acceptance_rate=(statistics.median(r.acceptance_rate for r in records)
+                         if records[0].acceptance_rate is not None else None),
+        simulated=records[0].simulated, hardware=records[0].hardware,
+    )

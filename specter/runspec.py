@@ -1,0 +1,369 @@
+"""One run's specification: every setting of a run, checked once, serialized into every record, and the source of the
+command-line flags of `specter run`, `compare` and `sweep`.
+
+A `RunSpec` is frozen. Its device budget is a `Budget` (expert slots per layer, a share of each layer's experts, or GB
+of device memory) that turns itself into slots given the model's work, and its draft window is a `Window` (an integer
+K, or a governor: `auto` or `profile`). `RunSpec.validate()` is the one place where a run's settings are checked
+before any model is loaded; `RunSpec.as_dict()` is the `config` of every record the run writes. The flags are declared
+on the fields (`metadata`), and `add_cli_args` builds them for each command, as vLLM's `EngineArgs.add_cli_args` does:
+in `sweep`, the fields marked sweepable take comma-separated lists (the grid's axes).
+
+This module imports nothing heavy: the workflow reads its axis names to build sweep commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields
+from dataclasses import field as setting  # RunSpec has a field named `field`
+from typing import Any
+
+from specter.errors import SpecterError
+
+GOVERNORS = ("auto", "profile")
+ENGINES = ("sim", "cuda")
+PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
+MODES = ("run", "compare", "sweep")
+#: what a record's `config` adds to the spec: what the run resolved from it (`specter.runs.records.run_fields`)
+RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
+                           "device"})
+#: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
+SWEEP_AXES = ("system", "k", "prefetch", "hardware", "prefix_tokens", "budget")
+
+
+# Budgets ------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Budget:
+    """A run's device budget: `slots` per MoE layer, a `fraction` of each layer's experts (rounded, at least one
+    slot), or `gb` of device memory (1e9 bytes) from which the resident part is paid first."""
+
+    kind: str
+    value: float
+
+    KINDS = {"gb": "device_memory_gb", "slots": "resident_per_layer", "fraction": "resident_fraction"}
+    FLAGS = {"gb": "--device-memory-gb", "slots": "--resident-per-layer", "fraction": "--resident-fraction"}
+
+    @classmethod
+    def of(cls, device_memory_gb=None, resident_per_layer=None, resident_fraction=None) -> Budget:
+        """The one budget given, from the three flags' values (None where not given)."""
+        given = [(k, v) for k, v in (("gb", device_memory_gb), ("slots", resident_per_layer),
+                                     ("fraction", resident_fraction)) if v is not None]
+        if len(given) != 1:
+            raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or "
+                               "--resident-fraction F")
+        return cls(*given[0])
+
+    def check(self) -> None:
+        flag, v = self.FLAGS[self.kind], self.value
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SpecterError(f"{flag} must be a finite number, got {v!r}")
+        if self.kind == "fraction" and not 0 < v <= 1:
+            raise SpecterError(f"--resident-fraction {v} must be in (0, 1] (a share of each layer's experts)")
+        if self.kind == "slots" and (v != int(v) or v < 1):
+            raise SpecterError(f"--resident-per-layer {v} must be a whole number of slots, at least 1")
+        if self.kind == "gb" and v <= 0:
+            raise SpecterError(f"--device-memory-gb {v} must be positive")
+
+    def as_fields(self) -> dict[str, float | int | None]:
+        """The three flags' values, this budget's set and the others None (the records' flat form)."""
+        value = int(self.value) if self.kind == "slots" else self.value
+        return {name: (value if kind == self.kind else None) for kind, name in self.KINDS.items()}
+
+    def describe(self) -> str:
+        return {"fraction": f"{self.value:g} of experts", "slots": f"{int(self.value)} slots/layer",
+                "gb": f"{self.value} GB"}[self.kind]
+
+
+# Draft windows ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """The draft window K of a speculative run: an integer, a governor's name (`auto`, `profile`), or None (not
+    given)."""
+
+    value: int | str | None = None
+
+    @classmethod
+    def parse(cls, text: str | int | None) -> Window:
+        if text is None or isinstance(text, Window):
+            return text if isinstance(text, Window) else cls()
+        if isinstance(text, int) or str(text) in GOVERNORS:
+            return cls(text if isinstance(text, int) else str(text))
+        try:
+            return cls(int(text))
+        except ValueError:
+            raise SpecterError(f"--k must be an integer >= 1, auto or profile, got {text!r}") from None
+
+    @property
+    def fixed(self) -> int | None:
+        return self.value if isinstance(self.value, int) else None
+
+    @property
+    def governor(self) -> str | None:
+        return self.value if isinstance(self.value, str) else None
+
+    def check(self, system: str) -> None:
+        if self.value is None or (isinstance(self.value, int) and self.value < 1):
+            raise SpecterError(f"--k must be at least 1 for {system!r}, got {self.value}")
+        if isinstance(self.value, str) and self.value not in GOVERNORS:
+            raise SpecterError(f"--k must be an integer >= 1 or one of {', '.join(GOVERNORS)}, got {self.value!r}")
+
+    def __str__(self) -> str:
+        return "" if self.value is None else str(self.value)
+
+
+# Flags ---------------------------------------------------------------------------------------------------------------
+def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: bool = False, sweep: bool = False,
+          choices: tuple | None = None, metavar: str | None = None) -> dict:
+    """Field metadata: how the field appears on the command line."""
+    return {"flag": flag, "help": help, "parse": parse, "required": required, "sweep": sweep, "choices": choices,
+            "metavar": metavar}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Every setting of one run. `budget` and `k` are typed; everything else is a plain value."""
+
+    system: str
+    model: str = setting(metadata=_flag("--model", "the target checkpoint", required=True, metavar="DIR"))
+    dataset: str = setting(metadata=_flag("--dataset", "a shipped prompt set (code) or a JSONL/JSON/CSV/Parquet file",
+                                        required=True, metavar="NAME|FILE"))
+    hardware: str = setting(metadata=_flag("--hardware", "a preset name or a profile YAML (see `specter hardware`)",
+                                         required=True, sweep=True, metavar="PRESET|FILE"))
+    budget: Budget  # its three mutually exclusive flags are built by `add_cli_args`
+    out: str = ""
+    draft: str | None = setting(default=None, metadata=_flag(
+        "--draft", "the draft (speculative systems), from `specter quantize`", metavar="DIR"))
+    field: str | None = setting(default=None, metadata=_flag(
+        "--field", "the text column of a dataset file (default: the paper sets' conventions)", metavar="NAME"))
+    num_prompts: int = setting(default=5, metadata=_flag("--num-prompts", "first N non-empty inputs", int, metavar="N"))
+    prefix_tokens: int = setting(default=16, metadata=_flag("--prefix-tokens", "prompt length in tokens", int,
+                                                          sweep=True, metavar="N"))
+    max_new_tokens: int = setting(default=128, metadata=_flag("--max-new-tokens", "tokens to generate", int,
+                                                              metavar="N"))
+    k: Window = setting(default=Window(), metadata=_flag(
+        "--k", "draft window K (speculative systems): an integer >= 1, auto (the amortization model) or profile "
+               "(empirical, over 2..32)", Window.parse, sweep=True, metavar="K"))
+    prefetch: str = setting(default="adaptive", metadata=_flag(
+        "--prefetch", "the speculative systems' prefetch policy", sweep=True, choices=PREFETCH_POLICIES))
+    temperature: float = setting(default=0.0, metadata=_flag("--temperature", "0 = greedy", float, metavar="T"))
+    seed: int = setting(default=42, metadata=_flag("--seed", "seed (the artifact's is 42)", int, metavar="S"))
+    engine: str = setting(default="sim", metadata=_flag(
+        "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
+                    "slots, copies and kernels; --hardware then costs the lower bound and the planners)",
+        choices=ENGINES))
+    system_options: tuple[tuple[str, str], ...] = ()
+    warmup_prompts: int = setting(default=8, metadata=_flag(
+        "--warmup-prompts", "calibration-split prompts for systems that learn from history (MoE-Infinity, Fiddler)",
+        int, metavar="N"))
+    memo: tuple[str, ...] = ()  # recorded numerics to start from (`specter sweep --memo-out`)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, Window):
+            object.__setattr__(self, "k", Window.parse(self.k))
+
+    # the record's form -----------------------------------------------------------------------------------------------
+    def as_dict(self) -> dict:
+        """The flat, JSON-ready form every record carries as its `config` (budget as its three flags' values)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "budget":
+                out.update(value.as_fields())
+            elif f.name == "k":
+                out["k"] = value.value
+            elif isinstance(value, tuple):
+                out[f.name] = [list(v) if isinstance(v, tuple) else v for v in value]
+            else:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunSpec:
+        """The spec of `as_dict`'s form (also a record's `config`, whose resolved keys are ignored): the budget as its
+        three flags' values, K raw, lists for tuples."""
+        known = {f.name for f in fields(cls)} - {"budget"}
+        unknown = set(data) - known - set(Budget.KINDS.values()) - RESOLVED_KEYS
+        if unknown:
+            raise SpecterError(f"unknown run settings {sorted(unknown)}; settings: {sorted(known)}")
+        values = {k: v for k, v in data.items() if k in known}
+        for name in ("system_options", "memo"):
+            if name in values:
+                values[name] = tuple(tuple(v) if isinstance(v, list) else v for v in values[name])
+        return cls(budget=Budget.of(**{name: data.get(name) for name in Budget.KINDS.values()}), **values)
+
+    def describe(self) -> str:
+        """One line for progress output."""
+        k = f" K={self.k}" if self.k.value is not None else ""
+        opts = "".join(f" {a}={b}" for a, b in self.system_options)
+        policy = self.prefetch if self.k.value is not None else ""
+        return f"{self.system}{k} {policy} {self.hardware} {self.budget.describe()} prefix {self.prefix_tokens}{opts}"
+
+    # checks
+    # ------------------------------------------------------------------------------------------------------------
+    def validate(self):
+        """Every check that needs no model weights; returns (the system, the hardware profile)."""
+        from pathlib import Path
+
+        import torch
+
+        from specter.models.loading import read_model_config
+        from specter.systems import get_system
+        from specter.timing import load_profile
+
+        system = get_system(self.system, dict(self.system_options))
+        if self.engine not in ENGINES:
+            raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}")
+        if self.engine == "cuda":
+            if not torch.cuda.is_available():
+                raise SpecterError("--engine cuda needs a CUDA device, and torch sees none; use --engine sim "
+                                   "(simulated time from the --hardware profile)")
+            if self.temperature > 0:
+                raise SpecterError(f"--engine cuda times greedy runs (their numerics are recorded before the timed "
+                                   f"run); --temperature {self.temperature} samples live: use --engine sim or "
+                                   "--temperature 0")
+        profile = load_profile(self.hardware)
+        read_model_config(self.model)
+        if system.speculative and self.draft is None:
+            raise SpecterError(f"system {self.system!r} speculates: pass --draft DIR (make one with "
+                               "`specter quantize`)")
+        if system.speculative and system.takes_window:
+            self.k.check(self.system)
+        if self.prefetch not in PREFETCH_POLICIES:
+            raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
+                               f"{', '.join(PREFETCH_POLICIES)}")
+        if self.temperature < 0:
+            raise SpecterError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.max_new_tokens < 2:
+            raise SpecterError(f"--max-new-tokens must be at least 2 (TPOT needs two tokens), got "
+                               f"{self.max_new_tokens}")
+        self.budget.check()
+        for memo in self.memo:
+            if not Path(memo).is_file():
+                raise SpecterError(f"--memo {memo!r} does not exist; record it with `specter sweep --memo-out`")
+        if self.out and Path(self.out).is_dir():
+            raise SpecterError(f"--out {self.out} is a directory; give a file name ending in .jsonl")
+        return system, profile
+
+
+# The command line ----------------------------------------------------------------------------------------------------
+def _flag_fields():
+    return [f for f in fields(RunSpec) if "flag" in f.metadata]
+
+
+#: Sweep axes by name (the workflow's `axes:` keys) and the flag that takes each axis's values.
+AXES: dict[str, str] = {"system": "--systems", **{f.name: f.metadata["flag"] for f in _flag_fields()
+                                                   if f.metadata["sweep"]},
+                        **{name: Budget.FLAGS[kind] for kind, name in Budget.KINDS.items()}}
+
+
+def split_list(text: str | None, kind: Callable[[str], Any], flag: str) -> list | None:
+    """A comma-separated option value as a list of `kind` (None when the option was not given)."""
+    if text is None:
+        return None
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        values = [kind(t) for t in items]
+    except ValueError:
+        name = getattr(kind, "__name__", "value")
+        raise SpecterError(f"{flag} {text!r}: every comma-separated value must be a {name}") from None
+    if not values:
+        raise SpecterError(f"{flag} is empty; give one or more comma-separated values")
+    return values
+
+
+def key_values(items: list[str] | None) -> list[tuple[str, str]]:
+    """`--system-option NAME=VALUE` items as (name, value) pairs."""
+    out = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecterError(f"--system-option {item!r} must look like NAME=VALUE")
+        out.append((key, value))
+    return out
+
+
+def add_cli_args(p: argparse.ArgumentParser, mode: str) -> None:
+    """The run settings' flags on `p`, for `mode` run, compare or sweep (in sweep, sweepable flags take lists)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {MODES}")
+    listed = mode == "sweep"
+    for f in _flag_fields():
+        m = f.metadata
+        is_list = listed and m["sweep"]
+        default = None if f.default is MISSING else f.default
+        shown = "" if default in (None, "") or default == Window() else f" (default {default})"
+        # the default stays None here: an absent flag leaves the RunSpec's own default in place
+        p.add_argument(m["flag"], dest=f.name, required=m["required"], metavar=m["metavar"],
+                       choices=None if is_list else m["choices"],
+                       help=m["help"] + (" (list)" if is_list else "") + shown)
+    group = p.add_mutually_exclusive_group(required=True)
+    helps = {"gb": "device memory for the run, GB (1e9 bytes)", "slots": "expert slots per MoE layer",
+             "fraction": "expert slots per MoE layer as a share of its experts (rounded, at least 1)"}
+    for kind, flag in Budget.FLAGS.items():
+        group.add_argument(flag, dest=Budget.KINDS[kind], metavar={"gb": "GB", "slots": "N", "fraction": "F"}[kind],
+                           help=helps[kind] + (" (list)" if listed else ""))
+    p.add_argument("--system-option", action="append", metavar="NAME=V1,V2" if listed else "NAME=VALUE",
+                   help="a system's own setting (e.g. depth=2 for mixtral-offloading)"
+                        + ("; a list of values, for the systems that have it" if listed else "") + "; repeatable")
+    p.add_argument("--memo", action="append", metavar="FILE",
+                   help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")
+
+
+def _value(f, text):
+    """One flag's value as its field's type (None stays None: the field's default applies)."""
+    if text is None:
+        return None
+    parse = f.metadata["parse"]
+    try:
+        return parse(text)
+    except ValueError:
+        raise SpecterError(f"{f.metadata['flag']} {text!r} must be a {getattr(parse, '__name__', 'value')}") from None
+
+
+def _budget_value(kind: str, text: str):
+    parse = int if kind == "slots" else float
+    flag = Budget.FLAGS[kind]
+    try:
+        return parse(text)
+    except ValueError:
+        raise SpecterError(f"{flag} {text!r} must be a {'whole number' if kind == 'slots' else 'number'}") from None
+
+
+def from_args(args: argparse.Namespace, system: str, out: str = "") -> RunSpec:
+    """One run's spec from the parsed flags of `run` or `compare`."""
+    values = {f.name: _value(f, getattr(args, f.name)) for f in _flag_fields()}
+    values = {k: v for k, v in values.items() if v is not None}
+    budget = Budget.of(**{name: (None if getattr(args, name) is None else _budget_value(kind, getattr(args, name)))
+                          for kind, name in Budget.KINDS.items()})
+    return RunSpec(system=system, out=out, budget=budget, system_options=tuple(key_values(args.system_option)),
+                   memo=tuple(args.memo or ()), **values)
+
+
+def sweep_from_args(args: argparse.Namespace, systems: list[str], out: str = ""):
+    """`sweep`'s flags as (base spec, axes {field: values}, system options {name: values})."""
+    axes: dict[str, list] = {"system": systems}
+    single = {}
+    for f in _flag_fields():
+        text = getattr(args, f.name)
+        if f.metadata["sweep"] and text is not None:
+            axes[f.name] = split_list(text, f.metadata["parse"], f.metadata["flag"])
+            choices = f.metadata["choices"]
+            bad = [v for v in axes[f.name] if choices and v not in choices]
+            if bad:
+                raise SpecterError(f"{f.metadata['flag']} {bad[0]!r} is not one of {', '.join(choices)}")
+        elif text is not None:
+            single[f.name] = _value(f, text)
+    budgets = [(kind, name) for kind, name in Budget.KINDS.items() if getattr(args, name) is not None]
+    if len(budgets) != 1:
+        raise SpecterError("give exactly one budget: --device-memory-gb, --resident-per-layer or --resident-fraction "
+                           "(each takes a comma-separated list)")
+    kind, name = budgets[0]
+    axes["budget"] = [Budget(kind, v) for v in split_list(getattr(args, name), lambda t: _budget_value(kind, t),
+                                                          Budget.FLAGS[kind])]
+    options = {key: split_list(value, str, f"--system-option {key}") for key, value in key_values(args.system_option)}
+    axes = {name: axes[name] for name in SWEEP_AXES if name in axes}
+    base = RunSpec(system=systems[0], out=out, memo=tuple(args.memo or ()),
+                   **{**single, **{n: v[0] for n, v in axes.items() if n != "system"}})
+    return base, axes, options

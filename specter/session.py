@@ -1,0 +1,76 @@
+"""A `Session` owns what one process has loaded: targets, their forward services, drafts, model hashes, the memos read
+into the services, and the pinned host expert stores of CUDA runs.
+
+Every run, compare and sweep in a process shares one session, so that a second system, budget or hardware profile on the
+same prompts pays only for scheduling. Nothing here is module state: a new `Session()` starts from nothing (tests make
+one to stand for a new process).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def _key(path: str | Path) -> str:
+    return str(Path(path).resolve())
+
+
+class Session:
+    def __init__(self) -> None:
+        self._targets: dict[str, tuple[object, object]] = {}  # model dir -> (MoEModel, ForwardService)
+        self._drafts: dict[str, tuple[object, str]] = {}  # draft dir -> (Draft, its content key)
+        self._hashes: dict[str, str] = {}
+        self._memos: set[tuple[str, str]] = set()  # (model dir, memo file) already read
+        self._stores: dict[str, object] = {}  # model dir -> ExpertStore
+
+    def model_hash(self, model_dir: str | Path) -> str:
+        """The model hash (config and weights) of a checkpoint, computed once."""
+        from specter.quant.meta import model_hash
+
+        key = _key(model_dir)
+        if key not in self._hashes:
+            self._hashes[key] = model_hash(model_dir)
+        return self._hashes[key]
+
+    def numerics(self, model_dir: str | Path, draft_dir: str | Path | None = None, memos: tuple[str, ...] = ()):
+        """(target, draft or None, ForwardService) for this model: the target loaded once, its service memoizing the
+        target's numerics for every system and each draft's windows separately (keyed by the draft's content),
+        starting from the recorded `memos`. The service's current draft becomes `draft_dir`'s."""
+        from specter.models.loading import load_moe_model
+        from specter.numerics.forward import ForwardService
+        from specter.numerics.memo import draft_key, load_memo
+        from specter.quant.draft import load_draft
+
+        key = _key(model_dir)
+        if key not in self._targets:
+            target = load_moe_model(model_dir, dtype=torch.float32)
+            self._targets[key] = (target, ForwardService(target))
+        target, service = self._targets[key]
+        for memo in memos:
+            if (key, _key(memo)) not in self._memos:
+                load_memo(service, memo, self.model_hash(model_dir))
+                self._memos.add((key, _key(memo)))
+        draft = None
+        if draft_dir is not None:
+            path = _key(draft_dir)
+            if path not in self._drafts:
+                loaded = load_draft(target, draft_dir, target_hash=self.model_hash(model_dir))
+                self._drafts[path] = (loaded, draft_key(draft_dir))
+            draft, content_key = self._drafts[path]
+            service.draft, service.draft_key = draft.moe, content_key
+        return target, draft, service
+
+    def service(self, model_dir: str | Path):
+        """The forward service of a model loaded in this session."""
+        return self.numerics(model_dir)[2]
+
+    def expert_store(self, model_dir: str | Path, target, pin: bool):
+        """The target's routed experts in host memory (pinned on CUDA), built once."""
+        from specter.offload.store import ExpertStore
+
+        key = _key(model_dir)
+        if key not in self._stores:
+            self._stores[key] = ExpertStore(target, pin=pin)
+        return self._stores[key]

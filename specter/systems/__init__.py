@@ -1,0 +1,42 @@
+"""Systems: the `System` base and its declared extension points (`base`), the shared decode loops (`decode`), the
+reference systems `resident` and `on-demand` (`reference`), Specter (`specter`), and the registry of names.
+
+The registry finds every `System` subclass with a name in this package's modules and in `baselines/` (one file per
+reimplemented system): a new baseline is one file there, and nothing in the core names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from specter.errors import SpecterError
+from specter.systems.base import DecodeConfig, PassHooks, PredictionCounts, PromptContext, PromptResult, System
+
+__all__ = ["DecodeConfig", "PassHooks", "PredictionCounts", "PromptContext", "PromptResult", "System", "get_system",
+           "registry"]
+
+BASELINE_PACKAGE = "baselines"
+_OWN_MODULES = ("specter.systems.reference", "specter.systems.specter")
+
+
+def registry() -> dict[str, type[System]]:
+    """{name: System class} of every system the suite knows."""
+    base = importlib.import_module(BASELINE_PACKAGE)
+    modules = set(_OWN_MODULES) | {f"{BASELINE_PACKAGE}.{m.name}" for m in pkgutil.iter_modules(base.__path__)}
+    found: dict[str, type[System]] = {}
+    for module_name in sorted(modules):
+        for obj in vars(importlib.import_module(module_name)).values():
+            if isinstance(obj, type) and issubclass(obj, System) and obj is not System and obj.name:
+                found[obj.name] = obj
+    return found
+
+
+def get_system(name: str, options: dict[str, str] | None = None) -> System:
+    systems = registry()
+    if name not in systems:
+        raise SpecterError(f"unknown system {name!r}; known systems: {', '.join(sorted(systems))}")
+    try:
+        return systems[name](**(options or {}))
+    except ValueError as err:
+        raise SpecterError(f"bad --system-option for {name!r}: {err}") from None

@@ -1,0 +1,123 @@
+"""The shared decode loops: one target pass per token (every non-speculative system), and draft-then-verify cycles
+(every speculative system, which differ only in their planner, forecast and draft window).
+
+A speculative cycle: the draft proposes K tokens, one draft step each (the host reads each proposal: a
+synchronization); the system's planner sees the draft's routing after every step and may prefetch; the target then
+verifies the K + 1 tokens in one pass, and the accepted proposals plus the target's own next token commit when the
+verification's logits are ready. Greedy runs replay the memoized windows; sampling runs (temperature > 0) draw live.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from specter.numerics.sampling import SamplingSession
+from specter.speculation.lookahead import PlannerState
+from specter.systems.base import PredictionCounts, PromptContext, PromptResult
+
+
+def decode_one_by_one(ctx: PromptContext, result: PromptResult) -> PromptResult:
+    """Decode the remaining tokens one target pass each, committing each when its logits are ready; every hook's
+    `before_step(j)` runs before decode step j (1-based) is scheduled."""
+    trace = ctx.trace
+    prompt_len = len(trace.prompt)
+    for j in range(1, ctx.config.max_new_tokens):
+        for hook in ctx.executor.hooks:
+            hook.before_step(j)
+        # input seq[P + j - 1] after P + j - 1 cached tokens
+        end = ctx.executor.target_pass([trace.step_routes[j - 1]], context=prompt_len + j - 1, tag=f"d{j}")
+        ctx.engine.synchronize(end)  # the host reads the next token
+        result.tokens.append(trace.tokens[j])
+        result.commit_times.append(ctx.engine.event_time(end))
+    return result
+
+
+def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> PromptResult:
+    """Draft-and-verify cycles after the prefill `result` until `max_new_tokens` have committed."""
+    trace, cfg, engine, ex = ctx.trace, ctx.config, ctx.engine, ctx.executor
+    k = system.window(cfg.k)
+    if k is None or k < 1:
+        raise ValueError(f"{system.name} needs a draft window K >= 1, got {k}")
+    result.k = k
+    state = PlannerState()
+    t = len(trace.prompt) + 1  # committed tokens
+    session = None
+    if cfg.temperature > 0:  # live rejection sampling; the first token equals the trace's (same seed, same draw)
+        session = SamplingSession(ctx.service.target, ctx.service.draft, trace.prompt, cfg.temperature, cfg.seed)
+        result.decode_routes = []
+    cycle = 0
+    while len(result.tokens) < cfg.max_new_tokens:
+        cycle += 1
+        if session is None:
+            window = ctx.service.window(trace, t, k, own_kv=system.separate_draft)
+            accepted = window.accepted(k)
+            new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
+        else:
+            window, accepted, new_tokens = session.cycle(k)
+            result.decode_routes += window.verify_routes[: accepted + 1]
+        planner = system.planner(ctx, k, state)
+        forecast = system.forecast(ctx, window, k)
+        counts = _draft(ctx, planner, window, forecast, t, k, f"c{cycle}")
+        planner.before_verify(counts)
+        verify = window.verify_routes[: k + 1]
+        end = ex.target_pass(verify, context=t - 1, tag=f"c{cycle}.verify")
+        engine.synchronize(end)
+        _commit(ctx, result, new_tokens, accepted, k, t, engine.event_time(end), check=session is None)
+        _book_prediction(ctx, result, forecast, verify, planner.plan, k)
+        ctx.cache.unprotect_all()
+        t += accepted + 1
+    return result
+
+
+def _draft(ctx: PromptContext, planner, window, forecast, t: int, k: int, tag: str) -> dict[int, Counter]:
+    """K draft steps, the planner told after each; returns the window's forecast counts per (layer, expert)."""
+    engine, ex = ctx.engine, ctx.executor
+    counts = {layer: Counter() for layer in ctx.work.moe_layers}
+    ex.hooks.append(planner)  # a planner may act after each draft layer (SP-MoE), never inside the verification
+    previous = engine.now()
+    for i in range(1, k + 1):  # draft step i reads the token at position t - 2 + i
+        end = ex.draft_step(window.draft_routes[i - 1], context=t - 2 + i, expert_bytes=ctx.config.draft_expert_bytes,
+                            tag=f"{tag}.draft{i}")
+        engine.synchronize(end)  # the host reads the proposal
+        for layer in counts:
+            counts[layer].update(forecast[i - 1][layer])
+        now = engine.event_time(end)
+        planner.after_step(i, counts, now - previous)
+        previous = now
+    ex.hooks.remove(planner)
+    return counts
+
+
+def _commit(ctx: PromptContext, result: PromptResult, new_tokens: list[int], accepted: int, k: int, t: int,
+            done: float, check: bool) -> None:
+    """Commit a verified window's tokens at `done`, and count its proposals."""
+    trace = ctx.trace
+    new_tokens = new_tokens[: ctx.config.max_new_tokens - len(result.tokens)]
+    expected = trace.tokens[len(result.tokens) : len(result.tokens) + len(new_tokens)]
+    if check and new_tokens != expected:
+        raise RuntimeError(
+            f"verification at position {t} disagreed with the target's incremental greedy decode "
+            f"({new_tokens} vs {expected}): a near-tie flipped under float noise; run the model in float32"
+        )
+    result.tokens += new_tokens
+    result.commit_times += [done] * len(new_tokens)
+    result.proposed += k
+    result.checked += accepted + 1 if accepted < k else k
+    result.accepted += accepted
+    result.accepted_lengths[accepted] += 1
+
+
+def _book_prediction(ctx: PromptContext, result: PromptResult, forecast, verify, plan: dict, k: int) -> None:
+    """Expert prediction per (layer, lookahead distance), and the plan's window recall."""
+    for d in range(1, k + 1):  # draft step d and verification input d - 1 read the same token
+        for layer in ctx.work.moe_layers:
+            predicted, actual = set(forecast[d - 1][layer]), set(verify[d - 1][layer])
+            c = result.prediction.setdefault((layer, d), PredictionCounts())
+            c.tp += len(predicted & actual)
+            c.predicted += len(predicted)
+            c.actual += len(actual)
+    for layer in ctx.work.moe_layers:
+        used = {e for r in verify for e in r[layer]}
+        result.window_needed += len(used)
+        result.window_hits += len(used & set(plan.get(layer, [])))
+    result.window_layers += len(ctx.work.moe_layers)

@@ -1,0 +1,67 @@
+"""Specter (arXiv 2511.14102): speculative decoding with a quantized self-draft whose routing drives expert prefetch.
+
+Each cycle: the draft (the target with INT4 experts, resident) proposes K tokens; its routing over the window, counted
+per (layer, expert), plans which experts the verification will need, and the planner copies them in on the H2D stream
+while the draft is still drafting. The target then verifies K+1 tokens in one pass, hot-first (resident and prefetched
+experts compute at once, the rest stream in on demand); greedy acceptance commits the accepted proposals and the
+target's own next token. Prefetched experts are protected from eviction until the verification ends.
+"""
+
+from __future__ import annotations
+
+from specter.speculation.lookahead import Planner, PlannerState
+from specter.systems.base import PromptContext, PromptResult, System
+from specter.systems.decode import decode_speculatively
+
+
+class Specter(System):
+    name = "specter"
+    speculative = True
+    options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute issued before it "
+                                                 "(no hot-first overlap)")}
+    serialize_demand = False  # the option's value; subclasses with their own options keep this default
+
+    def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
+        """The routes the prefetch plan counts, one per draft step: the draft's own (what Specter knows)."""
+        return window.draft_routes[:k]
+
+    def planner(self, ctx: PromptContext, k: int, state: PlannerState):
+        """This window's prefetch planner (the lookahead analyzer's top-M plans, by `--prefetch` policy)."""
+        return Planner(ctx.config.prefetch, k, ctx.executor, ctx.cache.slots_per_layer, state)
+
+    def run(self, ctx: PromptContext) -> PromptResult:
+        result = self.prefill(ctx)
+        ctx.executor.serialize_demand = self.serialize_demand
+        return decode_speculatively(self, ctx, result)
+
+
+class SpecterOracle(Specter):
+    """Specter planning from the target's own recorded routes instead of the draft's (the `oracle` experiment).
+
+    Draft step i's forecast is the route the target takes at verification input i - 1 (the same token), with a share
+    `noise` of its expert identities replaced by other experts drawn uniformly (seeded by the run's seed and the
+    window's start), which bounds what a better predictor could buy: noise 0 is a perfect one."""
+
+    name = "specter-oracle"
+    options = {**Specter.options, "noise": (float, 0.0, "share of the target's expert identities replaced at random")}
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise={self.noise} must be between 0 and 1")
+
+    def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
+        import random
+
+        rng = random.Random(ctx.config.seed * 1_000_003 + window.start)
+        experts = range(ctx.work.experts_per_layer)
+        out = []
+        for routes in window.verify_routes[:k]:
+            noisy = {}
+            for layer, chosen in routes.items():
+                kept = [e for e in chosen if rng.random() >= self.noise]
+                pool = [e for e in experts if e not in chosen]
+                replaced = rng.sample(pool, min(len(pool), len(chosen) - len(kept)))
+                noisy[layer] = tuple(sorted(kept + replaced))
+            out.append(noisy)
+        return out

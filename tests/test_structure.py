@@ -1,0 +1,116 @@
+"""The house's own rules: one place for each kind of change, no hidden process state, small functions, and a package
+that carries its own data."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from specter import experiments
+from specter.cli import main
+from specter.experiments import Experiment, Figure, Table
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME = ["specter/runs", "specter/systems", "specter/numerics", "specter/offload", "specter/timing",
+           "specter/speculation", "specter/session.py", "specter/runspec.py", "specter/metrics.py", "specter/io.py",
+           "baselines"]
+MUTATORS = {"append", "add", "update", "setdefault", "clear", "pop", "extend", "insert", "remove", "discard"}
+
+
+def _files(paths):
+    for p in paths:
+        path = ROOT / p
+        yield from (sorted(path.rglob("*.py")) if path.is_dir() else [path])
+
+
+def test_no_module_level_mutable_state_in_the_runtime():
+    """No module-level container is changed after import (the old process-wide caches keyed by model)."""
+    found = []
+    for path in _files(RUNTIME):
+        tree = ast.parse(path.read_text())
+        containers = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                      for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(t, ast.Name) and isinstance(node.value, (ast.Dict, ast.List, ast.Set, ast.Call))}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found.append(f"{path.name}: global {', '.join(node.names)}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in containers):
+                found.append(f"{path.name}:{node.lineno}: {node.func.value.id}.{node.func.attr}")
+            if (isinstance(node, (ast.Assign, ast.AugAssign)) and any(
+                    isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in containers
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))):
+                found.append(f"{path.name}:{node.lineno}: item assignment to a module-level container")
+    assert not found, found
+
+
+def test_run_functions_are_short():
+    long = [f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in _files(["specter/runs", "specter/runspec.py", "specter/session.py"])
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+            and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, long
+
+
+def test_a_made_up_experiment_needs_only_a_registry_entry_and_config(tiny_dirs, tmp_path, monkeypatch):
+    """A new experiment, defined here as one registry entry and one config entry, runs through the same code the
+    workflow uses: its config entry becomes `specter sweep` arguments, its records a table and a figure."""
+    from specter.quant.quantize import quantize_draft
+
+    made_up = Experiment("made_up", "sweep", Table(keys=("system", "k", "prefetch", "slots_per_layer")),
+                         Figure("grouped_bars", "Draft and oracle forecasts per policy", x="prefetch",
+                                xlabel="prefetch policy"),
+                         "TPOT of Specter and of its oracle under two prefetch policies.")
+    monkeypatch.setitem(experiments.EXPERIMENTS, "made_up", made_up)
+    entry = {"systems": ["specter", "specter-oracle"], "axes": {"prefetch": ["adaptive", "none"]},
+             "options": {"noise": [0.0]}}
+    main_settings = dict(k=3, hardware="a100-40gb-pcie4", prefix_tokens=12, resident_fraction=0.25, engine="sim")
+    flags = experiments.sweep_flags(entry, main_settings)
+    assert flags[:2] == ["--systems", "specter,specter-oracle"] and "--prefetch" in flags
+    draft = tmp_path / "draft"
+    quantize_draft(tiny_dirs["olmoe"], draft, method="rtn", bits=4, group_size=32)
+    records = tmp_path / "made_up.jsonl"
+    assert main(["sweep", "--model", tiny_dirs["olmoe"], "--draft", str(draft), "--dataset", "code",
+                 "--num-prompts", "2", "--max-new-tokens", "10", *flags, "--out", str(records)]) == 0
+    table, figure = tmp_path / "made_up.csv", tmp_path / "made_up.png"
+    assert main(["aggregate", "made_up", str(records), "--out", str(table), "--figure", str(figure)]) == 0
+    rows = pd.read_csv(table)
+    expected = [(s, p) for s in ("specter", "specter-oracle") for p in ("adaptive", "none")]
+    assert sorted(zip(rows["system"], rows["prefetch"])) == expected
+    assert (rows["prompts"] == 2).all()
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_registered_experiment_has_a_known_table_and_figure_kind():
+    from specter.report.figures import KINDS
+
+    for e in experiments.EXPERIMENTS.values():
+        assert e.figure.kind in KINDS, e.name
+        assert e.table.kind in ("medians", "routing", "fidelity"), e.name
+        assert e.caption.strip(), e.name
+        assert e.source in ("runs", "sweep", "fidelity") or e.source in experiments.EXPERIMENTS, e.name
+
+
+def test_a_wheel_install_has_every_hardware_preset(tmp_path):
+    """`pip install .` (not editable) into a fresh venv: `specter hardware` lists every preset, read from inside the
+    installed package."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    proc = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(ROOT)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([str(python), "-c", "import specter; print(specter.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, env=env)
+    assert str(venv) in where.stdout, where.stdout + where.stderr  # the installed copy, not this checkout
+    proc = subprocess.run([str(venv / "bin" / "specter"), "hardware"], cwd=tmp_path, capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.stem for p in (ROOT / "specter" / "presets" / "hardware").glob("*.yaml"))
+    assert len(names) >= 6 and all(f"{name}:" in proc.stdout for name in names), proc.stdout
