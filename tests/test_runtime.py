@@ -191,3 +191,19 @@ def test_local_jsonl_dataset_runs(tiny_dirs, rtn_drafts, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 2  # the empty question is skipped
+
+
+def test_the_memory_plan_reserves_kv_for_the_window_each_system_runs(tiny_dirs, rtn_drafts, tmp_path):
+    """One source of truth for K: the run's --k for Specter, SpecMoEOff's own k option for it, none for a system
+    that does not speculate, whatever --k the run was given."""
+    from specter.offload.work import ModelWork
+
+    session = Session()
+    kv_per_position = ModelWork.of(session.numerics(tiny_dirs["olmoe"])[0]).kv_bytes(1)
+    positions = {}
+    for system in ("on-demand", "specter", "specmoeoff"):
+        (r, *_) = run(_request(tiny_dirs, rtn_drafts, "olmoe", system, tmp_path / f"{system}.jsonl", k=6,
+                               num_prompts=1, max_new_tokens=8), session, progress=False)
+        copies = 2 if system == "specmoeoff" else 1  # its draft keeps its own KV
+        positions[system] = r.config["memory"]["kv_bytes"] // (copies * kv_per_position)
+    assert positions == {"on-demand": 16 + 8, "specter": 16 + 8 + 6, "specmoeoff": 16 + 8 + 3}

@@ -98,8 +98,9 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int) ->
     draft_resident = draft_bytes * len(work.moe_layers) * work.experts_per_layer
     if system.separate_draft:  # its own copy of every non-expert weight
         draft_resident += work.non_expert_bytes()
-    window = spec.k.fixed or (_max_governed_k() if spec.k.governor else 0)
-    kv_positions = spec.prefix_tokens + spec.max_new_tokens + window  # the speculative positions too
+    # the speculative positions of the window this system runs with (the governors may choose up to their largest K)
+    window = system.window(_max_governed_k() if spec.k.governor and system.takes_window else spec.k.fixed) or 0
+    kv_positions = spec.prefix_tokens + spec.max_new_tokens + window
     memory = plan_memory(work, kv_positions, draft_resident, spec.budget,
                          kv_copies=2 if system.separate_draft else 1)
     return memory.slots_per_layer, memory
