@@ -56,6 +56,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_build_model(args: argparse.Namespace) -> int:
     from specter.models.builders import build_model
 
+    _threads_set(args)
     path = build_model(args.name, args.out, seed=args.seed)
     print(f"wrote {args.name} to {path}")
     return 0
@@ -76,6 +77,7 @@ def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from specter.quant.quantize import quantize_draft
 
+    _threads_set(args)
     calibration = {"num_sequences": args.calibration_sequences, "seq_len": args.calibration_length}
     meta = quantize_draft(args.model, args.out, method=args.method, bits=args.bits, group_size=args.group_size,
                           calibration=calibration, progress=not args.quiet)
@@ -93,7 +95,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from specter.quant.draft import load_draft
     from specter.quant.fidelity import fidelity, write_fidelity
 
-    torch.set_num_threads(args.threads)
+    _threads_set(args)
     target = load_moe_model(args.model, dtype=torch.float32)
     draft = load_draft(target, args.draft)
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
@@ -116,9 +118,9 @@ def _timing(row: dict) -> str:
 
 
 def _threads_set(args: argparse.Namespace) -> None:
-    import torch
+    from specter.numerics import determinism
 
-    torch.set_num_threads(args.threads)
+    determinism.use(args.threads)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -275,6 +277,7 @@ def _model_commands(sub) -> None:
     p.add_argument("name", metavar="NAME", help="smollm2-moe or tiny-<arch>, e.g. tiny-mixtral")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not hold a model already)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    _threads(p)
     p.set_defaults(func=cmd_build_model)
 
     p = sub.add_parser("quantize", help="quantize the routed experts into a draft (GPTQ via GPTQModel, or RTN)")
@@ -286,6 +289,7 @@ def _model_commands(sub) -> None:
     p.add_argument("--calibration-length", type=int, default=256, help="tokens per calibration sequence (default 256)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory for experts.safetensors and meta.json")
     p.add_argument("--quiet", action="store_true", help="hide GPTQModel's own output")
+    _threads(p)
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("fidelity", help="how well a draft predicts its target: expert sets, top-1, acceptance vs K")
@@ -367,6 +371,9 @@ def _hardware_commands(sub) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from specter.numerics.determinism import pin_environment
+
+    pin_environment()  # before torch computes anything: the same bits on any AVX2 CPU (see determinism.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

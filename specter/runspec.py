@@ -28,7 +28,7 @@ PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.runs.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
-                           "device"})
+                           "device", "numerics"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
 SWEEP_AXES = ("system", "k", "prefetch", "hardware", "prefix_tokens", "budget")
 

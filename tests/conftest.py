@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+from specter.numerics.determinism import pin_environment
 
-from specter.models.tiny import TINY_CONFIGS, save_tiny_model
-from specter.runspec import RunSpec
+pin_environment()  # as the CLI does, before torch computes anything
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from specter.models.tiny import TINY_CONFIGS, save_tiny_model  # noqa: E402
+from specter.runspec import RunSpec  # noqa: E402
 
 ARCHS = sorted(TINY_CONFIGS)
 
@@ -22,7 +26,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    from specter.numerics import determinism
+
+    determinism.use(2)
 
 
 def spec(**settings) -> RunSpec:

@@ -358,6 +358,7 @@ def build_smollm2_moe(out: str | Path, seed: int = 0, cfg: MoefyConfig | None = 
     import transformers
 
     import specter
+    from specter.numerics import determinism
     from specter.quant.meta import model_hash
 
     cfg = cfg or MoefyConfig(seed=seed)
@@ -409,6 +410,7 @@ def build_smollm2_moe(out: str | Path, seed: int = 0, cfg: MoefyConfig | None = 
         "build_seconds": round(time.perf_counter() - t0, 1),
         "config": cfg.__dict__,
         "weights_sha256": model_hash(out),
+        "numerics": determinism.settings(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "specter": specter.__version__},
     }

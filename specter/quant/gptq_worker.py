@@ -14,6 +14,9 @@ import torch
 
 
 def main(request: dict) -> None:
+    from specter.numerics import determinism
+
+    determinism.use(request["threads"])  # the parent's thread count (the environment's pins come from the parent)
     # GPTQModel's CPU device pool must hold at least the 2 workers its model loader asks for, even where the caller
     # (e.g. a 1-thread Snakemake job) limits torch to one thread.
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, torch.get_num_threads())))

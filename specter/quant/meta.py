@@ -62,6 +62,7 @@ class DraftMeta:
     quantized_bytes_per_expert: int  # packed codes, zeros, scales, g_idx, biases of the largest expert
     seconds: float
     versions: dict = field(default_factory=dict)
+    numerics: dict = field(default_factory=dict)  # what the quantization ran with (`determinism.settings`)
 
     def write(self, out_dir: Path) -> None:
         (out_dir / META_FILE).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from specter.errors import SpecterError
 from specter.models.loading import load_moe_model, read_model_config
+from specter.numerics import determinism
 from specter.quant.meta import DraftMeta, model_hash, versions
 from specter.quant.packing import SUPPORTED_BITS, PackedLinear, pack
 
@@ -116,6 +117,7 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         quantized_bytes_per_expert=max(sizes),
         seconds=round(time.perf_counter() - t0, 3),
         versions=versions(),
+        numerics=determinism.settings(),
     )
     meta.write(out)
     return meta
@@ -145,7 +147,7 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="specter-gptq-"))
     try:
         request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(tmp), bits=bits, group_size=group_size,
-                       **calibration)
+                       threads=torch.get_num_threads(), **calibration)
         proc = subprocess.run(  # cwd: GPTQModel writes a logs/ folder into its working directory
             [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], cwd=tmp,
             stdout=None if progress else subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,

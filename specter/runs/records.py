@@ -26,11 +26,12 @@ def git_commit() -> str:
 
 def run_fields(spec, system, profile, work, slots: int, memory) -> dict:
     """The fields every record of a run shares."""
+    from specter.numerics import determinism
     from specter.quant.meta import versions
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
-                "initial_cache": "empty"}
+                "initial_cache": "empty", "numerics": determinism.settings()}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
                 config=resolved, versions=versions(), git_commit=git_commit())

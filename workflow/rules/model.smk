@@ -11,6 +11,6 @@ rule build_model:
     params:
         name=lambda wc: config["models"][wc.model]["build"],
         out=lambda wc: f"results/models/{wc.model}",
-    threads: 2
+    threads: 2  # part of the model's numerics (the card records it): the same checkpoint needs the same count
     shell:
-        "rm -rf {params.out} && python -m specter build-model {params.name} --out {params.out} > {log} 2>&1"
+        "rm -rf {params.out} && python -m specter build-model {params.name} --threads 2 --out {params.out} > {log} 2>&1"

@@ -17,7 +17,7 @@ rule quantize:
         seq_len=config["calibration"]["seq_len"],
     threads: 1
     shell:
-        "rm -rf {params.out} && OMP_NUM_THREADS={threads} python -m specter quantize --model {params.model} --method {wildcards.method} "
+        "rm -rf {params.out} && python -m specter quantize --threads 1 --model {params.model} --method {wildcards.method} "
         "--bits {wildcards.bits} --group-size {wildcards.group} --calibration-sequences {params.seqs} "
         "--calibration-length {params.seq_len} --out {params.out} > {log} 2>&1"
 

@@ -1,0 +1,48 @@
+"""What a numeric result depends on besides its inputs, pinned, so that the same command gives the same bits.
+
+Float results on a CPU depend on which vectorized code path runs (torch's own kernels pick AVX2 or AVX-512 by the CPU;
+MKL picks its own), and on how many threads split a reduction. The default model's builder is chaotic in those bits
+(balanced k-means and top-k routing near ties turn a last-bit difference in one layer into other experts in the next),
+so without pins two machines of the same kind built different checkpoints. Every numerics command of the CLI therefore
+runs with:
+- torch's CPU kernels on their AVX2 path (`ATEN_CPU_CAPABILITY=avx2`) and MKL's conditional numerical reproducibility
+  on its AVX2 branch, strict (`MKL_CBWR=AVX2,STRICT`): the same bits on any x86-64 CPU with AVX2;
+- a fixed thread count (the command's `--threads`), deterministic algorithms, and `PYTHONHASHSEED=0` for child
+  processes (the GPTQ worker).
+These must be set before torch computes anything, so `pin_environment` runs first in `specter.cli.main`. Records and
+model cards carry `settings()`: to reproduce a number, match its CPU capability and thread count. Setting
+`SPECTER_NATIVE_NUMERICS=1` leaves the machine's fastest paths in place (and the records then say so).
+"""
+
+from __future__ import annotations
+
+import os
+
+PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "PYTHONHASHSEED": "0"}
+NATIVE = "SPECTER_NATIVE_NUMERICS"
+
+
+def pin_environment(env: dict | None = None) -> None:
+    """Pin the numerics' code paths in `env` (the process environment by default), unless native numerics were asked
+    for. Call before torch is imported."""
+    env = os.environ if env is None else env
+    if env.get(NATIVE) == "1":
+        return
+    env.update(PINNED_ENV)
+
+
+def use(threads: int) -> None:
+    """This process's numerics: `threads` threads and deterministic algorithms."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+
+
+def settings() -> dict:
+    """What this process's numerics ran with, for records and model cards."""
+    import torch
+
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": os.environ.get("MKL_CBWR"),
+            "threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "pinned": os.environ.get(NATIVE) != "1", "torch": torch.__version__}
