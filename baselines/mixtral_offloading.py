@@ -44,6 +44,24 @@ class GateGuesses(TraceRecorder):
                         out[t][f"{layer}:{d}"] = tuple(sorted(indices[t]))
         return out
 
+    def remap(self, values: list, layer_map) -> list:
+        """For the architecture's MoE layer at position i and depth d: the proxy's guess from the layer that serves i
+        for the proxy layer that serves i + d (at least one layer ahead: where one proxy layer serves two neighbouring
+        layers, the guess is for its next one, never the layer's own routing)."""
+        position = {layer: i for i, layer in enumerate(layer_map.proxy_layers)}
+        arch = layer_map.arch_layers
+        out = []
+        for step in values:
+            mapped = {}
+            for i, layer in enumerate(arch):
+                for d in range(1, min(GUESS_DEPTH, len(arch) - 1 - i) + 1):
+                    here, there = position[layer_map.source(i)], position[layer_map.source(i + d)]
+                    guess = step.get(f"{layer_map.source(i)}:{max(1, there - here)}")
+                    if guess is not None:
+                        mapped[f"{layer}:{d}"] = guess
+            out.append(mapped)
+        return out
+
 
 class _SpeculativeLoading(PassHooks):
     """Once layer l's routing is known, prefetch the guess for the layer `depth` MoE layers ahead."""
@@ -56,7 +74,8 @@ class _SpeculativeLoading(PassHooks):
         self.ctx.cache.unprotect_all()  # a prefetch is protected only until the pass that needed it
         self.step = step
 
-    def on_route(self, layer: int, routes) -> None:
+    def after_layer(self, layer: int, routes) -> None:
+        """After this layer's own demand copies are queued (they are needed first)."""
         if not self.step or not self.depth:
             return
         i = self.order.index(layer)

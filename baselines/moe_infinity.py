@@ -96,6 +96,10 @@ class _ActivationAware(PassHooks):
         for r in routes:
             for e in r:
                 self.eam[i, e] += 1
+
+    def after_layer(self, layer: int, routes) -> None:
+        """After this layer's own demand copies are queued (they are needed first)."""
+        i = self.row[layer]
         if self.pred is None or not self.step:
             return
         cache, issued = self.ctx.cache, 0

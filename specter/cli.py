@@ -29,6 +29,21 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_architectures(args: argparse.Namespace) -> int:
+    from specter.models.architectures import architecture_names, load_architecture
+
+    for name in args.architectures or architecture_names():
+        arch = load_architecture(name)
+        work = arch.work()
+        dense = len(work.layers) - len(work.moe_layers)
+        print(f"{arch.name}: {arch.title}; {len(work.layers)} layers ({dense} dense), top-{work.top_k} of "
+              f"{work.experts_per_layer} routed experts, {_fmt_bytes(work.expert_bytes)} per FP16 expert, "
+              f"{arch.parameters() / 1e9:.2f}B parameters"
+              + (f" (published: {arch.published_parameters / 1e9:g}B)" if arch.published_parameters else ""))
+        print(f"  source: {arch.source}")
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from specter.models.loading import describe_model
 
@@ -265,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_commands(sub) -> None:
     p = sub.add_parser("models", help="list the supported MoE architectures")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("architectures", help="the published architectures a run can be priced at (--cost-as)")
+    p.add_argument("architectures", nargs="*", metavar="NAME|FILE", help="shipped names or config.json paths "
+                                                                          "(default: every shipped one)")
+    p.set_defaults(func=cmd_architectures)
 
     p = sub.add_parser("inspect", help="layers, experts, top-k and bytes of a local checkpoint (no weights are read)")
     p.add_argument("model_dir", metavar="DIR", help="a checkpoint directory written by save_pretrained")

@@ -69,6 +69,7 @@ class RunRecord:
     versions: dict
     git_commit: str
     wall_s: float = 0.0  # wall-clock metadata: the only field that differs between identical simulated runs
+    cost_as: str | None = None  # the architecture whose shapes priced every op (`--cost-as`), else None
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:

@@ -22,15 +22,16 @@ from typing import Any
 
 from specter.errors import SpecterError
 
-GOVERNORS = ("auto", "profile")
+GOVERNORS = ("auto", "profile", "online")
 ENGINES = ("sim", "cuda")
 PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
+DRAFT_KERNELS = ("fused", "unfused")
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.runs.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
-                           "device", "numerics"})
+                           "device", "numerics", "cost"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
-SWEEP_AXES = ("system", "k", "prefetch", "hardware", "prefix_tokens", "budget")
+SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "hardware", "prefix_tokens", "budget")
 
 
 # Budgets ------------------------------------------------------------------------------------------------------------
@@ -143,16 +144,25 @@ class RunSpec:
     max_new_tokens: int = setting(default=128, metadata=_flag("--max-new-tokens", "tokens to generate", int,
                                                               metavar="N"))
     k: Window = setting(default=Window(), metadata=_flag(
-        "--k", "draft window K (speculative systems): an integer >= 1, auto (the amortization model) or profile "
-               "(empirical, over 2..32)", Window.parse, sweep=True, metavar="K"))
+        "--k", "draft window K (speculative systems): an integer >= 1, or a governor: auto (the amortization "
+               "model), profile (empirical, over 2..32) or online (re-chosen every cycle from the acceptance so far)",
+        Window.parse, sweep=True, metavar="K"))
     prefetch: str = setting(default="adaptive", metadata=_flag(
         "--prefetch", "the speculative systems' prefetch policy", sweep=True, choices=PREFETCH_POLICIES))
+    draft_kernel: str = setting(default="fused", metadata=_flag(
+        "--draft-kernel", "how the draft's routed experts are priced: fused (one INT4 MoE kernel per layer and "
+                          "step, as the paper's) or unfused (one kernel group per expert)", sweep=True,
+        choices=DRAFT_KERNELS))
     temperature: float = setting(default=0.0, metadata=_flag("--temperature", "0 = greedy", float, metavar="T"))
     seed: int = setting(default=42, metadata=_flag("--seed", "seed (the artifact's is 42)", int, metavar="S"))
     engine: str = setting(default="sim", metadata=_flag(
         "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
                     "slots, copies and kernels; --hardware then costs the lower bound and the planners)",
         choices=ENGINES))
+    cost_as: str | None = setting(default=None, metadata=_flag(
+        "--cost-as", "price every op at this architecture's published shapes (`specter architectures`, or a "
+                     "config.json); tokens and routes stay the model's, which must route the same way (experts per "
+                     "layer, top-k)", metavar="NAME|FILE"))
     system_options: tuple[tuple[str, str], ...] = ()
     warmup_prompts: int = setting(default=8, metadata=_flag(
         "--warmup-prompts", "calibration-split prompts for systems that learn from history (MoE-Infinity, Fiddler)",
@@ -193,12 +203,29 @@ class RunSpec:
                 values[name] = tuple(tuple(v) if isinstance(v, list) else v for v in values[name])
         return cls(budget=Budget.of(**{name: data.get(name) for name in Budget.KINDS.values()}), **values)
 
+    def _check_cost_as(self) -> None:
+        from pathlib import Path
+
+        from specter.models.architectures import check_structure, load_architecture
+        from specter.models.loading import describe_model
+
+        if self.engine == "cuda":
+            raise SpecterError(f"--cost-as {self.cost_as} prices ops at another model's shapes; the CUDA engine runs "
+                               "this model's own kernels, so use --engine sim (or drop --cost-as)")
+        arch = load_architecture(self.cost_as)
+        arch_moe = arch.meta_model().moe_layers[0]
+        proxy = describe_model(self.model)
+        check_structure(arch, arch_moe.num_experts, arch_moe.top_k, proxy.experts_per_layer, proxy.top_k,
+                        Path(self.model).name)
+
     def describe(self) -> str:
         """One line for progress output."""
         k = f" K={self.k}" if self.k.value is not None else ""
         opts = "".join(f" {a}={b}" for a, b in self.system_options)
         policy = self.prefetch if self.k.value is not None else ""
-        return f"{self.system}{k} {policy} {self.hardware} {self.budget.describe()} prefix {self.prefix_tokens}{opts}"
+        shapes = f" at {self.cost_as} shapes" if self.cost_as else ""
+        return (f"{self.system}{k} {policy} {self.hardware}{shapes} {self.budget.describe()} prefix "
+                f"{self.prefix_tokens}{opts}")
 
     # checks
     # ------------------------------------------------------------------------------------------------------------
@@ -225,6 +252,8 @@ class RunSpec:
                                    "--temperature 0")
         profile = load_profile(self.hardware)
         read_model_config(self.model)
+        if self.cost_as is not None:
+            self._check_cost_as()
         if system.speculative and self.draft is None:
             raise SpecterError(f"system {self.system!r} speculates: pass --draft DIR (make one with "
                                "`specter quantize`)")

@@ -24,6 +24,7 @@ class Session:
         self._hashes: dict[str, str] = {}
         self._memos: set[tuple[str, str]] = set()  # (model dir, memo file) already read
         self._stores: dict[str, object] = {}  # model dir -> ExpertStore
+        self._architectures: dict[str, tuple[object, object]] = {}  # --cost-as -> (Architecture, its ModelWork)
 
     def model_hash(self, model_dir: str | Path) -> str:
         """The model hash (config and weights) of a checkpoint, computed once."""
@@ -65,6 +66,15 @@ class Session:
     def service(self, model_dir: str | Path):
         """The forward service of a model loaded in this session."""
         return self.numerics(model_dir)[2]
+
+    def architecture(self, name_or_path: str):
+        """(Architecture, its ModelWork) of a `--cost-as` value, built once (on the meta device)."""
+        from specter.models.architectures import load_architecture
+
+        if name_or_path not in self._architectures:
+            arch = load_architecture(name_or_path)
+            self._architectures[name_or_path] = (arch, arch.work())
+        return self._architectures[name_or_path]
 
     def expert_store(self, model_dir: str | Path, target, pin: bool):
         """The target's routed experts in host memory (pinned on CUDA), built once."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS
 
+from conftest import ARCHS
 from specter.errors import SpecterError
 from specter.models import load_moe_model
 from specter.models.adapter import ARCHITECTURES, arch_spec

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-from conftest import ARCHS, spec
 
+from conftest import ARCHS, spec
 from specter.models import load_moe_model
 from specter.quant.quantize import quantize_draft
 from specter.runs import run

@@ -13,8 +13,8 @@ import os
 
 import pytest
 import torch
-from conftest import spec
 
+from conftest import spec
 from specter.quant.quantize import quantize_draft
 from specter.runs import run
 from specter.session import Session

@@ -189,9 +189,8 @@ def test_run_engine_cuda_path_on_the_cpu(tiny_dirs, tmp_path, monkeypatch):
     """`specter run --engine cuda`'s own steps (recorded run, warm-up, timed run on the device buffers, its record
     fields), with the CUDA engine and device stood in for by the simulator and the CPU: the timed run computes no
     numerics, commits the recorded tokens, and its records say measured, with the simulated TPOT beside."""
-    from conftest import spec
-
     import specter.runs.device as on_device
+    from conftest import spec
     from specter import timing
     from specter.runs import execute
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import ARCHS
 
+from conftest import ARCHS
 from specter.errors import SpecterError
 from specter.models import load_moe_model
 from specter.quant.draft import load_draft

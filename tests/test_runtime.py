@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import spec
 
+from conftest import spec
 from specter.models import load_moe_model
 from specter.numerics.sampling import SamplingSession, probabilities, rejection_sample
 from specter.quant.quantize import quantize_draft

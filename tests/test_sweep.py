@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import spec
 
+from conftest import spec
 from specter.errors import SpecterError
 from specter.quant.quantize import quantize_draft
 from specter.runs import execute, grid, sweep

@@ -19,7 +19,8 @@ def _unit_profile(**over):
     """A profile where numbers are easy: 1 TFLOP/s, 1 GB/s memory, 1 GB/s link, no overheads."""
     data = {
         "name": "unit",
-        "device": {"peak_tflops": 1.0, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0, "memory_gb": 1},
+        "device": {"peak_tflops": 1.0, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0, "host_sync_us": 0,
+                   "memory_gb": 1},
         "link": {"h2d_pinned_gbps": 1.0, "h2d_pageable_gbps": 0.5, "latency_us": 0},
         "host": {"peak_tflops": 0.1, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0},
     }
@@ -48,6 +49,16 @@ def test_compute_waiting_on_copy_event_ends_at_20ms():
     done = eng.record(COMPUTE)
     assert eng.event_time(done) == pytest.approx(0.020)
     assert eng.timeline.stall_seconds(COMPUTE, waited_on=H2D) == pytest.approx(0.010)
+
+
+def test_a_host_sync_costs_the_profile_s_time_and_delays_what_the_host_launches_next():
+    """Reading a device result costs host_sync: the next op the host launches starts that much later."""
+    eng = SimEngine(_unit_profile(device__host_sync_us=15))
+    eng.launch(COMPUTE, MS10_COMPUTE)
+    assert eng.synchronize(eng.record(COMPUTE)) == pytest.approx(0.010 + 15e-6)
+    eng.launch(COMPUTE, MS10_COMPUTE)
+    assert eng.event_time(eng.record(COMPUTE)) == pytest.approx(0.020 + 15e-6)
+    assert [round(s.end - s.start, 9) for s in eng.timeline.spans if s.stream == "sync"] == [15e-6]
 
 
 def test_ops_on_one_stream_serialize():

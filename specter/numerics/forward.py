@@ -58,6 +58,10 @@ class TraceRecorder:
     def values(self, moe: MoEModel, log) -> list:
         raise NotImplementedError
 
+    def remap(self, values: list, layer_map) -> list:
+        """The values re-keyed by another architecture's layers (`LayerMap`), for runs priced at its shapes."""
+        raise NotImplementedError(f"recorder {self.name!r} cannot be mapped to another architecture's layers")
+
 
 def _forward(moe: MoEModel, ids: list[int], cache, recorders: tuple[TraceRecorder, ...] = (), extras=None):
     """One forward of `ids` after `cache` (None: a fresh one): (logits [T, V], routes of each token, updated cache).
@@ -182,6 +186,12 @@ class ForwardService:
             step_routes.append(routes[0])
             tokens.append(int(logits[-1].argmax()))
         return PromptTrace(list(prompt), tokens, prefill_routes, step_routes, extras, _cache=cache)
+
+    def sampling_session(self, prompt: list[int], temperature: float, seed: int):
+        """A live sampled decode of `prompt` by the target with the current draft (rejection sampling)."""
+        from specter.numerics.sampling import SamplingSession
+
+        return SamplingSession(self.target, self.draft, prompt, temperature, seed)
 
     def sampled_trace(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> PromptTrace:
         """The target's own sampled decode (live, not memoized across seeds): what non-speculative systems commit."""

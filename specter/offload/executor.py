@@ -9,8 +9,10 @@ prefetches, it streams through one of a ring of staging buffers without entering
 waits for the last compute that read it). Prefetches (`prefetch`) go through the same slots.
 
 Systems act inside a pass through `PassHooks` (declared methods, no-ops by default) that they add to `hooks`:
-`on_route` once the host knows a target layer's routing, `on_draft_layer` after each MoE layer of a draft step,
-`before_step` before each decode step of a one-token-at-a-time loop.
+`on_route` once the host knows a target layer's routing, `after_layer` once its experts are scheduled (a prefetch for
+later layers issued there queues behind this layer's demand copies, as it would on one copy stream),
+`on_draft_layer` after each MoE layer of a draft step, `before_step` before each decode step of a one-token-at-a-time
+loop.
 
 Ops carry costs; with a `DeviceRuntime` (the CUDA engine's runs) each op also carries the device work it stands for:
 the copy into the expert's slot or staging buffer, the expert's kernels on that buffer, the attention block, the head.
@@ -69,6 +71,9 @@ class PassHooks:
     def on_route(self, layer: int, routes: list[tuple[int, ...]]) -> None:
         """The host knows target layer `layer`'s routing of the pass's tokens (its experts are not yet scheduled)."""
 
+    def after_layer(self, layer: int, routes: list[tuple[int, ...]]) -> None:
+        """Target layer `layer`'s experts are scheduled (its demand copies queued); the host may look ahead."""
+
     def on_draft_layer(self, layer: int, experts: tuple[int, ...]) -> None:
         """A draft step has routed MoE layer `layer` to `experts`."""
 
@@ -92,6 +97,7 @@ class Executor:
         self.hooks: list[PassHooks] = []  # the systems' hooks inside passes (see PassHooks)
         # Ablation: demand copies do not overlap compute (each waits for the compute issued before it).
         self.serialize_demand = False
+        self.fused_draft = True  # the draft's routed experts of one layer and step as one fused kernel (see draft_pass)
 
     def _compute(self, op: Op) -> None:
         if self._acc is not None:
@@ -158,16 +164,17 @@ class Executor:
     def _head(self, tokens: int, label: str) -> Op:
         return self._with(self.work.head_op(tokens, label), "lm_head", tokens)
 
-    def prefetch(self, layer: int, experts: list[int]) -> int:
-        """Copy those of `experts` that are not resident and fit (protected until `unprotect_all`); returns how many."""
+    def prefetch(self, layer: int, experts: list[int], keep: set[int] = frozenset()) -> int:
+        """Copy those of `experts` that are not resident and fit (protected until `unprotect_all`), never evicting an
+        expert in `keep`; returns how many."""
         issued = 0
         for e in experts:
             if (layer, e) in self.cache:
                 self.cache.protect(layer, {e})
                 continue
-            if not self.cache.has_room(layer):
+            if not self.cache.has_room(layer, keep):
                 break
-            self._copy_into_slot(layer, e, set(), f"L{layer}.prefetch.e{e}")
+            self._copy_into_slot(layer, e, keep, f"L{layer}.prefetch.e{e}")
             self.cache.protect(layer, {e})
             self.stats.h2d_bytes_prefetch += self.work.expert_bytes
             self.stats.prefetches += 1
@@ -185,6 +192,8 @@ class Executor:
         for hook in self.hooks:
             hook.on_route(layer, routes)
         self.run_experts(layer, routes, tag)
+        for hook in self.hooks:
+            hook.after_layer(layer, routes)
 
     def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
         """The routed experts of one layer: resident first, then the missing ones on demand."""
@@ -222,8 +231,9 @@ class Executor:
             self.layer(layer, per_token, context + n, tag)
         self._compute(self._head(n, f"{tag}.head"))
         ops, self._acc = self._acc, None
+        used = tuple((layer, frozenset(e for r in routes for e in r[layer])) for layer in self.work.moe_layers)
         self.passes.append(PassWork(n, sum(o.flops for o in ops), sum(o.bytes_read for o in ops),
-                                    sum(o.launches for o in ops)))
+                                    sum(o.launches for o in ops), used))
         return self.engine.record(COMPUTE)
 
     def draft_step(self, routes: dict[int, tuple[int, ...]], context: int, expert_bytes: int, tag: str) -> Event:
@@ -232,16 +242,28 @@ class Executor:
         return self.draft_pass([routes], context, expert_bytes, tag)
 
     def draft_pass(self, routes: list[dict[int, tuple[int, ...]]], context: int, expert_bytes: int, tag: str) -> Event:
-        """A draft pass over len(routes) tokens after `context` cached tokens (its experts are all resident)."""
+        """A draft pass over len(routes) tokens after `context` cached tokens (its experts are all resident). With
+        `fused_draft` each MoE layer's routed experts run as one fused INT4 MoE kernel (one launch, the quantized bytes
+        and FLOPs of the experts it runs), as the paper's draft does; else one kernel group per expert."""
         n = len(routes)
+        ops: list[Op] = []
         for layer in self.work.layers:
-            self.engine.launch(COMPUTE, self._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
+            ops.append(self._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
+            self.engine.launch(COMPUTE, ops[-1])
             if layer in self.work.moe_layers:
-                for e, m in sorted(Counter(e for r in routes for e in r[layer]).items()):
-                    op = self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes)
-                    self.engine.launch(COMPUTE, self._with(op, "draft_expert", layer, e, m))
+                tokens = sorted(Counter(e for r in routes for e in r[layer]).items())
+                if self.fused_draft:
+                    ops.append(self.work.fused_experts_op([m for _, m in tokens], f"{tag}.L{layer}.qmoe",
+                                                          expert_bytes))
+                    self.engine.launch(COMPUTE, self._with(ops[-1], "draft_layer", layer, tokens))
+                for e, m in tokens if not self.fused_draft else ():
+                    ops.append(self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
+                    self.engine.launch(COMPUTE, self._with(ops[-1], "draft_expert", layer, e, m))
                 if n == 1:
                     for hook in self.hooks:
                         hook.on_draft_layer(layer, routes[0][layer])
-        self.engine.launch(COMPUTE, self._head(n, f"{tag}.head"))
+        ops.append(self._head(n, f"{tag}.head"))
+        self.engine.launch(COMPUTE, ops[-1])
+        self.passes.append(PassWork(n, sum(o.flops for o in ops), sum(o.bytes_read for o in ops),
+                                    sum(o.launches for o in ops), draft=True))
         return self.engine.record(COMPUTE)

@@ -7,7 +7,9 @@ context of c tokens:
   4 n c d_attn, bytes P_layer x 2 + c x KV bytes per token; 8 kernels;
 - one routed expert on m tokens: FLOPs 2 m P_expert, bytes = the expert's stored size; 3 kernels;
 - LM head and final norm: FLOPs 2 n H V, bytes H V x 2; 2 kernels.
-These kernel counts and the attention FLOP formula are modelling choices, the same for every system.
+These kernel counts and the attention FLOP formula are modelling choices, the same for every system. KV per token and
+layer is K and V of every KV head, or, for multi-head latent attention (DeepSeek's MLA), the compressed latent and the
+rotary key that DeepSeek's own inference caches (kv_lora_rank + qk_rope_head_dim values).
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ class ModelWork:
     kv_heads: int
     qk_dim: int  # per head, queries and keys
     v_dim: int  # per head, values
-    kv_bytes_per_token: int  # per layer, K and V at WEIGHT_BYTES
+    kv_bytes_per_token: int  # per layer, K and V (or MLA's latent) at WEIGHT_BYTES
     hidden: int
     vocab: int
+    top_k: int = 0  # experts routed per token
+    expert_shapes: tuple[tuple[int, int], ...] = ()  # one routed expert's projections, (out, in) each
 
     @classmethod
     def of(cls, moe: MoEModel) -> ModelWork:
@@ -51,8 +55,11 @@ class ModelWork:
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         v_dim = getattr(cfg, "v_head_dim", None) or head_dim
         qk_dim = (getattr(cfg, "qk_nope_head_dim", 0) or 0) + (getattr(cfg, "qk_rope_head_dim", 0) or 0) or head_dim
-        head_params = moe.model.lm_head.weight.numel() + moe.model.model.norm.weight.numel()
+        head_params = sum(p.numel() for m in (moe.model.lm_head, moe.model.model.norm) for p in m.parameters())
         first = moe.moe_layers[0]
+        latent = getattr(cfg, "kv_lora_rank", None)
+        kv_values = latent + (getattr(cfg, "qk_rope_head_dim", 0) or 0) if latent else kv_heads * (qk_dim + v_dim)
+        h, i = cfg.hidden_size, first.intermediate_size
         return cls(
             layers=tuple(range(moe.num_layers)),
             moe_layers=tuple(m.layer_index for m in moe.moe_layers),
@@ -66,9 +73,11 @@ class ModelWork:
             kv_heads=kv_heads,
             qk_dim=qk_dim,
             v_dim=v_dim,
-            kv_bytes_per_token=kv_heads * (qk_dim + v_dim) * WEIGHT_BYTES,
+            kv_bytes_per_token=kv_values * WEIGHT_BYTES,
             hidden=cfg.hidden_size,
             vocab=cfg.vocab_size,
+            top_k=first.top_k,
+            expert_shapes=((i, h), (i, h), (h, i)),  # gate, up, down
         )
 
     # ops -----------------------------------------------------------------------------------------------------------
@@ -80,6 +89,12 @@ class ModelWork:
     def expert_op(self, tokens: int, label: str, stored_bytes: int | None = None) -> Op:
         return Op(label, flops=2.0 * tokens * self.expert_params,
                   bytes_read=self.expert_bytes if stored_bytes is None else stored_bytes, launches=EXPERT_KERNELS)
+
+    def fused_experts_op(self, tokens: list[int], label: str, stored_bytes: int) -> Op:
+        """Several routed experts as one fused kernel (the draft's INT4 MoE kernel): one launch; each expert read once
+        at its stored size, on its tokens."""
+        return Op(label, flops=2.0 * sum(tokens) * self.expert_params, bytes_read=stored_bytes * len(tokens),
+                  launches=1)
 
     def head_op(self, tokens: int, label: str) -> Op:
         return Op(label, flops=2.0 * tokens * self.head_params, bytes_read=self.head_params * WEIGHT_BYTES,
@@ -95,6 +110,12 @@ class ModelWork:
                 + [self.expert_op(1, "", expert_bytes)] * (len(self.moe_layers) * top_k) + [self.head_op(1, "")])
 
     # sizes ---------------------------------------------------------------------------------------------------------
+    def quantized_expert_bytes(self, bits: int, group_size: int) -> int:
+        """One routed expert as a GPTQ-packed draft stores it at these shapes (codes, zeros, scales, group index)."""
+        from specter.quant.packing import packed_bytes
+
+        return sum(packed_bytes(in_f, out_f, bits, group_size) for out_f, in_f in self.expert_shapes)
+
     def non_expert_bytes(self) -> int:
         return (sum(self.layer_params.values()) + self.head_params + self.hidden * self.vocab) * WEIGHT_BYTES
 

@@ -34,6 +34,13 @@ class PackedLinear:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
 
+def packed_bytes(in_features: int, out_features: int, bits: int, group_size: int) -> int:
+    """Bytes of one linear in the v1 format: int32 codes and zeros at `bits`, float16 scales, int32 group index."""
+    groups = -(-in_features // group_size)
+    return (in_features * out_features * bits // 8 + groups * out_features * bits // 8 + groups * out_features * 2
+            + in_features * 4)
+
+
 def _pack_stream(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """codes int64 [n, cols] with values < 2**bits -> int32 [n * bits / 32, cols], a little-endian bit stream per
     column."""

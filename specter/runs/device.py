@@ -42,10 +42,10 @@ def timed(p, index: int, trace, config, simulated):
 
     if index == 0:  # warm-up: kernels, allocator, lazily sized buffers
         schedule(p.system, timing.make_engine("cuda", p.profile), p.work, p.service, trace, config, p.cost, p.warmup,
-                 p.device)
+                 p.device, p.online)
     before = p.service.forward_calls
     result, timeline = schedule(p.system, timing.make_engine("cuda", p.profile), p.work, p.service, trace, config,
-                                p.cost, p.warmup, p.device)
+                                p.cost, p.warmup, p.device, p.online)
     if p.service.forward_calls != before or result.tokens != simulated.tokens:
         raise RuntimeError(f"{p.spec.system} prompt {index}: the timed CUDA run computed numerics or committed other "
                            "tokens than its recorded run; please report this")

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -23,8 +24,9 @@ from specter.runs import device as on_device
 from specter.runs.records import record_of, run_fields, write_records
 from specter.runspec import RunSpec
 from specter.session import Session
+from specter.speculation.governor import OnlineGovernor
 from specter.systems import DecodeConfig, PromptContext, System
-from specter.timing.bounds import lower_bound_tpot_seconds
+from specter.timing.bounds import LowerBound, lower_bound
 from specter.timing.cost import CostModel
 from specter.timing.hardware import HardwareProfile
 
@@ -49,6 +51,7 @@ class PreparedRun:
     warmup: Callable[[], list]
     common: dict
     device: object = None
+    online: OnlineGovernor | None = None  # `--k online`: K re-chosen every cycle
 
 
 def run(spec: RunSpec, session: Session | None = None, progress: bool = True) -> list[RunRecord]:
@@ -77,17 +80,35 @@ def prepare(spec: RunSpec, session: Session) -> PreparedRun:
     service.require(system.trace_recorders)
     work = ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
+    priced_at = None
+    if spec.cost_as is not None:
+        work, service, draft_bytes, priced_at = _priced_at(spec, session, work, service, draft)
     cost = CostModel(profile)
     slots, memory = _memory(spec, system, work, draft_bytes)
-    k, governor = _window(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
-    config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed)
-    common = run_fields(spec, system, profile, work, slots, memory)
+    k, governor, online = _window(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
+    config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
+                          spec.draft_kernel)
+    common = run_fields(spec, system, profile, work, slots, memory, priced_at)
     prepared = PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
-                           governor, _warmup(tokenizer, spec, service), common)
+                           governor, _warmup(tokenizer, spec, service), common, online=online)
     if spec.engine == "cuda":
         prepared.device = on_device.runtime(prepared, session)
         prepared.common = on_device.measured_fields(prepared)
     return prepared
+
+
+def _priced_at(spec: RunSpec, session: Session, proxy_work: ModelWork, service, draft):
+    """The architecture's work, the service seen through its layers, the draft's expert bytes at its shapes (the
+    draft's own bits and group size), and what the records say of it."""
+    from specter.models.architectures import LayerMap
+    from specter.numerics.remap import MappedService
+
+    arch, work = session.architecture(spec.cost_as)
+    layer_map = LayerMap.between(work.moe_layers, proxy_work.moe_layers)
+    draft_bytes = work.quantized_expert_bytes(draft.meta.bits, draft.meta.group_size) if draft else 0
+    info = {"architecture": arch.name, "title": arch.title, "source": arch.source, "proxy": Path(spec.model).name,
+            "layer_map": layer_map.as_dict(), "expert_bytes": work.expert_bytes, "draft_expert_bytes": draft_bytes}
+    return work, MappedService(service, layer_map), draft_bytes, info
 
 
 def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int) -> tuple[int, MemoryPlan | None]:
@@ -113,32 +134,37 @@ def _max_governed_k() -> int:
 
 
 def _window(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
-    """(the draft window K the run uses, the governor's choice or None)."""
+    """(the draft window K the run uses, the governor's choice or None, the online governor or None)."""
     if not system.speculative:
-        return None, None
+        return None, None, None
     if spec.k.governor is None or not system.takes_window:
-        return system.window(spec.k.fixed), None
-    governor = _govern(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
-    return system.window(governor.k), governor
+        return system.window(spec.k.fixed), None, None
+    choice = _govern(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
+    online = OnlineGovernor.calibrated(choice, spec.max_new_tokens) if spec.k.governor == "online" else None
+    return system.window(choice.k), choice, online
 
 
 def _govern(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
-    """Choose K on a profiling prompt from the calibration split (never an evaluation prompt)."""
+    """Choose K on calibration prompts (never an evaluation prompt), each decoded for the run's own horizon."""
     from specter.data.corpus import calibration_token_ids
-    from specter.speculation.governor import PROFILE_KS, choose_k_auto, choose_k_profile
+    from specter.speculation.governor import PROFILE_PROMPTS, CycleModel, choose_k_auto, choose_k_profile
 
-    prompt = calibration_token_ids(tokenizer, "code", 1, spec.prefix_tokens)[0]
-    trace = service.trace(prompt, max(64, spec.max_new_tokens, 2 * max(PROFILE_KS) + 2))
-    if spec.k.governor == "auto":
-        return choose_k_auto(service, trace, work, cost, slots, draft_bytes)
+    prompts = calibration_token_ids(tokenizer, "code", PROFILE_PROMPTS, spec.prefix_tokens)
+    traces = [service.trace(p, spec.max_new_tokens) for p in prompts]
+    if spec.k.governor in ("auto", "online"):
+        model = CycleModel(work, cost, slots, draft_bytes, context=spec.prefix_tokens + spec.max_new_tokens // 2,
+                           top_k=work.top_k, missable=slots < work.experts_per_layer)
+        return choose_k_auto(service, traces, model, spec.max_new_tokens)
 
     def tpot_with(k: int) -> float:
-        config = DecodeConfig(len(trace.tokens), slots, k, spec.prefetch, draft_bytes)
-        ctx = PromptContext.fresh(system, timing.make_engine("sim", profile), work, service, trace, config, cost)
-        result = system.run(ctx)
-        return tpot_seconds(result.commit_times)
+        config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, draft_kernel=spec.draft_kernel)
+        tpots = []
+        for trace in traces:
+            ctx = PromptContext.fresh(system, timing.make_engine("sim", profile), work, service, trace, config, cost)
+            tpots.append(tpot_seconds(system.run(ctx).commit_times))
+        return sum(tpots) / len(tpots)
 
-    return choose_k_profile(tpot_with)
+    return choose_k_profile(tpot_with, spec.max_new_tokens)
 
 
 def _warmup(tokenizer, spec: RunSpec, service) -> Callable[[], list]:
@@ -156,10 +182,11 @@ def _warmup(tokenizer, spec: RunSpec, service) -> Callable[[], list]:
     return warmup
 
 
-def schedule(system, engine, work, service, trace, config, cost, warmup=None, device=None):
-    """One prompt's run of `system` on `engine` (with `device`'s kernels behind the ops, if given); returns
-    (PromptResult, Timeline)."""
+def schedule(system, engine, work, service, trace, config, cost, warmup=None, device=None, online=None):
+    """One prompt's run of `system` on `engine` (with `device`'s kernels behind the ops, if given; K re-chosen every
+    cycle by `online`, if given); returns (PromptResult, Timeline)."""
     ctx = PromptContext.fresh(system, engine, work, service, trace, config, cost, warmup, device)
+    ctx.online = online.fresh() if online is not None else None
     result = system.run(ctx)
     return result, engine.finish()
 
@@ -175,7 +202,7 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int]) -> RunRecord:
     else:
         trace = p.service.trace(prompt, config.max_new_tokens)
     result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
-                                p.cost, p.warmup)
+                                p.cost, p.warmup, online=p.online)
     measured = {}
     if p.device is not None:  # the simulated run above recorded every numeric; now time the same schedule for real
         result, timeline, measured = on_device.timed(p, index, trace, config, result)
@@ -184,13 +211,15 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int]) -> RunRecord:
                      p.service.forward_calls - forwards, measured)
 
 
-def _bound(p: PreparedRun, index: int, result, trace) -> float:
-    """The prompt's lower bound, checked against its TPOT: a simulated run below it is a bug in the bound or the
-    schedule; a measured one below it means the profile is slower than this device."""
+def _bound(p: PreparedRun, index: int, result, trace) -> LowerBound:
+    """The prompt's lower bound (per pass for a speculative system, per token otherwise), checked against its TPOT:
+    a simulated run below it is a bug in the bound or the schedule; a measured one below it means the profile is
+    slower than this device."""
     decode_routes = result.decode_routes if result.decode_routes is not None else trace.step_routes
-    lb = lower_bound_tpot_seconds(result.executor.passes[result.first_decode_pass :], len(result.commit_times),
-                                  decode_routes[: p.spec.max_new_tokens - 1], p.slots, p.work.expert_bytes,
-                                  p.work.expert_params, p.cost, host_compute=p.system.host_compute)
+    bound = lower_bound(result.executor.passes[result.first_decode_pass :], len(result.commit_times),
+                        decode_routes[: p.spec.max_new_tokens - 1], p.slots, p.work.expert_bytes, p.work.expert_params,
+                        p.cost, host_compute=p.system.host_compute, speculative=p.system.speculative)
+    lb = bound.seconds
     tpot = tpot_seconds(result.commit_times)
     if tpot < lb:
         if p.spec.engine == "sim":  # the simulator executes at least the work the bound counts
@@ -199,4 +228,4 @@ def _bound(p: PreparedRun, index: int, result, trace) -> float:
         print(f"warning: {p.spec.system} prompt {index}: measured TPOT {tpot * 1e3:.4f} ms is below the lower bound "
               f"{lb * 1e3:.4f} ms of profile {p.profile.name!r}, which is slower than this device; measure one "
               "with `specter profile-bandwidth` and pass its profile.yaml as --hardware", file=sys.stderr)
-    return lb
+    return bound

@@ -24,17 +24,18 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_fields(spec, system, profile, work, slots: int, memory) -> dict:
-    """The fields every record of a run shares."""
+def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict | None = None) -> dict:
+    """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at)."""
     from specter.numerics import determinism
     from specter.quant.meta import versions
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
-                "initial_cache": "empty", "numerics": determinism.settings()}
+                "initial_cache": "empty", "numerics": determinism.settings(), "cost": priced_at}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
-                config=resolved, versions=versions(), git_commit=git_commit())
+                cost_as=priced_at["architecture"] if priced_at else None, config=resolved, versions=versions(),
+                git_commit=git_commit())
 
 
 def speculative_fields(result) -> dict:
@@ -55,7 +56,7 @@ def speculative_fields(result) -> dict:
     )
 
 
-def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_bound: float, seed: int,
+def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_bound, seed: int,
               wall_s: float, live_forwards: int, measured: dict) -> RunRecord:
     """One prompt's record."""
     stats = result.stats
@@ -63,12 +64,15 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
     return RunRecord(
         prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
         ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
-        lower_bound_tpot_ms=lower_bound * 1e3, k=result.k,
+        lower_bound_tpot_ms=lower_bound.seconds * 1e3, k=result.k,
         demand_hits=stats.demand.hits, demand_misses=stats.demand.misses,
         h2d_bytes_prefetch=stats.h2d_bytes_prefetch, h2d_bytes_demand=stats.h2d_bytes_demand,
         stall_ms=timeline.stall_seconds() * 1e3, wall_s=wall_s, seed=seed,
         **speculative_fields(result), **prepared.common,
         extra={**({"governor": asdict(governor)} if governor else {}),
+               **({"k_per_cycle": result.ks} if prepared.online is not None else {}),
+               "lower_bound_kind": lower_bound.kind, "lower_bound_per_pass_ms": lower_bound.per_pass * 1e3,
+               "lower_bound_per_token_ms": lower_bound.per_token * 1e3,
                "link_bytes_activations": stats.link_bytes_activations, "live_forwards": live_forwards, **measured},
     )
 

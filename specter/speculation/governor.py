@@ -1,21 +1,32 @@
 """The governor: choosing the draft window K.
 
-`auto` (the paper's amortization roofline): K maximizing committed(K) / T_cycle(K) with
-T_cycle = max(T_draft(K), T_pcie_init(K)) + T_pcie_new(K) + T_verify(K + 1), where, over profiling windows taken from
-the first prompt (numerics only, memoized):
-- committed(K) = mean of min(accepted, K) + 1 (the target's own token);
-- T_draft(K) = K draft steps, T_verify(K + 1) one target pass over the window's distinct experts, both from the cost
-  model of the hardware profile;
-- the experts a verification needs that the previous window did not use (up to the slots) must cross the link: those
-  the draft's plan predicted are copied while drafting (T_pcie_init), the rest on demand after it (T_pcie_new).
-`profile` (the artifact's empirical profiler): schedule the first prompt with Specter for every K in `PROFILE_KS` and
-keep the K of the lowest simulated TPOT.
+Every governor profiles on calibration prompts (`PROFILE_PROMPTS` of the calibration split, never an evaluation
+prompt), each decoded for as many tokens as the run commits: the run's finite horizon matters, since a run of N tokens
+pays for ceil((N - 1) / committed(K)) whole cycles, and a long window at the end is partly wasted.
+
+- `auto` (the paper's amortization model, Eqs. 2-5): K minimizing the predicted TPOT
+  ceil((N - 1) / committed(K)) x T_cycle(K) / (N - 1), with T_cycle = max(T_draft(K), T_pcie_init(K)) + T_pcie_new(K)
+  + T_verify(K + 1). Over windows that do not overlap (each starts after the previous one's last proposal), across the
+  calibration prompts:
+  - committed(K) = mean of min(accepted, K) + 1 (the target's own token);
+  - T_draft(K) = K draft steps (each with the host's read of its proposal), T_verify(K + 1) one target pass over the
+    window's distinct experts (with a routing read per MoE layer where the cache can miss), both from the cost model;
+  - the experts a verification needs that the previous window did not leave resident must cross the link: those the
+    draft's plan predicted are copied while drafting, as many as the drafting time holds (T_pcie_init), the rest on
+    demand (T_pcie_new).
+- `profile` (the artifact's empirical profiler): schedule the calibration prompts with the run's own system at every K
+  of `PROFILE_KS` and keep the K of the lowest mean simulated TPOT.
+- `online` (the paper's online variant): the per-token acceptance probability alpha is an EMA (0.75 old, 0.25 new) of
+  what each verification accepted, starting from the calibration windows' rate; before each cycle K is re-chosen within
+  `PROFILE_KS` to maximize expected committed tokens (1 - alpha^(K+1)) / (1 - alpha) per predicted T_cycle(K), and never
+  beyond the tokens the run still has to commit.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specter.numerics.forward import ForwardService, PromptTrace
 from specter.offload.work import ModelWork
@@ -23,67 +34,140 @@ from specter.speculation.lookahead import plan_from_counts
 from specter.timing.cost import CostModel
 
 PROFILE_KS = (2, 4, 6, 8, 12, 16, 20, 24, 32)
-PROFILE_WINDOWS = 8
+PROFILE_PROMPTS = 8
+EMA_OLD = 0.75
 
 
 @dataclass(frozen=True)
 class GovernorChoice:
     k: int
     method: str
-    table: list[dict]  # per K: committed, cycle seconds (or TPOT), score
+    table: list[dict]  # per K: committed, cycle seconds, predicted or measured TPOT
+    alpha: float | None = None  # the calibration windows' per-token acceptance (auto, online)
 
 
-def _profiling_windows(service: ForwardService, trace: PromptTrace, kmax: int):
-    p = len(trace.prompt)
-    starts = [p + 1 + i * max(1, (len(trace.tokens) - kmax - 2) // PROFILE_WINDOWS) for i in range(PROFILE_WINDOWS)]
-    return [service.window(trace, t, kmax) for t in starts if t - p + kmax < len(trace.tokens)]
+def calibration_windows(service: ForwardService, traces: list[PromptTrace], kmax: int) -> list:
+    """Windows of `kmax` proposals that do not overlap: in each trace, one at the first decode position, then one right
+    after the previous window's last proposal."""
+    windows = []
+    for trace in traces:
+        t = len(trace.prompt) + 1
+        while t - len(trace.prompt) + kmax < len(trace.tokens):
+            windows.append(service.window(trace, t, kmax))
+            t += kmax + 1
+    return windows
 
 
-def choose_k_auto(service: ForwardService, trace: PromptTrace, work: ModelWork, cost: CostModel, slots: int,
-                  draft_expert_bytes: int, candidates=PROFILE_KS) -> GovernorChoice:
-    windows = _profiling_windows(service, trace, max(candidates))
-    if not windows:
-        raise ValueError("the profiling prompt is too short for the governor; generate more tokens")
-    context = len(trace.prompt) + len(trace.tokens) // 2
-    copy_s = cost.copy_seconds(work.expert_bytes)
-    table = []
-    for k in candidates:
-        committed = sum(min(w.accepted(k), k) + 1 for w in windows) / len(windows)
-        t_draft = k * cost.total(work.draft_step_ops(context, _top_k(windows[0]), draft_expert_bytes))
-        distinct = predicted_new = unpredicted_new = 0.0
+@dataclass
+class CycleModel:
+    """T_cycle(K) on a hardware profile: the amortization model's parts, from the calibration windows."""
+
+    work: ModelWork
+    cost: CostModel
+    slots: int
+    draft_expert_bytes: int
+    context: int
+    top_k: int
+    missable: bool  # the cache can miss: the host reads each MoE layer's routing during a verification
+
+    def cycle_seconds(self, k: int, windows) -> dict:
+        work, cost = self.work, self.cost
+        sync = cost.profile.host_sync
+        t_draft = k * (cost.total(work.draft_step_ops(self.context, self.top_k, self.draft_expert_bytes)) + sync)
+        t_verify = cost.total([work.attention_op(layer, k + 1, self.context, "") for layer in work.layers]
+                              + [work.head_op(k + 1, "")])
+        t_verify += sync * ((len(work.moe_layers) if self.missable else 0) + 1)
+        distinct = predicted_new = new = 0.0
         previous: dict[int, set[int]] = {}
         for w in windows:
             counts = {layer: Counter() for layer in work.moe_layers}
             for r in w.draft_routes[:k]:
                 for layer in counts:
                     counts[layer].update(r[layer])
-            plan = plan_from_counts(counts, slots)
+            plan = plan_from_counts(counts, self.slots)
             for layer in work.moe_layers:
                 used = {e for r in w.verify_routes[: k + 1] for e in r[layer]}
-                kept = set(sorted(used & previous.get(layer, set()))[:slots])
-                new = used - kept
+                kept = set(sorted(used & previous.get(layer, set()))[: self.slots])
                 distinct += len(used)
-                predicted_new += len(new & set(plan[layer]))
-                unpredicted_new += len(new - set(plan[layer]))
+                new += len(used - kept)
+                predicted_new += len((used - kept) & set(plan[layer]))
                 previous[layer] = used
         n = len(windows)
-        distinct, predicted_new, unpredicted_new = distinct / n, predicted_new / n, unpredicted_new / n
-        t_verify = cost.total([work.attention_op(layer, k + 1, context, "") for layer in work.layers]
-                              + [work.head_op(k + 1, "")])
-        t_verify += distinct * cost.seconds(work.expert_op(1, ""))
-        cycle = max(t_draft, predicted_new * copy_s) + unpredicted_new * copy_s + t_verify
-        table.append(dict(k=k, committed=committed, cycle_s=cycle, tokens_per_s=committed / cycle))
-    best = max(table, key=lambda row: (row["tokens_per_s"], -row["k"]))
-    return GovernorChoice(best["k"], "auto", table)
+        copy_s = cost.copy_seconds(work.expert_bytes)
+        prefetched = min(predicted_new / n, t_draft / copy_s)  # the planner copies only what lands while drafting
+        t_verify += distinct / n * cost.seconds(work.expert_op(1, ""))
+        cycle = max(t_draft, prefetched * copy_s) + (new / n - prefetched) * copy_s + t_verify
+        return dict(cycle_s=cycle, t_draft_s=t_draft, t_verify_s=t_verify, new_experts=new / n)
 
 
-def _top_k(window) -> int:
-    first = window.draft_routes[0]
-    return len(next(iter(first.values())))
+def _committed(windows, k: int) -> float:
+    return sum(min(w.accepted(k), k) + 1 for w in windows) / len(windows)
 
 
-def choose_k_profile(run_with_k, candidates=PROFILE_KS) -> GovernorChoice:
-    """`run_with_k(k)` schedules the profiling prompt and returns its TPOT in seconds; the lowest wins."""
-    table = [dict(k=k, tpot_s=run_with_k(k)) for k in candidates]
+def acceptance(windows, kmax: int) -> float:
+    """Per-token acceptance probability of the windows: accepted proposals over proposals checked."""
+    accepted = sum(min(w.accepted(kmax), kmax) for w in windows)
+    checked = sum(min(w.accepted(kmax) + 1, kmax) for w in windows)
+    return accepted / checked if checked else 0.0
+
+
+def _finite_tpot(cycle_s: float, committed: float, tokens: int) -> float:
+    """Predicted TPOT of a run committing `tokens`: whole cycles until they are committed, over N - 1 intervals."""
+    return math.ceil((tokens - 1) / committed) * cycle_s / (tokens - 1)
+
+
+def candidates_for(tokens: int) -> tuple[int, ...]:
+    """The windows worth trying for a run of `tokens`: those of `PROFILE_KS` that leave a token to verify after them
+    (at least the smallest)."""
+    return tuple(k for k in PROFILE_KS if k <= tokens - 2) or PROFILE_KS[:1]
+
+
+def choose_k_auto(service: ForwardService, traces: list[PromptTrace], model: CycleModel, tokens: int) -> GovernorChoice:
+    candidates = candidates_for(tokens)
+    windows = calibration_windows(service, traces, max(candidates))
+    if not windows:
+        raise ValueError("the calibration prompts are too short for the governor; generate more tokens")
+    table = []
+    for k in candidates:
+        committed, parts = _committed(windows, k), model.cycle_seconds(k, windows)
+        table.append(dict(k=k, committed=committed, **parts,
+                          predicted_tpot_s=_finite_tpot(parts["cycle_s"], committed, tokens)))
+    best = min(table, key=lambda row: (row["predicted_tpot_s"], row["k"]))
+    return GovernorChoice(best["k"], "auto", table, acceptance(windows, max(candidates)))
+
+
+def choose_k_profile(run_with_k, tokens: int) -> GovernorChoice:
+    """`run_with_k(k)` schedules the calibration prompts and returns their mean TPOT in seconds; the lowest wins."""
+    table = [dict(k=k, tpot_s=run_with_k(k)) for k in candidates_for(tokens)]
     best = min(table, key=lambda row: (row["tpot_s"], row["k"]))
     return GovernorChoice(best["k"], "profile", table)
+
+
+@dataclass
+class OnlineGovernor:
+    """K re-chosen before every cycle from an EMA of the acceptance seen so far (see the module docstring)."""
+
+    cycle_s: dict[int, float]  # predicted T_cycle(K) per candidate
+    alpha: float
+    tokens: int  # the run's max_new_tokens
+    chosen: list[int] = field(default_factory=list)
+
+    @classmethod
+    def calibrated(cls, choice: GovernorChoice, tokens: int) -> OnlineGovernor:
+        return cls({row["k"]: row["cycle_s"] for row in choice.table}, choice.alpha or 0.0, tokens)
+
+    def fresh(self) -> OnlineGovernor:
+        """The same governor for a new prompt (every prompt starts from the calibration's acceptance)."""
+        return OnlineGovernor(self.cycle_s, self.alpha, self.tokens)
+
+    def next_k(self, committed: int) -> int:
+        remaining = max(1, self.tokens - committed)
+        a = min(self.alpha, 1 - 1e-9)
+        best = max((k for k in self.cycle_s if k <= max(remaining, min(self.cycle_s))),
+                   key=lambda k: ((1 - a ** (k + 1)) / (1 - a) / self.cycle_s[k], -k))
+        self.chosen.append(best)
+        return best
+
+    def observe(self, accepted: int, checked: int) -> None:
+        if checked:
+            self.alpha = EMA_OLD * self.alpha + (1 - EMA_OLD) * accepted / checked

@@ -6,9 +6,15 @@ experts with a count of at least one (M = the layer's slots), ties broken by exp
 Planner policies:
 - `adaptive` (the artifact's): the first plan after max(1, int(0.2 K)) draft steps; after each plan, the next comes
   ceil(bytes just issued / (bw_est x t_draft_step)) steps later, with bw_est (initially 12 GB/s) and t_draft_step
-  (initially 1 ms) exponential moving averages (0.75 old, 0.25 new) of measured copy bandwidth and draft-step time;
-  a final cleanup plan over the whole window right before verification.
-- `none`: no prefetch; `early`: one plan after the first draft step; `late`: one cumulative plan before verification.
+  (initially 1 ms) exponential moving averages (0.75 old, 0.25 new) of measured copy bandwidth and draft-step time.
+  As in the artifact's planner, nothing is issued at the end of drafting. The copies of a plan are issued in layer
+  order and only while, by those estimates, they land before the verification starts (K draft steps after the window
+  began): the link is idle while the draft drafts, and a copy that would still be in flight then would delay the
+  verification's own demand copies, which queue behind it on the one copy stream.
+- `none`: no prefetch; `early`: one plan after the first draft step; `late`: one cumulative plan just before the
+  verification (the artifact's ablation arms; neither is held to the drafting time).
+Under every policy a prefetch never evicts an expert the draft forecast for this window (count >= 1), and planned
+experts stay protected until the verification ends.
 """
 
 from __future__ import annotations
@@ -74,23 +80,41 @@ class Planner(WindowPlanner):
     """The lookahead analyzer's top-M plans, by policy (Specter's)."""
 
     def __init__(self, policy: str, k: int, executor: Executor, slots: int, state: PlannerState) -> None:
+        super().__init__()
         if policy not in POLICIES:
             raise ValueError(f"unknown prefetch policy {policy!r}; policies: {', '.join(POLICIES)}")
         self.policy, self.k, self.executor, self.slots, self.state = policy, k, executor, slots, state
         self.next_plan = max(1, int(0.2 * k)) if policy == "adaptive" else (1 if policy == "early" else None)
-        self.plan: dict[int, list[int]] = {}
+        self.started = executor.engine.now()  # the window's first draft step is launched now
+        self.link_free = self.started  # when, by the estimates, the copies issued so far will have landed
+        self._step = 0
+
+    def _in_time(self, copy_s: float) -> bool:
+        """Whether one more copy lands before the verification is expected to start (adaptive only)."""
+        return self.policy != "adaptive" or self.link_free + copy_s <= self.started + self.k * self.state.t_step
 
     def _issue(self, counts: dict[int, Counter]) -> None:
         self.plan = plan_from_counts(counts, self.slots)
+        engine, cache = self.executor.engine, self.executor.cache
+        copy_s = self.executor.work.expert_bytes / self.state.bw_est
+        issued_at = engine.now()
+        self.link_free = max(self.link_free, issued_at)
         issued = 0
-        issued_at = self.executor.engine.now()
-        for layer, experts in self.plan.items():
-            issued += self.executor.prefetch(layer, experts)
+        for layer, experts in self.plan.items():  # layer order: the verification needs them in this order
+            forecast = set(counts[layer])
+            for e in experts:
+                if (layer, e) not in cache and not self._in_time(copy_s):
+                    break
+                if self.executor.prefetch(layer, [e], keep=forecast):
+                    issued += 1
+                    self.link_free += copy_s
+                elif (layer, e) not in cache:  # no slot left that holds an expert outside the forecast
+                    break
         if issued:
             from specter.timing.engine import H2D
 
             nbytes = issued * self.executor.work.expert_bytes
-            self.state.pending.append((issued_at, nbytes, self.executor.engine.record(H2D)))
+            self.state.pending.append((issued_at, nbytes, engine.record(H2D)))
             if self.policy == "adaptive":
                 chunk = math.ceil(nbytes / (self.state.bw_est * self.state.t_step))
                 self.next_plan = self._step + max(1, chunk)
@@ -108,7 +132,7 @@ class Planner(WindowPlanner):
             self._issue(counts)
 
     def before_verify(self, counts: dict[int, Counter]) -> None:
-        """The final cleanup plan (adaptive, late) over the whole window."""
+        """The `late` policy's one plan over the whole window; `plan` stays the last one issued otherwise."""
         self._step = self.k
-        if self.policy in ("adaptive", "late"):
+        if self.policy == "late":
             self._issue(counts)

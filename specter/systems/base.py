@@ -37,6 +37,7 @@ class DecodeConfig:
     draft_expert_bytes: int = 0  # one quantized draft expert as stored (speculative systems)
     temperature: float = 0.0  # 0: greedy (memoized numerics); > 0: live sampling with `seed`
     seed: int = 42
+    draft_kernel: str = "fused"  # "fused": the draft's experts of a layer as one INT4 MoE kernel; "unfused"
 
 
 @dataclass
@@ -64,6 +65,7 @@ class PromptResult:
     window_needed: int = 0  # experts the verification used, summed over windows and MoE layers
     window_layers: int = 0  # (window, MoE layer) pairs counted in window_needed
     first_decode_pass: int = 1  # index in executor.passes of the first pass after the first commit
+    ks: list[int] = field(default_factory=list)  # the window of every cycle (one value unless K was re-chosen)
     decode_routes: list | None = None  # routes of the committed decode inputs, where they differ from the trace's
 
 
@@ -79,6 +81,7 @@ class PromptContext:
     config: DecodeConfig
     cost: CostModel  # the hardware profile's cost model, for systems that plan from a latency model
     warmup: Callable[[], list[PromptTrace]] | None = None  # traces of warm-up prompts (calibration split), lazily
+    online: object = None  # an OnlineGovernor re-choosing K every cycle (`--k online`), or None
 
     @classmethod
     def fresh(cls, system: System, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,
@@ -89,6 +92,7 @@ class PromptContext:
         engine runs), or None."""
         cache = system.make_cache(work, config.slots_per_layer)
         executor = system.make_executor(engine, work, cache, TransferStats(), device=device, cost=cost)
+        executor.fused_draft = config.draft_kernel == "fused"
         return cls(system, engine, work, cache, executor, service, trace, config, cost, warmup)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from specter.numerics.sampling import SamplingSession
 from specter.speculation.lookahead import PlannerState
 from specter.systems.base import PredictionCounts, PromptContext, PromptResult
 
@@ -35,19 +34,21 @@ def decode_one_by_one(ctx: PromptContext, result: PromptResult) -> PromptResult:
 def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> PromptResult:
     """Draft-and-verify cycles after the prefill `result` until `max_new_tokens` have committed."""
     trace, cfg, engine, ex = ctx.trace, ctx.config, ctx.engine, ctx.executor
-    k = system.window(cfg.k)
-    if k is None or k < 1:
-        raise ValueError(f"{system.name} needs a draft window K >= 1, got {k}")
-    result.k = k
+    fixed = system.window(cfg.k)
+    if fixed is None or fixed < 1:
+        raise ValueError(f"{system.name} needs a draft window K >= 1, got {fixed}")
+    result.k = fixed
     state = PlannerState()
     t = len(trace.prompt) + 1  # committed tokens
     session = None
     if cfg.temperature > 0:  # live rejection sampling; the first token equals the trace's (same seed, same draw)
-        session = SamplingSession(ctx.service.target, ctx.service.draft, trace.prompt, cfg.temperature, cfg.seed)
+        session = ctx.service.sampling_session(trace.prompt, cfg.temperature, cfg.seed)
         result.decode_routes = []
     cycle = 0
     while len(result.tokens) < cfg.max_new_tokens:
         cycle += 1
+        k = ctx.online.next_k(len(result.tokens)) if ctx.online is not None else fixed
+        result.ks.append(k)
         if session is None:
             window = ctx.service.window(trace, t, k, own_kv=system.separate_draft)
             accepted = window.accepted(k)
@@ -63,9 +64,13 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
         end = ex.target_pass(verify, context=t - 1, tag=f"c{cycle}.verify")
         engine.synchronize(end)
         _commit(ctx, result, new_tokens, accepted, k, t, engine.event_time(end), check=session is None)
+        if ctx.online is not None:
+            ctx.online.observe(accepted, accepted + 1 if accepted < k else k)
         _book_prediction(ctx, result, forecast, verify, planner.plan, k)
         ctx.cache.unprotect_all()
         t += accepted + 1
+    if ctx.online is not None:  # the record's K: the median window chosen (every cycle's is in extra)
+        result.k = sorted(result.ks)[len(result.ks) // 2]
     return result
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from specter.timing.engine import COMPUTE, H2D, HOST, Engine, Event, Op, Span, Stall, check_stream
+from specter.timing.engine import COMPUTE, H2D, HOST, SYNC, Engine, Event, Op, Span, Stall, check_stream
 
 
 class CudaEngine(Engine):
@@ -87,11 +87,14 @@ class CudaEngine(Engine):
             self._pending_stalls.append((stream, event.stream, before, event.handle))
 
     def synchronize(self, event: Event | None = None) -> float:
+        start = self.now()
         if event is None:
             torch.cuda.synchronize(self._device)
         elif event.handle is not None:
             event.handle.synchronize()
-        return self.now()
+        end = self.now()
+        self.timeline.spans.append(Span(SYNC, "host", start, end))
+        return end
 
     def now(self) -> float:
         return time.perf_counter() - self._wall_origin

@@ -24,6 +24,7 @@ COMPUTE = "compute"
 H2D = "h2d"
 HOST = "host"
 STREAMS = (COMPUTE, H2D, HOST)
+SYNC = "sync"  # not a stream: the timeline's record of the host reading device results (its cost in the simulator)
 
 
 @dataclass

@@ -30,6 +30,7 @@ _FIELDS: dict[str, dict[str, tuple[bool, float]]] = {
         "peak_tflops": (True, 1e-9),
         "memory_bandwidth_gbps": (True, 1e-9),
         "launch_overhead_us": (True, 0.0),
+        "host_sync_us": (True, 0.0),
         "memory_gb": (True, 1e-9),
     },
     "link": {
@@ -64,6 +65,7 @@ class HardwareProfile:
     device_peak_flops: float  # FLOP/s, dense FP16/BF16 tensor math
     device_memory_bandwidth: float  # bytes/s
     device_launch_overhead: float  # s per kernel
+    host_sync: float  # s per point where the host reads a device result (routing, tokens, acceptance)
     device_memory_bytes: int
     link_name: str
     h2d_pinned_bandwidth: float  # bytes/s, large transfers
@@ -105,6 +107,7 @@ class HardwareProfile:
                 "peak_tflops": self.device_peak_flops / 1e12,
                 "memory_bandwidth_gbps": self.device_memory_bandwidth / 1e9,
                 "launch_overhead_us": self.device_launch_overhead * 1e6,
+                "host_sync_us": round(self.host_sync * 1e6, 9),  # us, exactly as read
                 "memory_gb": self.device_memory_bytes / 1e9,
             },
             "link": {
@@ -170,7 +173,9 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         for key, (_required, minimum) in fields_.items():
             where = f"{section}.{key}"
             if key not in block:
-                raise SpecterError(f"hardware profile {origin}: missing field {where}")
+                hint = (" (microseconds per point where the host reads a device result; the presets "
+                        "assume 15, `specter profile-bandwidth` measures it)" if key == "host_sync_us" else "")
+                raise SpecterError(f"hardware profile {origin}: missing field {where}{hint}")
             value = block[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise SpecterError(f"hardware profile {origin}: {where} must be a number, got {value!r}")
@@ -198,6 +203,7 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         device_peak_flops=d["peak_tflops"] * 1e12,
         device_memory_bandwidth=d["memory_bandwidth_gbps"] * 1e9,
         device_launch_overhead=d["launch_overhead_us"] * 1e-6,
+        host_sync=d["host_sync_us"] * 1e-6,
         device_memory_bytes=int(d["memory_gb"] * 1e9),
         link_name=str(data["link"].get("name", "")),
         h2d_pinned_bandwidth=link["h2d_pinned_gbps"] * 1e9,

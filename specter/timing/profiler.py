@@ -128,7 +128,7 @@ def _profile_cpu(sizes, repeats, warmup, name):
         "measured": True,
         "device": {"name": host["name"], "peak_tflops": host["peak_tflops"],
                    "memory_bandwidth_gbps": host["memory_bandwidth_gbps"], "launch_overhead_us": 0.0,
-                   "memory_gb": round(_total_memory_gb(), 3)},
+                   "host_sync_us": 0.0, "memory_gb": round(_total_memory_gb(), 3)},
         "link": {"name": "host memcpy", "h2d_pinned_gbps": round(largest, 4), "h2d_pageable_gbps": round(largest, 4),
                  "latency_us": round(rows[0].median_s * 1e6, 3),
                  "h2d_by_size": [{"bytes": r.size_bytes, "pinned_gbps": round(r.gbps, 4),
@@ -166,6 +166,7 @@ def _profile_cuda(sizes, repeats, warmup, name):
             x.add_(1)
 
     launch_s = _median_time(many_launches, repeats, warmup, _cuda_timer) / launches
+    sync_s = _median_time(x.item, repeats, warmup, _wall_timer)  # the host reads a device result: sync + tiny D2H
     n = 8192
     a = torch.randn(n, n, device=dev, dtype=torch.float16)
     b = torch.randn(n, n, device=dev, dtype=torch.float16)
@@ -184,7 +185,8 @@ def _profile_cuda(sizes, repeats, warmup, name):
         "measured": True,
         "device": {"name": props.name, "peak_tflops": round(2 * n**3 / gemm_s / 1e12, 3),
                    "memory_bandwidth_gbps": round(2 * big / d2d_s / 1e9, 3),
-                   "launch_overhead_us": round(launch_s * 1e6, 3), "memory_gb": round(props.total_memory / 1e9, 3)},
+                   "launch_overhead_us": round(launch_s * 1e6, 3), "host_sync_us": round(sync_s * 1e6, 3),
+                   "memory_gb": round(props.total_memory / 1e9, 3)},
         "link": {"name": "measured host-to-device", "h2d_pinned_gbps": round(pinned[largest].gbps, 4),
                  "h2d_pageable_gbps": round(pageable[largest].gbps, 4),
                  "latency_us": round(pinned[min(sizes)].median_s * 1e6, 3),

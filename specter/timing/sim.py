@@ -2,8 +2,10 @@
 
 Each stream has a clock: the time its last op ends. An op starts at the latest of its stream's clock and the host
 thread's time (an op cannot start before the host launched it), and lasts what the cost model says. `wait` moves a
-stream's clock to the event's time and books the gap as a stall; `synchronize` moves the host's time. Nothing reads the
-wall clock, so the same schedule gives the same times on any machine.
+stream's clock to the event's time and books the gap as a stall; `synchronize` moves the host's time to the event's
+and then past the profile's `host_sync` (reading a device result costs the host that long: a span on the `sync`
+timeline); a host worker waiting on a device event (`wait(HOST, ...)`) pays it too. Nothing reads the wall clock, so
+the same schedule gives the same times on any machine.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from specter.timing.cost import CostModel
-from specter.timing.engine import STREAMS, Engine, Event, Op, Span, Stall, check_stream
+from specter.timing.engine import HOST, STREAMS, SYNC, Engine, Event, Op, Span, Stall, check_stream
 from specter.timing.hardware import HardwareProfile
 
 
@@ -47,10 +49,16 @@ class SimEngine(Engine):
         if event.time > idle_until and event.stream != stream:
             self.timeline.stalls.append(Stall(stream, event.stream, event.time - idle_until))
         self._ready[stream] = max(self._ready[stream], event.time)
+        if stream == HOST and event.stream != HOST:  # the host worker reads a device result
+            self.timeline.spans.append(Span(SYNC, "host-worker", self._ready[stream],
+                                            self._ready[stream] + self.profile.host_sync))
+            self._ready[stream] += self.profile.host_sync
 
     def synchronize(self, event: Event | None = None) -> float:
         target = max(self._ready.values()) if event is None else event.time
-        self._host = max(self._host, target)
+        start = max(self._host, target)
+        self._host = start + self.profile.host_sync
+        self.timeline.spans.append(Span(SYNC, "host", start, self._host))
         return self._host
 
     def now(self) -> float:

@@ -1,0 +1,85 @@
+"""The numerics of a proxy model seen through an architecture's layers (`--cost-as`).
+
+`MappedService` wraps a run's `ForwardService`: every trace, draft window and sampled cycle it hands out has its routes
+re-keyed by the architecture's MoE layers (`LayerMap`), so every system, planner, bound and governor of the run works
+in the architecture's layer indices while the tokens and routing decisions stay the proxy's. The wrapped service still
+computes and memoizes everything (memos are the proxy's, unmapped). A recorder's extra values are re-keyed by the
+recorder itself (`TraceRecorder.remap`), since only it knows what its keys mean.
+"""
+
+from __future__ import annotations
+
+from specter.numerics.forward import DraftWindow, PromptTrace
+
+
+class MappedService:
+    def __init__(self, inner, layer_map) -> None:
+        self.inner = inner
+        self.layer_map = layer_map
+        self._traces: dict[int, tuple[PromptTrace, tuple, PromptTrace]] = {}  # id(source) -> (source, extras, mapped)
+        self._sources: dict[int, PromptTrace] = {}  # id(mapped) -> source
+        self._windows: dict[int, tuple[DraftWindow, DraftWindow]] = {}
+
+    # what a service exposes ----------------------------------------------------------------------------------------
+    @property
+    def target(self):
+        return self.inner.target
+
+    @property
+    def draft(self):
+        return self.inner.draft
+
+    @property
+    def forward_calls(self) -> int:
+        return self.inner.forward_calls
+
+    def require(self, recorders) -> None:
+        self.inner.require(recorders)
+
+    def trace(self, prompt: list[int], max_new_tokens: int) -> PromptTrace:
+        return self._map_trace(self.inner.trace(prompt, max_new_tokens))
+
+    def sampled_trace(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> PromptTrace:
+        return self._map_trace(self.inner.sampled_trace(prompt, max_new_tokens, temperature, seed))
+
+    def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> DraftWindow:
+        return self._map_window(self.inner.window(self._sources[id(trace)], t, k, own_kv))
+
+    def sampling_session(self, prompt: list[int], temperature: float, seed: int):
+        return _MappedSampling(self.inner.sampling_session(prompt, temperature, seed), self)
+
+    # mapping ---------------------------------------------------------------------------------------------------------
+    def _map_trace(self, trace: PromptTrace) -> PromptTrace:
+        extras = tuple(sorted(trace.extras))
+        cached = self._traces.get(id(trace))
+        if cached is not None and cached[0] is trace and cached[1] == extras:
+            return cached[2]
+        routes = self.layer_map.routes
+        mapped = PromptTrace(list(trace.prompt), list(trace.tokens), [routes(r) for r in trace.prefill_routes],
+                             [routes(r) for r in trace.step_routes],
+                             {name: self.inner.recorders[name].remap(values, self.layer_map)
+                              for name, values in trace.extras.items() if name in self.inner.recorders})
+        self._traces[id(trace)] = (trace, extras, mapped)
+        self._sources[id(mapped)] = trace
+        return mapped
+
+    def _map_window(self, window: DraftWindow) -> DraftWindow:
+        cached = self._windows.get(id(window))
+        if cached is not None and cached[0] is window:
+            return cached[1]
+        routes = self.layer_map.routes
+        mapped = DraftWindow(window.start, window.draft_tokens, [routes(r) for r in window.draft_routes],
+                             window.verify_argmax, [routes(r) for r in window.verify_routes])
+        self._windows[id(window)] = (window, mapped)
+        return mapped
+
+
+class _MappedSampling:
+    """A sampling session whose cycles' windows are re-keyed by the architecture's layers."""
+
+    def __init__(self, session, service: MappedService) -> None:
+        self.session, self.service = session, service
+
+    def cycle(self, k: int):
+        window, accepted, committed = self.session.cycle(k)
+        return self.service._map_window(window), accepted, committed

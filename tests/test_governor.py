@@ -1,0 +1,61 @@
+"""The governors: a finite horizon, windows that do not overlap, and the online variant's bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import spec
+from specter.quant.quantize import quantize_draft
+from specter.runs import run
+from specter.speculation.governor import PROFILE_KS, OnlineGovernor, _finite_tpot, calibration_windows, candidates_for
+
+
+def test_the_finite_horizon_charges_whole_cycles():
+    # 63 tokens to commit after the first: K = 32 committing 31 a cycle needs 3 cycles, K = 16 committing 16 needs 4
+    assert _finite_tpot(1.0, 31, 64) == pytest.approx(3 / 63)
+    assert _finite_tpot(0.6, 16, 64) == pytest.approx(4 * 0.6 / 63)
+    assert candidates_for(64) == PROFILE_KS and candidates_for(10) == (2, 4, 6, 8) and candidates_for(3) == (2,)
+
+
+def test_online_governor_stays_within_bounds_and_the_horizon():
+    gov = OnlineGovernor({k: 0.1 + 0.01 * k for k in PROFILE_KS}, alpha=0.99, tokens=40)
+    assert gov.next_k(0) == 32  # high acceptance: the longest window per its cost
+    assert gov.next_k(35) <= 5  # 5 tokens left: no window beyond them
+    gov.observe(0, 1)
+    gov.observe(0, 1)
+    assert gov.alpha == pytest.approx(0.99 * 0.75**2)
+    assert gov.next_k(0) < 32  # acceptance fell: shorter windows pay
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_dirs, tmp_path_factory):
+    draft = tmp_path_factory.mktemp("gov") / "draft"
+    quantize_draft(tiny_dirs["mixtral"], draft, method="rtn", bits=4, group_size=32)
+    return tiny_dirs["mixtral"], str(draft)
+
+
+def test_calibration_windows_do_not_overlap(setup):
+    from specter.session import Session
+
+    model, draft = setup
+    service = Session().numerics(model, draft)[2]
+    traces = [service.trace([104 + i, 101, 108, 108, 111], 40) for i in range(2)]
+    windows = calibration_windows(service, traces, 16)
+    assert len(windows) == 4
+    starts = [w.start for w in windows]
+    assert starts[1] - starts[0] == 17 and starts[3] - starts[2] == 17  # the next starts after the last proposal
+
+
+@pytest.mark.parametrize("governor", ["auto", "profile", "online"])
+def test_every_governor_records_its_choice(setup, tmp_path, governor):
+    model, draft = setup
+    (r, *_) = run(spec(system="specter", model=model, draft=draft, dataset="code", hardware="a100-40gb-pcie4",
+                       out=str(tmp_path / "g.jsonl"), num_prompts=1, max_new_tokens=24, resident_per_layer=2,
+                       k=governor), progress=False)
+    choice = r.extra["governor"]
+    assert choice["method"] == ("auto" if governor == "online" else governor)
+    assert [row["k"] for row in choice["table"]] == list(candidates_for(24))
+    if governor == "online":
+        assert r.extra["k_per_cycle"] and all(k in PROFILE_KS for k in r.extra["k_per_cycle"])
+    else:
+        assert r.k == choice["k"]
