@@ -70,9 +70,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_build_model(args: argparse.Namespace) -> int:
     from specter.models.builders import build_model
+    from specter.runspec import key_values
 
     _threads_set(args)
-    path = build_model(args.name, args.out, seed=args.seed)
+    path = build_model(args.name, args.out, seed=args.seed, overrides=dict(key_values(args.set, "--set")))
     print(f"wrote {args.name} to {path}")
     return 0
 
@@ -292,11 +293,14 @@ def _model_commands(sub) -> None:
     p.set_defaults(func=cmd_inspect)
 
     # (builders are named here without importing them: the CLI starts without torch for the commands that need none)
-    p = sub.add_parser("build-model", help="build a model checkpoint offline: smollm2-moe (the default model) or "
-                                           "tiny-<arch> (a tiny random one; arch as `specter models` lists)")
-    p.add_argument("name", metavar="NAME", help="smollm2-moe or tiny-<arch>, e.g. tiny-mixtral")
+    p = sub.add_parser("build-model", help="build a model checkpoint offline: smollm2-moe (the default model), "
+                                           "smollm2-moe-16x2, -64x6, -60x4 (proxies of Phi-3.5-MoE, DeepSeek-V2-Lite "
+                                           "and Qwen1.5-MoE's routing) or tiny-<arch> (a tiny random one)")
+    p.add_argument("name", metavar="NAME", help="smollm2-moe[-16x2|-64x6|-60x4] or tiny-<arch>, e.g. tiny-mixtral")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not hold a model already)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a build setting of a smollm2-moe model (e.g. distill_steps=30); repeatable")
     _threads(p)
     p.set_defaults(func=cmd_build_model)
 

@@ -6,10 +6,11 @@ block gives each experiment `{systems, axes, options}` (the systems, the run set
 and system options with theirs), and every setting it does not vary takes the main value. So adding an experiment is
 one entry here (with a table and figure kind that exists) plus its config; nothing else changes.
 
-Sources: `runs` (one `specter run` per configured system and prompt set: `main`), `sweep` (its own `specter sweep` over
-its axes on the first prompt set), `fidelity` (the drafts' fidelity reports), or another experiment's name (its
-records, read differently). An experiment that varies what the model computes (`NUMERICS_AXES`) records its own
-numerics; the others replay the main recording.
+Sources: `sweep` (its own `specter sweep` over its axes, in each of its cases and on the first prompt set, or on
+every prompt set and in every case for `main`), `fidelity` (the drafts' fidelity reports), or another experiment's name
+(its records, read differently). A case (the config's `cases:`) is a regime: the model whose numerics drive the runs,
+the architecture whose shapes price them (`cost_as`), the slots per layer and K. An experiment that varies what the
+model computes (`NUMERICS_AXES`) records its own numerics; the others replay the main recording.
 
 Table kinds (`specter/report/tables.py`): `medians` (medians over prompts of times and rates, sums of counts, per
 setting), `routing`, `fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`,
@@ -28,7 +29,7 @@ from specter.errors import SpecterError
 #: axes that change the numerics (which windows the draft proposes, which prompts): such an experiment records its own
 NUMERICS_AXES = ("k", "prefix_tokens")
 #: the columns that say where a time comes from; every table keeps them
-SCOPE = ("model", "dataset", "hardware", "simulated")
+SCOPE = ("model", "cost_as", "dataset", "hardware", "simulated")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class Experiment:
     table: Table
     figure: Figure
     caption: str
+    all_cases: bool = False  # runs in every configured case (else its entry's `cases`, or the first case)
+    all_datasets: bool = False  # on every prompt set (else the first)
+    reads: tuple[str, ...] = ()  # other experiments whose records its table also reads, where they are configured
 
 
 def _ablation_variant(df):
@@ -78,6 +82,11 @@ def _ablation_variant(df):
     return df.assign(variant=[label(p, s) for p, s in zip(df["prefetch"], df["serialize_demand"])])
 
 
+def _memory_label(df):
+    """`same slots` or `same memory` from the record's budget kind (the paper's same-cache and same-memory)."""
+    return df.assign(memory=["same memory" if kind == "same_memory" else "same slots" for kind in df["budget_kind"]])
+
+
 def _oracle_forecast(df):
     """`draft` for Specter's own forecast, else the oracle's noise as a share of expert identities replaced."""
     import pandas as pd
@@ -90,14 +99,20 @@ _BOUND = "black ticks: the lower bound."
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
-        "main", "runs",
-        Table(keys=("system", "k", "slots_per_layer", "resident_share"), speedups=()),
+        "main", "sweep",
+        Table(keys=("memory", "system", "k", "slots_per_layer", "experts_per_layer", "resident_share"),
+              derive=_memory_label,
+              speedups=("memory",)),
         Figure("system_bars", "TPOT per system", x="system", xlabel="system"),
-        "Time per output token (TPOT, median over prompts) of every configured system on each model and prompt set, "
-        "at the main hardware profile, budget and draft window K. The black tick on each bar is that run's lower "
-        "bound (its own target passes at roofline, or Belady's fewest expert loads over the link, whichever is "
-        "larger). ``results/tables/main.csv`` adds each system's TPOT over Specter's (``speedup_of_specter``: above "
-        "1, Specter is faster)."),
+        "Time per output token (TPOT, median over prompts) of every configured system in each case (the model whose "
+        "routing drives the runs, the architecture whose shapes price them, Specter's expert slots per layer and K) "
+        "and on each prompt set, at the main hardware profile. Two comparisons, as the paper makes them: every "
+        "system with the same expert slots per layer (same cache), and every system with the device memory Specter "
+        "needs at those slots, its INT4 draft charged (same memory: a system without a draft gets more slots). The "
+        "black tick on each bar is that run's lower bound (its own passes at roofline, or Belady's fewest expert "
+        "loads over the link per pass, whichever is larger). ``results/tables/main.csv`` adds each system's TPOT "
+        "over Specter's in the same comparison (``speedup_of_specter``: above 1, Specter is faster).",
+        all_cases=True, all_datasets=True),
     Experiment(
         "k_sweep", "sweep",
         Table(keys=("system", "k_setting", "k", "slots_per_layer")),
@@ -123,7 +138,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "working_set", "k_sweep",
         Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"),
-              columns=("model", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer",
+              columns=("model", "cost_as", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer",
                        "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate", "prompts")),
         Figure("working_set", "Working set of one verification vs K"),
         "Distinct experts one verification of K + 1 tokens uses per MoE layer (mean over windows and layers), "
@@ -166,6 +181,19 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "their GPUs' compute; ``specter hardware`` lists each preset's numbers and their sources), per system: TPOT "
         "is the median over prompts, simulated."),
     Experiment(
+        "paper_check", "main",
+        Table(kind="paper_check"),
+        Figure("paper_check", "The suite beside the paper"),
+        "Every figure the paper publishes for a configuration the suite runs (``specter/presets/paper/specter-v1.yaml``"
+        " names each, with where it is printed), beside the suite's: TPOT as the mean over prompts (the paper reports "
+        "means), speedups as ratios of means, hit rates as the share of a pass's required experts already in a slot. "
+        "The suite's times are simulated on the named profile at the architecture's published shapes, with routing "
+        "from a proxy of the same routing structure; the paper's are measured on real checkpoints on an A100 40 GB. "
+        "A ratio far from 1 is a disagreement to read, not to fit: the report does not adjust any constant to close "
+        "it. ``results/tables/paper_check.csv`` also lists the published figures whose configuration this run did not "
+        "include.",
+        reads=("hit_rate", "ablation")),
+    Experiment(
         "fidelity", "fidelity",
         Table(kind="fidelity"),
         Figure("fidelity", "Draft fidelity"),
@@ -200,7 +228,9 @@ def own_numerics(entry: dict) -> bool:
 
 def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: tuple[str, ...] = ()) -> list[str]:
     """The `specter sweep` arguments of an experiment's config entry: its systems, its axes (every setting it does not
-    vary at its `main` value: `k`, `hardware`, `prefix_tokens`, `resident_fraction`, `engine`) and its options.
+    vary at its case's `main` value: `k`, `hardware`, `prefix_tokens`, `slots` per layer, `engine`, `cost_as`) and its
+    options. The pseudo-axis `memory` takes `same_slots` (the case's slots for every system) and `same_memory`
+    (Specter's device memory at those slots for every system).
 
     `numerics_only`: only the axes that change the numerics, simulated, without options (the experiment's own
     recording). `measured`: profiles that join a `hardware` axis (this machine's, where it was measured). An
@@ -213,12 +243,16 @@ def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: 
     axes = dict(entry.get("axes") or {})
     if numerics_only:
         axes = {a: v for a, v in axes.items() if a in NUMERICS_AXES}
+    memory = axes.pop("memory", ["same_slots"])  # the main budget: Specter's slots, or Specter's memory at them
     values = {"k": [main["k"]], "hardware": [main["hardware"]], "prefix_tokens": [main["prefix_tokens"]], **axes}
     if "hardware" in axes:
         values["hardware"] = [*values["hardware"], *measured]
     if not any(name in axes for name in Budget.KINDS.values()):
-        values["resident_fraction"] = [main["resident_fraction"]]
+        for mode in memory:
+            values["resident_per_layer" if mode == "same_slots" else "same_memory_as"] = [main["slots"]]
     args = ["--systems", csv(entry["systems"])]
+    if main.get("cost_as"):
+        args += ["--cost-as", main["cost_as"]]
     for axis, vals in values.items():
         args += [AXES[axis], csv(vals)]
     args += ["--engine", "sim" if numerics_only or "hardware" in axes else main["engine"]]

@@ -1,4 +1,4 @@
-"""Writing outputs atomically: a unique temporary file beside the target, renamed over it when complete.
+"""Writing outputs atomically: a unique temporary file (or directory) beside the target, renamed over it when complete.
 
 A reader (or a later run) therefore sees either the old file or the whole new one, never a partial write, and a killed
 writer leaves only its temporary file, whose name starts with a dot and ends in `.tmp`. The temporary name comes from
@@ -9,8 +9,10 @@ planted as a symlink).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -41,3 +43,26 @@ def _umask() -> int:
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda f: f.write(text))
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """A temporary sibling directory to fill; renamed to `path` when the block completes, removed if it fails or is
+    killed by a signal that Python sees. A directory already at `path` is replaced only once the new one is complete,
+    so a killed build never leaves anything that looks done."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes the directory private; outputs get the usual permissions
+        yield tmp
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

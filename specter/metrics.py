@@ -7,8 +7,10 @@
   draft's experts at draft step d and A the target's at verification input d - 1 (they read the same token), summed over
   cycles; window recall = planned experts the verification used / experts the verification used; window working set =
   distinct experts one verification uses per MoE layer, mean over windows and layers.
-- lower bound: max(the run's target passes at roofline after the first commit, Belady's fewest expert loads for the
-  committed tokens' routes over the link) / (N - 1); see `specter.timing.bounds`.
+- hit rate = demand hits / (demand hits + demand misses): the share of the experts the target's passes needed that were
+  already in a slot (the paper's Table 3 measure).
+- lower bound: max(the run's passes at roofline after the first commit, Belady's fewest expert loads over the link,
+  per pass for speculative systems and per committed token for the others) / (N - 1); see `specter.timing.bounds`.
 Field names carry their units.
 """
 
@@ -29,6 +31,12 @@ def acceptance_rate(accepted: int, checked: int) -> float:
 
 def window_utilization(accepted: int, proposed: int) -> float:
     return accepted / proposed
+
+
+def hit_rate(hits: int, misses: int) -> float | None:
+    """The share of the experts a run's target passes needed that were already in a slot when the pass asked (a
+    prefetch still landing counts: its copy was issued before the need), as the paper's Table 3 counts them."""
+    return share(hits, hits + misses)
 
 
 def share(part: int, whole: int) -> float | None:
@@ -58,6 +66,7 @@ class RunRecord:
     accepted_length_histogram: dict[str, int]
     demand_hits: int
     demand_misses: int
+    hit_rate: float | None
     h2d_bytes_prefetch: int
     h2d_bytes_demand: int
     stall_ms: float

@@ -29,7 +29,7 @@ DRAFT_KERNELS = ("fused", "unfused")
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.runs.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
-                           "device", "numerics", "cost"})
+                           "device", "numerics", "cost", "k_source"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
 SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "hardware", "prefix_tokens", "budget")
 
@@ -38,22 +38,28 @@ SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "hardware", "prefix_tok
 @dataclass(frozen=True)
 class Budget:
     """A run's device budget: `slots` per MoE layer, a `fraction` of each layer's experts (rounded, at least one
-    slot), or `gb` of device memory (1e9 bytes) from which the resident part is paid first."""
+    slot), `gb` of device memory (1e9 bytes) from which the resident part is paid first, or `same_memory` as Specter
+    needs with that many slots per layer (see `specter.offload.memory`)."""
 
     kind: str
     value: float
 
-    KINDS = {"gb": "device_memory_gb", "slots": "resident_per_layer", "fraction": "resident_fraction"}
-    FLAGS = {"gb": "--device-memory-gb", "slots": "--resident-per-layer", "fraction": "--resident-fraction"}
+    KINDS = {"gb": "device_memory_gb", "slots": "resident_per_layer", "fraction": "resident_fraction",
+             "same_memory": "same_memory_as"}
+    FLAGS = {"gb": "--device-memory-gb", "slots": "--resident-per-layer", "fraction": "--resident-fraction",
+             "same_memory": "--same-memory-as"}
+    WHOLE = ("slots", "same_memory")  # kinds counted in whole slots
 
     @classmethod
-    def of(cls, device_memory_gb=None, resident_per_layer=None, resident_fraction=None) -> Budget:
-        """The one budget given, from the three flags' values (None where not given)."""
+    def of(cls, device_memory_gb=None, resident_per_layer=None, resident_fraction=None,
+           same_memory_as=None) -> Budget:
+        """The one budget given, from the flags' values (None where not given)."""
         given = [(k, v) for k, v in (("gb", device_memory_gb), ("slots", resident_per_layer),
-                                     ("fraction", resident_fraction)) if v is not None]
+                                     ("fraction", resident_fraction), ("same_memory", same_memory_as))
+                 if v is not None]
         if len(given) != 1:
-            raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N or "
-                               "--resident-fraction F")
+            raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N, "
+                               "--resident-fraction F or --same-memory-as N")
         return cls(*given[0])
 
     def check(self) -> None:
@@ -62,19 +68,20 @@ class Budget:
             raise SpecterError(f"{flag} must be a finite number, got {v!r}")
         if self.kind == "fraction" and not 0 < v <= 1:
             raise SpecterError(f"--resident-fraction {v} must be in (0, 1] (a share of each layer's experts)")
-        if self.kind == "slots" and (v != int(v) or v < 1):
-            raise SpecterError(f"--resident-per-layer {v} must be a whole number of slots, at least 1")
+        if self.kind in self.WHOLE and (v != int(v) or v < 1):
+            raise SpecterError(f"{flag} {v} must be a whole number of slots, at least 1")
         if self.kind == "gb" and v <= 0:
             raise SpecterError(f"--device-memory-gb {v} must be positive")
 
     def as_fields(self) -> dict[str, float | int | None]:
-        """The three flags' values, this budget's set and the others None (the records' flat form)."""
-        value = int(self.value) if self.kind == "slots" else self.value
+        """The budget flags' values, this budget's set and the others None (the records' flat form)."""
+        value = int(self.value) if self.kind in self.WHOLE else self.value
         return {name: (value if kind == self.kind else None) for kind, name in self.KINDS.items()}
 
     def describe(self) -> str:
         return {"fraction": f"{self.value:g} of experts", "slots": f"{int(self.value)} slots/layer",
-                "gb": f"{self.value} GB"}[self.kind]
+                "gb": f"{self.value} GB",
+                "same_memory": f"Specter's memory at {int(self.value)} slots/layer"}[self.kind]
 
 
 # Draft windows ------------------------------------------------------------------------------------------------------
@@ -105,7 +112,7 @@ class Window:
         return self.value if isinstance(self.value, str) else None
 
     def check(self, system: str) -> None:
-        if self.value is None or (isinstance(self.value, int) and self.value < 1):
+        if isinstance(self.value, int) and self.value < 1:
             raise SpecterError(f"--k must be at least 1 for {system!r}, got {self.value}")
         if isinstance(self.value, str) and self.value not in GOVERNORS:
             raise SpecterError(f"--k must be an integer >= 1 or one of {', '.join(GOVERNORS)}, got {self.value!r}")
@@ -268,6 +275,9 @@ class RunSpec:
             raise SpecterError(f"--max-new-tokens must be at least 2 (TPOT needs two tokens), got "
                                f"{self.max_new_tokens}")
         self.budget.check()
+        if self.budget.kind == "same_memory" and self.draft is None:
+            raise SpecterError(f"--same-memory-as {int(self.budget.value)} charges Specter's draft: pass --draft DIR "
+                               "(the draft whose memory sets the budget)")
         for memo in self.memo:
             if not Path(memo).is_file():
                 raise SpecterError(f"--memo {memo!r} does not exist; record it with `specter sweep --memo-out`")
@@ -302,13 +312,13 @@ def split_list(text: str | None, kind: Callable[[str], Any], flag: str) -> list 
     return values
 
 
-def key_values(items: list[str] | None) -> list[tuple[str, str]]:
-    """`--system-option NAME=VALUE` items as (name, value) pairs."""
+def key_values(items: list[str] | None, flag: str = "--system-option") -> list[tuple[str, str]]:
+    """`--system-option NAME=VALUE` (or another flag's) items as (name, value) pairs."""
     out = []
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SpecterError(f"--system-option {item!r} must look like NAME=VALUE")
+            raise SpecterError(f"{flag} {item!r} must look like NAME=VALUE")
         out.append((key, value))
     return out
 
@@ -327,11 +337,15 @@ def add_cli_args(p: argparse.ArgumentParser, mode: str) -> None:
         p.add_argument(m["flag"], dest=f.name, required=m["required"], metavar=m["metavar"],
                        choices=None if is_list else m["choices"],
                        help=m["help"] + (" (list)" if is_list else "") + shown)
-    group = p.add_mutually_exclusive_group(required=True)
-    helps = {"gb": "device memory for the run, GB (1e9 bytes)", "slots": "expert slots per MoE layer",
-             "fraction": "expert slots per MoE layer as a share of its experts (rounded, at least 1)"}
+    # one budget for a run; a sweep may give several kinds, which make one axis together
+    group = p.add_argument_group("budget") if listed else p.add_mutually_exclusive_group(required=True)
+    helps = {"gb": "device memory for the run, GB (1e9 bytes)",
+             "slots": "expert slots per MoE layer, whatever else a system keeps (the paper's same cache)",
+             "fraction": "expert slots per MoE layer as a share of its experts (rounded, at least 1)",
+             "same_memory": "the device memory Specter needs with N slots per layer (its draft charged), for every "
+                            "system (the paper's same memory; needs --draft)"}
     for kind, flag in Budget.FLAGS.items():
-        group.add_argument(flag, dest=Budget.KINDS[kind], metavar={"gb": "GB", "slots": "N", "fraction": "F"}[kind],
+        group.add_argument(flag, dest=Budget.KINDS[kind], metavar={"gb": "GB", "fraction": "F"}.get(kind, "N"),
                            help=helps[kind] + (" (list)" if listed else ""))
     p.add_argument("--system-option", action="append", metavar="NAME=V1,V2" if listed else "NAME=VALUE",
                    help="a system's own setting (e.g. depth=2 for mixtral-offloading)"
@@ -352,12 +366,11 @@ def _value(f, text):
 
 
 def _budget_value(kind: str, text: str):
-    parse = int if kind == "slots" else float
-    flag = Budget.FLAGS[kind]
+    whole = kind in Budget.WHOLE
     try:
-        return parse(text)
+        return int(text) if whole else float(text)
     except ValueError:
-        raise SpecterError(f"{flag} {text!r} must be a {'whole number' if kind == 'slots' else 'number'}") from None
+        raise SpecterError(f"{Budget.FLAGS[kind]} {text!r} must be a {'whole number' if whole else 'number'}") from None
 
 
 def from_args(args: argparse.Namespace, system: str, out: str = "") -> RunSpec:
@@ -385,12 +398,12 @@ def sweep_from_args(args: argparse.Namespace, systems: list[str], out: str = "")
         elif text is not None:
             single[f.name] = _value(f, text)
     budgets = [(kind, name) for kind, name in Budget.KINDS.items() if getattr(args, name) is not None]
-    if len(budgets) != 1:
-        raise SpecterError("give exactly one budget: --device-memory-gb, --resident-per-layer or --resident-fraction "
-                           "(each takes a comma-separated list)")
-    kind, name = budgets[0]
-    axes["budget"] = [Budget(kind, v) for v in split_list(getattr(args, name), lambda t: _budget_value(kind, t),
-                                                          Budget.FLAGS[kind])]
+    if not budgets:
+        raise SpecterError("give a budget: --device-memory-gb, --resident-per-layer, --resident-fraction or "
+                           "--same-memory-as (each takes a comma-separated list; several make one axis)")
+    axes["budget"] = [Budget(kind, v) for kind, name in budgets
+                      for v in split_list(getattr(args, name), lambda t, kind=kind: _budget_value(kind, t),
+                                          Budget.FLAGS[kind])]
     options = {key: split_list(value, str, f"--system-option {key}") for key, value in key_values(args.system_option)}
     axes = {name: axes[name] for name in SWEEP_AXES if name in axes}
     base = RunSpec(system=systems[0], out=out, memo=tuple(args.memo or ()),

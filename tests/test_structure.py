@@ -69,7 +69,7 @@ def test_a_made_up_experiment_needs_only_a_registry_entry_and_config(tiny_dirs, 
     monkeypatch.setitem(experiments.EXPERIMENTS, "made_up", made_up)
     entry = {"systems": ["specter", "specter-oracle"], "axes": {"prefetch": ["adaptive", "none"]},
              "options": {"noise": [0.0]}}
-    main_settings = dict(k=3, hardware="a100-40gb-pcie4", prefix_tokens=12, resident_fraction=0.25, engine="sim")
+    main_settings = dict(k=3, hardware="a100-40gb-pcie4", prefix_tokens=12, slots=4, engine="sim")
     flags = experiments.sweep_flags(entry, main_settings)
     assert flags[:2] == ["--systems", "specter,specter-oracle"] and "--prefetch" in flags
     draft = tmp_path / "draft"
@@ -91,7 +91,7 @@ def test_every_registered_experiment_has_a_known_table_and_figure_kind():
 
     for e in experiments.EXPERIMENTS.values():
         assert e.figure.kind in KINDS, e.name
-        assert e.table.kind in ("medians", "routing", "fidelity"), e.name
+        assert e.table.kind in ("medians", "routing", "fidelity", "paper_check"), e.name
         assert e.caption.strip(), e.name
         assert e.source in ("runs", "sweep", "fidelity") or e.source in experiments.EXPERIMENTS, e.name
 

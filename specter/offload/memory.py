@@ -1,17 +1,23 @@
 """The device memory plan of a run: the resident part first, the rest becomes expert slots per MoE layer.
 
-Resident: the target's non-expert weights, the draft's quantized experts (speculative systems), the KV cache for the
-longest sequence, and a workspace of `STAGING_BUFFERS` expert-sized buffers for experts that stream through without a
-slot. A budget is `--device-memory-gb X`, `--resident-per-layer N` or `--resident-fraction F` (that share of each
-layer's experts, rounded, at least one); a budget that cannot hold the resident part plus
-one slot per layer is refused, naming both numbers.
+Resident, in this order (the paper's count): the target's non-expert weights (FP16), the draft's quantized experts
+(systems that keep a draft), the KV cache for the longest sequence (twice for a draft with its own KV), and a workspace
+of `STAGING_BUFFERS` expert-sized buffers for experts that stream through without a slot. What remains becomes expert
+slots. A budget is one of:
+- `--device-memory-gb X`: X GB of device memory for everything above;
+- `--same-memory-as S`: the device memory Specter needs with S slots per layer (its self-draft's experts charged, KV
+  for its window), given to every system: a system without a draft turns the draft's share into more slots, one with
+  its own draft and KV into fewer (the paper's "same memory" comparison, MO-SM);
+- `--resident-per-layer N`: N slots per layer for every system whatever else it keeps (the paper's "same cache",
+  MO-SC), or `--resident-fraction F`: that share of each layer's experts (rounded, at least one).
+A GB budget that cannot hold the resident part plus one slot per layer, or exceeds the device's memory, is refused,
+naming both numbers; every plan records whether it fits the device.
 """
-
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from specter.errors import SpecterError
+from specter.errors import BudgetError, SpecterError
 from specter.offload.work import ModelWork
 from specter.runspec import Budget
 
@@ -28,35 +34,50 @@ class MemoryPlan:
     workspace_bytes: int
     expert_slot_bytes: int  # slots_per_layer x MoE layers x expert bytes
     budget_bytes: int | None  # None when the budget was given as slots
+    budget_kind: str = "slots"
+    device_bytes: int | None = None  # the hardware profile's device memory
+    fits_device: bool | None = None  # the resident part and the slots fit in it
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budget, kv_copies: int = 1) -> MemoryPlan:
-    """The resident part (weights, draft, KV for `max_tokens` positions, workspace) and the slots `budget` leaves."""
+def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budget, kv_copies: int = 1,
+                device_bytes: int | None = None, reference_bytes: int | None = None) -> MemoryPlan:
+    """The resident part (weights, draft, KV for `max_tokens` positions, workspace) and the slots `budget` leaves.
+    `reference_bytes`: Specter's resident part, for a `same_memory` budget."""
     budget.check()
     kv = kv_copies * work.kv_bytes(max_tokens)  # a draft with its own KV doubles it
     workspace = STAGING_BUFFERS * work.expert_bytes
     resident = work.non_expert_bytes() + draft_bytes + kv + workspace
     per_slot_row = len(work.moe_layers) * work.expert_bytes  # one slot in every MoE layer
-    if budget.kind == "gb":
-        budget_bytes = int(budget.value * 1e9)
+    plan = dict(resident_bytes=resident, non_expert_bytes=work.non_expert_bytes(), draft_bytes=draft_bytes,
+                kv_bytes=kv, workspace_bytes=workspace, budget_kind=budget.kind, device_bytes=device_bytes)
+    if budget.kind in ("gb", "same_memory"):
+        if budget.kind == "gb":
+            budget_bytes, flag = int(budget.value * 1e9), f"--device-memory-gb {budget.value}"
+        else:
+            budget_bytes = reference_bytes + int(budget.value) * per_slot_row
+            flag = f"--same-memory-as {int(budget.value)} (Specter's memory at {int(budget.value)} slots per layer)"
+        if device_bytes is not None and budget_bytes > device_bytes:
+            raise SpecterError(f"{flag} is {budget_bytes / 1e9:.9g} GB, more than the device's {device_bytes / 1e9:g} "
+                               "GB; give a smaller budget or a profile with more device memory")
         slots = min(work.experts_per_layer, (budget_bytes - resident) // per_slot_row) if budget_bytes > resident else 0
         if slots < 1:
-            raise SpecterError(
-                f"--device-memory-gb {budget.value} ({budget_bytes} bytes) cannot hold the resident part "
-                f"({resident} bytes: weights {work.non_expert_bytes()}, draft {draft_bytes}, KV {kv}, workspace "
-                f"{workspace}) plus one expert slot per layer ({per_slot_row} bytes); give at least "
-                f"{(resident + per_slot_row) / 1e9:.9g}"
+            raise BudgetError(
+                f"{flag} ({budget_bytes} bytes) cannot hold the resident part ({resident} bytes: weights "
+                f"{work.non_expert_bytes()}, draft {draft_bytes}, KV {kv}, workspace {workspace}) plus one expert slot "
+                f"per layer ({per_slot_row} bytes); give at least {(resident + per_slot_row) / 1e9:.9g} GB"
             )
-        return MemoryPlan(slots, resident, work.non_expert_bytes(), draft_bytes, kv, workspace, slots * per_slot_row,
-                          budget_bytes)
-    if budget.kind == "fraction":
-        slots = max(1, round(budget.value * work.experts_per_layer))
     else:
-        slots = int(budget.value)
-        if not 1 <= slots <= work.experts_per_layer:
-            raise SpecterError(f"--resident-per-layer {slots} must be between 1 and {work.experts_per_layer} "
-                               "(the experts per layer)")
-    return MemoryPlan(slots, resident, work.non_expert_bytes(), draft_bytes, kv, workspace, slots * per_slot_row, None)
+        budget_bytes = None
+        if budget.kind == "fraction":
+            slots = max(1, round(budget.value * work.experts_per_layer))
+        else:
+            slots = int(budget.value)
+            if not 1 <= slots <= work.experts_per_layer:
+                raise SpecterError(f"--resident-per-layer {slots} must be between 1 and {work.experts_per_layer} "
+                                   "(the experts per layer)")
+    fits = None if device_bytes is None else resident + slots * per_slot_row <= device_bytes
+    return MemoryPlan(slots_per_layer=slots, expert_slot_bytes=slots * per_slot_row, budget_bytes=budget_bytes,
+                      fits_device=fits, **plan)

@@ -23,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specter.errors import SpecterError
+from specter.io import atomic_dir
 from specter.models.loading import load_moe_model, read_model_config
 from specter.numerics import determinism
 from specter.quant.meta import DraftMeta, model_hash, versions
@@ -104,8 +105,6 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
             nbytes += tensors[f"{key}.bias"].numel() * 2
         per_expert[f"{layer}.{expert}"] = per_expert.get(f"{layer}.{expert}", 0) + nbytes
     sizes = sorted(set(per_expert.values()))
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "experts.safetensors"))
     meta = DraftMeta(
         method=method,
         bits=bits,
@@ -119,7 +118,9 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         versions=versions(),
         numerics=determinism.settings(),
     )
-    meta.write(out)
+    with atomic_dir(out) as tmp:  # a killed quantize leaves nothing that looks like a draft
+        save_file(tensors, str(tmp / "experts.safetensors"))
+        meta.write(tmp)
     return meta
 
 

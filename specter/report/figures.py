@@ -30,16 +30,39 @@ def _timing_label(df: pd.DataFrame) -> str:
     return "; ".join(kinds)
 
 
-def _panels(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: bool = False):
-    """A row of axes, one per (model, dataset): [(ax, subset, title)], and the figure."""
-    keys = sorted(df[["model", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
+#: the order systems appear in, in every figure (Specter's bars are marked)
+SYSTEM_ORDER = ("resident", "specter", "specter-oracle", "sp-moe", "specmoeoff", "on-demand", "mixtral-offloading",
+                "moe-infinity", "fiddler", "naive")
+SPECTER_COLOR, OTHER_COLOR = "#c44e52", "#4c72b0"
+
+
+def _ordered(systems) -> list[str]:
+    known = [s for s in SYSTEM_ORDER if s in set(systems)]
+    return known + sorted(set(systems) - set(known))
+
+
+def _shapes(model: str, cost_as) -> str:
+    """What priced a panel's runs: 'Phi-3.5-MoE shapes, routing from smollm2-moe-16x2', or the model's own."""
+    if isinstance(cost_as, str) and cost_as:
+        return f"{cost_as} shapes, routing from {model}"
+    return f"{model} (its own shapes)"
+
+
+def _panels(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: bool = False, columns: int = 3):
+    """A grid of axes, one per (model, priced-at architecture, dataset): [(ax, subset, title)], and the figure."""
+    df = df.assign(cost_as=df["cost_as"].fillna("")) if "cost_as" in df else df.assign(cost_as="")
+    keys = sorted(df[["model", "cost_as", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
     if not keys:
         raise SpecterError("the table is empty: nothing to draw")
-    fig, axes = plt.subplots(1, len(keys), figsize=(width * len(keys), height), squeeze=False, sharey=sharey)
+    ncols = min(columns, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, sharey=sharey)
     out = []
-    for ax, (model, dataset) in zip(axes[0], keys):
-        sub = df[(df["model"] == model) & (df["dataset"] == dataset)]
-        out.append((ax, sub, f"{model}, {dataset} prompts"))
+    for ax, (model, cost_as, dataset) in zip(axes.flat, keys):
+        sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)]
+        out.append((ax, sub, f"{_shapes(model, cost_as)}, {dataset} prompts"))
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
     return fig, out
 
 
@@ -159,14 +182,38 @@ def _plot_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 
 def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """TPOT bars per system, fastest first, each with its lower bound; the budget in the panel title."""
-    fig, panels = _panels(table, width=6.0)
+    """TPOT bars per system in the fixed order, one bar per comparison (same slots, same memory) where the table has
+    both, each with its lower bound and value; Specter's bars marked; log scale when the bars span decades."""
+    fig, panels = _panels(table, width=7.0, height=4.2)
     for ax, sub, title in panels:
-        order = list(sub.sort_values("tpot_ms")["system"])
-        _bars_with_bound(ax, sub, "system", order)
+        modes = sorted(sub["memory"].unique()) if "memory" in sub else [None]
+        order = _ordered(sub["system"])
+        width = 0.8 / len(modes)
+        for i, mode in enumerate(modes):
+            part = (sub if mode is None else sub[sub["memory"] == mode]).set_index("system")
+            xs = [j - 0.4 + width * (i + 0.5) for j, s in enumerate(order) if s in part.index]
+            names = [s for s in order if s in part.index]
+            tpot = [float(part.loc[s, "tpot_ms"]) for s in names]
+            colors = [SPECTER_COLOR if s == "specter" else OTHER_COLOR for s in names]
+            ax.bar(xs, tpot, width=width * 0.95, color=colors, alpha=1.0 if i == 0 else 0.55,
+                   label=mode or "TPOT", edgecolor="white")
+            ax.scatter(xs, [float(part.loc[s, "lower_bound_tpot_ms"]) for s in names], marker="_", s=180,
+                       color="black", zorder=3, label="lower bound" if i == 0 else None)
+            for x, t in zip(xs, tpot):
+                ax.text(x, t, f"{t:.3g}", ha="center", va="bottom", fontsize=6, rotation=90)
+        ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
+        if sub["tpot_ms"].max() / max(sub["tpot_ms"].min(), 1e-12) > 30:
+            ax.set_yscale("log")
+            ax.set_ylim(sub[["tpot_ms", "lower_bound_tpot_ms"]].min().min() / 2, sub["tpot_ms"].max() * 4)
+        else:
+            _headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max(), 1.35)
+        ax.set_ylabel("TPOT (ms, median over prompts)")
         ax.set_xlabel(figure.xlabel)
-        share = sub["resident_share"].mode().iloc[0]  # the budget (resident keeps every expert)
-        ax.set_title(f"{title}; budget: {share:.0%} of each layer's experts", fontsize=9)
+        slots = int(sub[sub["system"] == "specter"]["slots_per_layer"].iloc[0]) if "specter" in set(
+            sub["system"]) else int(sub["slots_per_layer"].mode().iloc[0])
+        ax.set_title(f"{title}\nSpecter: {slots} of {int(sub['experts_per_layer'].iloc[0])} experts per layer "
+                     "resident", fontsize=9)
+        ax.legend(loc="upper left", fontsize=7, ncol=3)
     _finish(fig, f"{figure.title} ({timing})", out)
 
 
@@ -220,6 +267,43 @@ def _plot_fidelity(figure, table: pd.DataFrame, out, timing: str) -> None:
     _finish(fig, f"{figure.title} ({models}, {', '.join(sorted(table['dataset'].unique()))} prompts)", out)
 
 
-KINDS = {"system_bars": _plot_system_bars, "bars": _plot_bars, "grouped_bars": _plot_grouped_bars,
-         "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing, "working_set": _plot_working_set,
-         "fidelity": _plot_fidelity}
+def _plot_paper_check(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Per metric, the paper's figure and the suite's for every configuration the run included (log scale)."""
+    shown = table[table["suite"].notna()]
+    if shown.empty:  # say so in the figure, with what the paper publishes
+        fig, ax = plt.subplots(figsize=(9, 3))
+        ax.axis("off")
+        cases = sorted({f"{a} at {s} slots" for a, s in zip(table["architecture"], table["slots"])})
+        ax.text(0, 1, "No case of this run matches a configuration the paper publishes figures for.\n"
+                      f"Published: {'; '.join(cases)}.\nAdd such a case (config/paper.yaml has them) to compare.",
+                va="top", fontsize=9, wrap=True)
+        _finish(fig, figure.title, out)
+        return
+    metrics = list(dict.fromkeys(shown["metric"]))
+    height = 0.55 * shown.groupby("metric").size().max() + 1.8
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), height), squeeze=False)
+    units = {"tpot_ms": "TPOT (ms)", "speedup_of_specter": "baseline TPOT / Specter TPOT",
+             "hit_rate": "hit rate", "tokens_per_s": "tokens / s"}
+    for ax, metric in zip(axes[0], metrics):
+        part = shown[shown["metric"] == metric].reset_index(drop=True)
+        ys = range(len(part))
+        ax.barh([y + 0.2 for y in ys], part["paper"], height=0.38, color="#8c8c8c", label="paper (measured)")
+        ax.barh([y - 0.2 for y in ys], part["suite"], height=0.38, color=SPECTER_COLOR,
+                label=f"suite ({timing})")
+        for y, (p, s) in enumerate(zip(part["paper"], part["suite"])):
+            ax.text(max(p, s) * 1.05, y, f"x{s / p:.2f}", va="center", fontsize=7)
+        labels = [f"{a}\n{s}{' ' + c.replace('_', ' ') if c else ''}" for a, s, c in
+                  zip(part["architecture"], part["system"], part["comparison"])]
+        ax.set_yticks(list(ys), labels, fontsize=7)
+        ax.invert_yaxis()
+        if metric != "hit_rate":
+            ax.set_xscale("log")
+        ax.set_xlabel(units.get(metric, metric))
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title(f"{metric}: suite / paper beside each pair", fontsize=9)
+    _finish(fig, figure.title, out)
+
+
+KINDS = {"system_bars": _plot_system_bars, "paper_check": _plot_paper_check, "bars": _plot_bars,
+         "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
+         "working_set": _plot_working_set, "fidelity": _plot_fidelity}

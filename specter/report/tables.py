@@ -16,9 +16,10 @@ import pandas as pd
 from specter import experiments
 from specter.errors import SpecterError
 from specter.io import atomic_write
+from specter.runspec import Budget
 
 _MEDIANS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
-            "window_working_set", "stall_ms"]
+            "window_working_set", "stall_ms", "hit_rate"]
 _SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
 
 
@@ -42,8 +43,11 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         cfg = r["config"]
         options = dict(cfg.get("system_options") or [])
         rows.append(dict(
-            model=Path(r["model"]).name, dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"],
-            simulated=r["simulated"], system=r["system"], k=r["k"],
+            model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
+            hardware=r["hardware"], simulated=r["simulated"], system=r["system"], k=r["k"],
+            budget_kind=next((kind for kind, name in Budget.KINDS.items() if cfg.get(name) is not None), ""),
+            budget_value=next((cfg[name] for name in Budget.KINDS.values() if cfg.get(name) is not None), None),
+            draft_kernel=cfg.get("draft_kernel", "fused"),
             k_setting=str(cfg.get("k")) if cfg.get("k") is not None else "",
             prefetch=cfg.get("prefetch") if r["k"] is not None else "", slots_per_layer=r["slots_per_layer"],
             experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
@@ -79,6 +83,10 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     spec = experiments.get(name).table
     if spec.kind == "routing":
         return routing_table(records)
+    if spec.kind == "paper_check":
+        from specter.report.paper import paper_check_table
+
+        return paper_check_table(records_frame(records))
     if spec.kind != "medians":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records)

@@ -22,7 +22,7 @@ from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
 from specter.runs import device as on_device
 from specter.runs.records import record_of, run_fields, write_records
-from specter.runspec import RunSpec
+from specter.runspec import RunSpec, Window
 from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
 from specter.systems import DecodeConfig, PromptContext, System
@@ -84,11 +84,13 @@ def prepare(spec: RunSpec, session: Session) -> PreparedRun:
     if spec.cost_as is not None:
         work, service, draft_bytes, priced_at = _priced_at(spec, session, work, service, draft)
     cost = CostModel(profile)
-    slots, memory = _memory(spec, system, work, draft_bytes)
-    k, governor, online = _window(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
+    k_setting, k_source = _k_setting(spec, system)
+    slots, memory = _memory(spec, system, work, draft_bytes, k_setting, profile.device_memory_bytes)
+    k, governor, online = _window(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes,
+                                  profile)
     config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
                           spec.draft_kernel)
-    common = run_fields(spec, system, profile, work, slots, memory, priced_at)
+    common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source)
     prepared = PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
                            governor, _warmup(tokenizer, spec, service), common, online=online)
     if spec.engine == "cuda":
@@ -111,7 +113,8 @@ def _priced_at(spec: RunSpec, session: Session, proxy_work: ModelWork, service, 
     return work, MappedService(service, layer_map), draft_bytes, info
 
 
-def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int) -> tuple[int, MemoryPlan | None]:
+def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k: Window,
+            device_bytes: int) -> tuple[int, MemoryPlan | None]:
     """(slots per layer, memory plan or None): the system's fixed slots, or what the budget leaves after the resident
     part (the draft's experts for speculative systems, plus its own weights and KV where it keeps them)."""
     if system.fixed_slots is not None:
@@ -120,11 +123,27 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int) ->
     if system.separate_draft:  # its own copy of every non-expert weight
         draft_resident += work.non_expert_bytes()
     # the speculative positions of the window this system runs with (the governors may choose up to their largest K)
-    window = system.window(_max_governed_k() if spec.k.governor and system.takes_window else spec.k.fixed) or 0
+    window = system.window(_max_governed_k() if k.governor and system.takes_window else k.fixed) or 0
     kv_positions = spec.prefix_tokens + spec.max_new_tokens + window
+    reference = _specter_resident(spec, work, k) if spec.budget.kind == "same_memory" else None
     memory = plan_memory(work, kv_positions, draft_resident, spec.budget,
-                         kv_copies=2 if system.separate_draft else 1)
+                         kv_copies=2 if system.separate_draft else 1, device_bytes=device_bytes,
+                         reference_bytes=reference)
     return memory.slots_per_layer, memory
+
+
+def _specter_resident(spec: RunSpec, work: ModelWork, k: Window) -> int:
+    """What Specter keeps on the device besides its expert slots: the target's weights, its self-draft's quantized
+    experts, KV for its window, the workspace (the reference of a `--same-memory-as` budget)."""
+    from specter.offload.memory import STAGING_BUFFERS
+    from specter.quant.meta import DraftMeta
+
+    meta = DraftMeta.read(spec.draft)
+    per_expert = (work.quantized_expert_bytes(meta.bits, meta.group_size) if spec.cost_as
+                  else meta.quantized_bytes_per_expert)
+    window = _max_governed_k() if k.governor else k.fixed
+    return (work.non_expert_bytes() + per_expert * len(work.moe_layers) * work.experts_per_layer
+            + work.kv_bytes(spec.prefix_tokens + spec.max_new_tokens + window) + STAGING_BUFFERS * work.expert_bytes)
 
 
 def _max_governed_k() -> int:
@@ -133,25 +152,37 @@ def _max_governed_k() -> int:
     return max(PROFILE_KS)
 
 
-def _window(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
+def _k_setting(spec: RunSpec, system: System) -> tuple[Window, str | None]:
+    """The run's K setting and why: --k, or the default where a speculative run gives none (`default_k`)."""
+    from specter.speculation.governor import default_k
+
+    if spec.k.value is not None:
+        return spec.k, "--k" if system.speculative else None
+    if not (system.speculative and system.takes_window) and spec.budget.kind != "same_memory":
+        return spec.k, None
+    k, why = default_k(spec.cost_as and Path(spec.cost_as).stem)
+    return Window(k), why
+
+
+def _window(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
     """(the draft window K the run uses, the governor's choice or None, the online governor or None)."""
     if not system.speculative:
         return None, None, None
-    if spec.k.governor is None or not system.takes_window:
-        return system.window(spec.k.fixed), None, None
-    choice = _govern(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
-    online = OnlineGovernor.calibrated(choice, spec.max_new_tokens) if spec.k.governor == "online" else None
+    if k_setting.governor is None or not system.takes_window:
+        return system.window(k_setting.fixed), None, None
+    choice = _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
+    online = OnlineGovernor.calibrated(choice, spec.max_new_tokens) if k_setting.governor == "online" else None
     return system.window(choice.k), choice, online
 
 
-def _govern(spec, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
+def _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
     """Choose K on calibration prompts (never an evaluation prompt), each decoded for the run's own horizon."""
     from specter.data.corpus import calibration_token_ids
     from specter.speculation.governor import PROFILE_PROMPTS, CycleModel, choose_k_auto, choose_k_profile
 
     prompts = calibration_token_ids(tokenizer, "code", PROFILE_PROMPTS, spec.prefix_tokens)
     traces = [service.trace(p, spec.max_new_tokens) for p in prompts]
-    if spec.k.governor in ("auto", "online"):
+    if k_setting.governor in ("auto", "online"):
         model = CycleModel(work, cost, slots, draft_bytes, context=spec.prefix_tokens + spec.max_new_tokens // 2,
                            top_k=work.top_k, missable=slots < work.experts_per_layer)
         return choose_k_auto(service, traces, model, spec.max_new_tokens)

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specter.io import atomic_write
-from specter.metrics import RunRecord, acceptance_rate, share, tpot_seconds, window_utilization
+from specter.metrics import RunRecord, acceptance_rate, hit_rate, share, tpot_seconds, window_utilization
 
 
 def git_commit() -> str:
@@ -24,14 +24,17 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict | None = None) -> dict:
-    """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at)."""
+def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict | None = None,
+               k_source: str | None = None) -> dict:
+    """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at;
+    `k_source`: where a speculative run's K came from)."""
     from specter.numerics import determinism
     from specter.quant.meta import versions
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
-                "initial_cache": "empty", "numerics": determinism.settings(), "cost": priced_at}
+                "initial_cache": "empty", "numerics": determinism.settings(), "cost": priced_at,
+                "k_source": k_source}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
                 cost_as=priced_at["architecture"] if priced_at else None, config=resolved, versions=versions(),
@@ -66,6 +69,7 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
         ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
         lower_bound_tpot_ms=lower_bound.seconds * 1e3, k=result.k,
         demand_hits=stats.demand.hits, demand_misses=stats.demand.misses,
+        hit_rate=hit_rate(stats.demand.hits, stats.demand.misses),
         h2d_bytes_prefetch=stats.h2d_bytes_prefetch, h2d_bytes_demand=stats.h2d_bytes_demand,
         stall_ms=timeline.stall_seconds() * 1e3, wall_s=wall_s, seed=seed,
         **speculative_fields(result), **prepared.common,

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
 
-from specter.errors import SpecterError
+from specter.errors import BudgetError, SpecterError
 from specter.metrics import RunRecord
 from specter.runs.execute import execute, run
 from specter.runs.records import write_records
@@ -60,7 +61,10 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     for i, spec in enumerate(specs):
         if progress:
             print(f"[{i + 1}/{len(specs)}] {spec.describe()}", flush=True)
-        records += execute(spec, session, progress)
+        try:
+            records += execute(spec, session, progress)
+        except BudgetError as err:  # this system cannot run in this budget: no record, and the log says why
+            print(f"skipped: {spec.system} does not fit {spec.budget.describe()}: {err}", file=sys.stderr, flush=True)
     if memo_out is not None and specs:
         save_memo(session.service(specs[0].model), memo_out, session.model_hash(specs[0].model))
     if out is not None:

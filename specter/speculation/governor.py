@@ -34,6 +34,16 @@ from specter.speculation.lookahead import plan_from_counts
 from specter.timing.cost import CostModel
 
 PROFILE_KS = (2, 4, 6, 8, 12, 16, 20, 24, 32)
+#: K when a run gives none: the artifact's per-model K where it has one, else DEFAULT_K
+ARTIFACT_KS = {"deepseek-v2-lite": 16, "phi-3.5-moe": 16, "qwen1.5-moe-a2.7b": 8}
+DEFAULT_K = 8
+
+
+def default_k(architecture: str | None) -> tuple[int, str]:
+    """(K, why) for a speculative run without --k, priced at `architecture` (or its own shapes)."""
+    if architecture in ARTIFACT_KS:
+        return ARTIFACT_KS[architecture], f"the artifact's K for {architecture} (no --k given)"
+    return DEFAULT_K, f"the suite's default K = {DEFAULT_K} (no --k given, no artifact K for this model)"
 PROFILE_PROMPTS = 8
 EMA_OLD = 0.75
 

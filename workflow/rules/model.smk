@@ -1,4 +1,5 @@
 # Models the workflow builds offline (configured `build:` names); checkpoints given by `path:` are used as they are.
+# The builder writes into a temporary sibling and renames it when complete, so no rule deletes anything.
 
 
 rule build_model:
@@ -8,9 +9,10 @@ rule build_model:
         ENV
     log:
         "results/logs/build_model/{model}.log",
+    benchmark:
+        "results/benchmarks/build_model/{model}.tsv"
     params:
-        name=lambda wc: config["models"][wc.model]["build"],
-        out=lambda wc: f"results/models/{wc.model}",
+        args=lambda wc: join([config["models"][wc.model]["build"], "--out", f"results/models/{wc.model}"]),
     threads: 2  # part of the model's numerics (the card records it): the same checkpoint needs the same count
     shell:
-        "rm -rf {params.out} && python -m specter build-model {params.name} --threads 2 --out {params.out} > {log} 2>&1"
+        "python -m specter build-model {params.args} --threads 2 > {log:q} 2>&1"

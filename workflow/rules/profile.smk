@@ -9,8 +9,8 @@ rule profile:
         ENV
     log:
         "results/logs/profile/measured.log",
-    params:
-        out=lambda wc, output: str(Path(output.profile).parent),
+    benchmark:
+        "results/benchmarks/profile/measured.tsv"
     threads: 2
     shell:
-        "python -m specter profile-bandwidth --out {params.out} --name measured > {log} 2>&1"
+        "python -m specter profile-bandwidth --out results/profile/measured --name measured > {log:q} 2>&1"

@@ -1,30 +1,30 @@
-# Drafts and their fidelity against the target.
+# Drafts and their fidelity against the target. `specter quantize` writes into a temporary sibling and renames it.
 
 
 rule quantize:
     input:
-        model_config,
+        lambda wc: f"{model_dir(wc.model)}/config.json",
     output:
         meta="results/drafts/{model}/{method}-int{bits}-g{group}/meta.json",
     conda:
         ENV
     log:
         "results/logs/quantize/{model}/{method}-int{bits}-g{group}.log",
+    benchmark:
+        "results/benchmarks/quantize/{model}/{method}-int{bits}-g{group}.tsv"
     params:
-        model=lambda wc: model_dir(wc.model),
-        out=lambda wc, output: str(Path(output.meta).parent),
-        seqs=config["calibration"]["num_sequences"],
-        seq_len=config["calibration"]["seq_len"],
+        args=lambda wc, output: join([
+            "--model", model_dir(wc.model), "--method", wc.method, "--bits", wc.bits, "--group-size", wc.group,
+            "--calibration-sequences", config["calibration"]["num_sequences"],
+            "--calibration-length", config["calibration"]["seq_len"], "--out", str(Path(output.meta).parent)]),
     threads: 1
     shell:
-        "rm -rf {params.out} && python -m specter quantize --threads 1 --model {params.model} --method {wildcards.method} "
-        "--bits {wildcards.bits} --group-size {wildcards.group} --calibration-sequences {params.seqs} "
-        "--calibration-length {params.seq_len} --out {params.out} > {log} 2>&1"
+        "python -m specter quantize --threads 1 {params.args} > {log:q} 2>&1"
 
 
 rule fidelity:
     input:
-        model=model_config,
+        model=lambda wc: f"{model_dir(wc.model)}/config.json",
         draft="results/drafts/{model}/{draft}/meta.json",
     output:
         csv="results/fidelity/{model}/{draft}.csv",
@@ -33,13 +33,14 @@ rule fidelity:
         ENV
     log:
         "results/logs/fidelity/{model}/{draft}.log",
+    benchmark:
+        "results/benchmarks/fidelity/{model}/{draft}.tsv"
     params:
-        model=lambda wc: model_dir(wc.model),
-        draft=lambda wc, input: str(Path(input.draft).parent),
-        f=config["fidelity"],
+        args=lambda wc, input, output: join([
+            "--model", model_dir(wc.model), "--draft", str(Path(input.draft).parent),
+            "--dataset", config["fidelity"]["dataset"], "--num-prompts", config["fidelity"]["num_prompts"],
+            "--prefix-tokens", config["fidelity"]["prefix_tokens"], "--new-tokens", config["fidelity"]["new_tokens"],
+            "--stride", config["fidelity"]["stride"], "--out", output.csv]),
     threads: 1
     shell:
-        "python -m specter fidelity --model {params.model} --draft {params.draft} --dataset {params.f[dataset]} "
-        "--num-prompts {params.f[num_prompts]} --prefix-tokens {params.f[prefix_tokens]} "
-        "--new-tokens {params.f[new_tokens]} --stride {params.f[stride]} --threads {threads} "
-        "--out {output.csv} > {log} 2>&1"
+        "python -m specter fidelity {params.args} --threads {threads} > {log:q} 2>&1"

@@ -1,5 +1,5 @@
-# Each experiment's tidy table (pandas) and figure (seaborn), in one job, as its registry entry defines them; `snakemake --report results/report.html`
-# collects the figures with their captions.
+# Each experiment's tidy table (pandas) and figure (seaborn), in one job, as its registry entry defines them;
+# `snakemake --report results/report.html` collects the figures with their captions.
 
 
 rule aggregate:
@@ -17,8 +17,10 @@ rule aggregate:
         ENV
     log:
         "results/logs/aggregate/{experiment}.log",
+    benchmark:
+        "results/benchmarks/aggregate/{experiment}.tsv"
     params:
         caption=lambda wc: REGISTRY[wc.experiment].caption,
     shell:
-        "python -m specter aggregate {wildcards.experiment} {input} --out {output.table} --figure {output.figure} "
-        "> {log} 2>&1"
+        "python -m specter aggregate {wildcards.experiment:q} {input:q} --out {output.table:q} "
+        "--figure {output.figure:q} > {log:q} 2>&1"

@@ -1,88 +1,98 @@
-# Runs: the numerics recorded once per (model, prompt set), then every system and sweep replayed on them. Experiments
-# that vary the numerics themselves (K, prompt length) record their own.
+# Runs: the numerics recorded once per (model, prompt set, K), then every system and sweep replayed on them.
+# Experiments that vary the numerics themselves (K, prompt length) record their own, per case.
 
 
 rule record:
-    """The main recording: every system of the experiments that replay it, at the main settings."""
+    """The main recording of a model at window K: every system of the experiments that replay it."""
     input:
-        model=model_config,
-        draft=main_draft_meta,
+        model=lambda wc: f"{model_dir(wc.model)}/config.json",
+        draft=lambda wc: f"{main_draft(wc.model)}/meta.json",
     output:
-        memo="results/memo/{model}/{dataset}-p{prefix}.pkl",
+        memo="results/memo/{model}/{dataset}-p{prefix}-k{k}.pkl",
     conda:
         ENV
     log:
-        "results/logs/record/{model}/{dataset}-p{prefix}.log",
+        "results/logs/record/{model}/{dataset}-p{prefix}-k{k}.log",
+    benchmark:
+        "results/benchmarks/record/{model}/{dataset}-p{prefix}-k{k}.tsv"
     params:
-        args=lambda wc: common_args(wc.model, wc.dataset),
-        systems=",".join(RECORD_SYSTEMS),
-        timing=RECORD_TIMING,
-        k=K["main"],
+        args=lambda wc, output: join([
+            "--systems", ",".join(record_systems(wc.model, wc.k)), "--k", wc.k,
+            *common_args(wc.model, wc.dataset), "--prefix-tokens", wc.prefix, "--hardware", HW["main"],
+            "--resident-per-layer", 1, "--memo-out", output.memo]),
     threads: 1  # one thread per job, two jobs at once: better use of 2 cores than one job on two
     shell:
-        "python -m specter sweep --systems {params.systems} --k {params.k} {params.args} --prefix-tokens {wildcards.prefix} "
-        "{params.timing} --threads {threads} --memo-out {output.memo} > {log} 2>&1"
+        "python -m specter sweep {params.args} --threads {threads} > {log:q} 2>&1"
 
 
 rule record_experiment:
-    """An experiment's own recording (it varies K or the prompt length): its grid's numerics, a job of its own."""
+    """An experiment's own recording in one case (it varies K or the prompt length): its grid's numerics."""
     input:
-        model=model_config,
-        draft=main_draft_meta,
+        model=lambda wc: f"{model_dir(case_model(wc.case))}/config.json",
+        draft=lambda wc: f"{main_draft(case_model(wc.case))}/meta.json",
     output:
-        memo="results/memo/{model}/{dataset}-p{prefix}-{sweep}.pkl",
+        memo="results/memo/{case}/{dataset}-p{prefix}-{sweep}.pkl",
     conda:
         ENV
     log:
-        "results/logs/record/{model}/{dataset}-p{prefix}-{sweep}.log",
+        "results/logs/record/{case}/{dataset}-p{prefix}-{sweep}.log",
+    benchmark:
+        "results/benchmarks/record/{case}/{dataset}-p{prefix}-{sweep}.tsv"
     params:
-        args=lambda wc: common_args(wc.model, wc.dataset),
-        grid=lambda wc: grid_args(wc.sweep, numerics_only=True),
+        args=lambda wc, output: join([*common_args(case_model(wc.case), wc.dataset), "--memo-out", output.memo]),
+        grid=lambda wc: grid_args(wc.sweep, wc.case, numerics_only=True),
     threads: 1
     shell:
-        "python -m specter sweep {params.args} {params.grid} --threads {threads} --memo-out {output.memo} > {log} 2>&1"
+        "python -m specter sweep {params.args} {params.grid} --threads {threads} > {log:q} 2>&1"
 
 
 rule run:
-    """One system on one prompt set at the main settings: `snakemake results/runs/<model>/<set>/<system>.jsonl`."""
+    """One system in one case on one prompt set, at the case's settings (same slots):
+    `snakemake results/runs/<case>/<set>/<system>.jsonl`."""
     input:
-        model=model_config,
-        draft=main_draft_meta,
-        memo=lambda wc: memo_path(wc.model, wc.dataset),
+        model=lambda wc: f"{model_dir(case_model(wc.case))}/config.json",
+        draft=lambda wc: f"{main_draft(case_model(wc.case))}/meta.json",
+        memo=lambda wc: case_memo(wc.case, wc.dataset),
     output:
-        "results/runs/{model}/{dataset}/{system}.jsonl",
+        "results/runs/{case}/{dataset}/{system}.jsonl",
     conda:
         ENV
     log:
-        "results/logs/run/{model}/{dataset}/{system}.log",
+        "results/logs/run/{case}/{dataset}/{system}.log",
+    benchmark:
+        "results/benchmarks/run/{case}/{dataset}/{system}.tsv"
     params:
-        args=lambda wc: common_args(wc.model, wc.dataset),
-        timing=MAIN_TIMING,
-        k=K["main"],
-        prefix=MAIN_PREFIX,
+        args=lambda wc, input, output: join([
+            "--system", wc.system, *common_args(case_model(wc.case), wc.dataset), "--prefix-tokens", MAIN_PREFIX,
+            "--k", CASES[wc.case]["k"], "--hardware", main_settings(wc.case)["hardware"],
+            "--resident-per-layer", CASES[wc.case]["slots"],
+            "--engine", HW["engine"], *(["--cost-as", CASES[wc.case]["cost_as"]] if CASES[wc.case].get("cost_as")
+                                        else []),
+            "--memo", input.memo, "--out", output[0]]),
     threads: RUN_THREADS
     shell:
-        "python -m specter run --system {wildcards.system} {params.args} --prefix-tokens {params.prefix} --k {params.k} "
-        "{params.timing} --memo {input.memo} --threads {threads} --out {output} > {log} 2>&1"
+        "python -m specter run {params.args} --threads {threads} > {log:q} 2>&1"
 
 
 rule sweep:
-    """One experiment's grid (its config entry's systems, axes and options) on the first prompt set."""
+    """One experiment's grid in one case (its config entry's systems, axes and options) on one prompt set."""
     input:
-        model=model_config,
-        draft=main_draft_meta,
+        model=lambda wc: f"{model_dir(case_model(wc.case))}/config.json",
+        draft=lambda wc: f"{main_draft(case_model(wc.case))}/meta.json",
         memos=sweep_memo,
         profile=lambda wc: measured_profile() if "hardware" in (ENTRY[wc.sweep].get("axes") or {}) else [],
     output:
-        "results/experiments/{sweep}/{model}/{dataset}.jsonl",
+        "results/experiments/{sweep}/{case}/{dataset}.jsonl",
     conda:
         ENV
     log:
-        "results/logs/sweep/{sweep}/{model}/{dataset}.log",
+        "results/logs/sweep/{sweep}/{case}/{dataset}.log",
+    benchmark:
+        "results/benchmarks/sweep/{sweep}/{case}/{dataset}.tsv"
     params:
-        args=lambda wc: common_args(wc.model, wc.dataset),
-        grid=lambda wc: grid_args(wc.sweep),
-        memos=lambda wc, input: " ".join(f"--memo {m}" for m in input.memos),
+        args=lambda wc, input, output: join([*common_args(case_model(wc.case), wc.dataset),
+                                             *[a for m in input.memos for a in ("--memo", m)], "--out", output[0]]),
+        grid=lambda wc: grid_args(wc.sweep, wc.case),
     threads: RUN_THREADS
     shell:
-        "python -m specter sweep {params.args} {params.grid} {params.memos} --threads {threads} --out {output} > {log} 2>&1"
+        "python -m specter sweep {params.args} {params.grid} --threads {threads} > {log:q} 2>&1"

@@ -1,0 +1,72 @@
+"""How a model routes: the statistics that decide what offloading costs it, per MoE layer.
+
+On held-out text, teacher-forced (each token's routing is the model's own router's choice on the true prefix):
+- `load_balance_max_over_mean`: tokens of the busiest expert over the mean;
+- `routing_entropy_bits`: the entropy of the layer's expert use (routed slots over experts), and the same as a share of
+  the most it could be (log2 E: every expert equally used);
+- `set_change_rate`: the share of consecutive token pairs whose expert sets differ;
+- `token_to_token_reuse`: the share of a token's experts that the previous token also used;
+- `lru_hit_rate`: with S slots per layer under LRU, cold at the start of each sequence, the share of the experts each
+  token needs that are already resident (the paper's Table 3 measure: a step's required experts already on the device).
+These stand beside the real models' published figures where the paper has them, which is how a reader can tell how far
+a proxy's routing stands in for the real model's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+
+
+def lru_hit_rate(sequences: list[list[tuple[int, ...]]], slots: int) -> float:
+    """Share of needed experts already resident, per-layer LRU of `slots` entries, cold at each sequence's start."""
+    hits = needed = 0
+    for seq in sequences:
+        cache: OrderedDict[int, None] = OrderedDict()
+        for experts in seq:
+            for e in experts:
+                needed += 1
+                if e in cache:
+                    hits += 1
+                    cache.move_to_end(e)
+                else:
+                    cache[e] = None
+                    if len(cache) > slots:
+                        cache.popitem(last=False)
+    return hits / needed if needed else 0.0
+
+
+def slot_counts(experts: int) -> list[int]:
+    """The slot counts the statistics report: a few small ones and the paper's Table 3 counts, below `experts`."""
+    return sorted({s for s in (1, 2, 4, 6, 8, 16, 32) if s < experts})
+
+
+def routing_statistics(moe, ids: torch.Tensor, batch: int = 8) -> dict:
+    """Per-layer statistics of `moe`'s routing of `ids` [S, T] (see the module docstring)."""
+    with moe.record_routing() as log, torch.no_grad():
+        for i in range(0, len(ids), batch):
+            moe.model(input_ids=ids[i : i + batch])
+    experts = moe.moe_layers[0].num_experts
+    out: dict[str, list] = {k: [] for k in ("layers", "load_balance_max_over_mean", "routing_entropy_bits",
+                                            "routing_entropy_share", "set_change_rate", "token_to_token_reuse")}
+    lru: dict[int, list[float]] = {s: [] for s in slot_counts(experts)}
+    for layer, calls in log.items():
+        idx = torch.cat(calls).reshape(len(ids), ids.shape[1], -1)  # [S, T, k]
+        counts = torch.bincount(idx.flatten(), minlength=experts).double()
+        p = counts / counts.sum()
+        entropy = float(-(p[p > 0] * torch.log2(p[p > 0])).sum())
+        sets = idx.sort(-1).values
+        out["layers"].append(layer)
+        out["load_balance_max_over_mean"].append(float(counts.max() / counts.mean()))
+        out["routing_entropy_bits"].append(entropy)
+        out["routing_entropy_share"].append(entropy / math.log2(experts))
+        out["set_change_rate"].append(float((sets[:, 1:] != sets[:, :-1]).any(-1).double().mean()))
+        out["token_to_token_reuse"].append(float((idx[:, 1:, :, None] == idx[:, :-1, None, :]).any(-1).double().mean()))
+        sequences = [[tuple(t) for t in seq.tolist()] for seq in idx]
+        for s in lru:
+            lru[s].append(lru_hit_rate(sequences, s))
+    out["lru_hit_rate"] = {str(s): rates for s, rates in lru.items()}
+    out["lru_hit_rate_mean"] = {str(s): sum(rates) / len(rates) for s, rates in lru.items()}
+    return out
