@@ -88,11 +88,10 @@ class _SpeculativeLoading(PassHooks):
 
 class MixtralOffloading(System):
     name = "mixtral-offloading"
-    options = {"depth": (int, 1, "MoE layers ahead whose gate guesses the experts to prefetch (0: off)")}
+    options = {"depth": (int, 1, "MoE layers ahead whose gate guesses the experts to prefetch (0: off)",
+                         (0, GUESS_DEPTH))}
     trace_recorders = (GateGuesses(),)
 
     def run(self, ctx: PromptContext) -> PromptResult:
-        if not 0 <= self.depth <= GUESS_DEPTH:
-            raise ValueError(f"depth must be between 0 and {GUESS_DEPTH}, got {self.depth}")
         ctx.executor.hooks.append(_SpeculativeLoading(ctx, self.depth))
         return decode_one_by_one(ctx, self.prefill(ctx))

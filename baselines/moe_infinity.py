@@ -118,8 +118,8 @@ class _ActivationAware(PassHooks):
 class MoEInfinity(System):
     name = "moe-infinity"
     options = {
-        "warmup": (int, 8, "warm-up prompts whose EAMs fill the store (0: empty store)"),
-        "per-step": (int, 0, "prefetches issued per layer step at most (0: 2 x top-k)"),
+        "warmup": (int, 8, "warm-up prompts whose EAMs fill the store (0: empty store)", (0, 1000)),
+        "per-step": (int, 0, "prefetches issued per layer step at most (0: 2 x top-k)", (0, 100_000)),
     }
 
     def make_cache(self, work, slots) -> ExpertCache:

@@ -35,7 +35,8 @@ class _LayerwisePrefetch(WindowPlanner):
 
 class SPMoE(Specter):
     name = "sp-moe"
-    options = {"cutoff": (int, -1, "MoE layers prefetched from the draft (-1: from the latency model, 0: off)")}
+    options = {"cutoff": (int, -1, "MoE layers prefetched from the draft (-1: from the latency model, 0: off)",
+                          (-1, 100_000))}
 
     def cutoff_layers(self, ctx: PromptContext) -> int:
         """The MoE layers to prefetch: the option, or those whose per-step copies fit in one draft step's time."""

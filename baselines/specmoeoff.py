@@ -37,7 +37,7 @@ class SpecMoEOff(Specter):
     name = "specmoeoff"
     separate_draft = True
     takes_window = False
-    options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)")}
+    options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)", (1, 1024))}
 
     def window(self, k: int | None) -> int:
         return self.k  # its own option; the run's --k does not apply

@@ -2,6 +2,10 @@
 
 import sys
 
-from specter.cli import main
+try:
+    from specter.cli import main
+except KeyboardInterrupt:  # interrupted while Python imports the suite: nothing has started
+    print("specter: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

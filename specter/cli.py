@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from specter import __version__
 from specter.errors import SpecterError
@@ -189,9 +188,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from specter.report.tables import build_table, write_table
+    from specter.report.tables import build_table, read_table, write_table
 
     table = build_table(args.experiment, args.inputs)
     write_table(table, args.out)
@@ -199,20 +196,16 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     if args.figure:
         from specter.report.figures import plot
 
-        plot(args.experiment, pd.read_csv(args.out), args.figure)  # drawn from the table as written
+        plot(args.experiment, read_table(args.out), args.figure)  # drawn from the table as written
         print(f"wrote {args.figure}")
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from specter.errors import SpecterError
     from specter.report.figures import plot
+    from specter.report.tables import read_table
 
-    if not Path(args.table).is_file():
-        raise SpecterError(f"--table {args.table!r} does not exist; write it with `specter aggregate`")
-    plot(args.experiment, pd.read_csv(args.table), args.out)
+    plot(args.experiment, read_table(args.table), args.out)
     print(f"wrote {args.out}")
     return 0
 
@@ -250,6 +243,38 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(out)
 
 
+def _count(low: int, high: int):
+    """An argparse type: a whole number in [low, high] (the message names the bound it breaks)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {low} to {high}")
+        return value
+    parse.__name__ = "count"
+    return parse
+
+
+def _out(suffixes: str = "", directory: bool = False):
+    """An argparse type for an output path: a file ending in one of `suffixes` (space-separated), or a directory, that
+    can be written; checked before any work so a bad path costs nothing."""
+    from specter.io import writable_problem
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("the path is empty")
+        if suffixes and not text.endswith(tuple(suffixes.split())):
+            raise argparse.ArgumentTypeError(f"{text!r} must end in {' or '.join(suffixes.split())}")
+        problem = writable_problem(text, directory)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+    parse.__name__ = "output directory" if directory else "output file"
+    return parse
+
+
 def _model_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="the target checkpoint")
 
@@ -257,16 +282,17 @@ def _model_flag(p: argparse.ArgumentParser) -> None:
 def _prompt_flags(p: argparse.ArgumentParser) -> None:
     """The held-out prompts of a fidelity report (the artifact's protocol: 5 prompts of 16 tokens)."""
     p.add_argument("--dataset", default="code", help="a shipped prompt set (default: code)")
-    p.add_argument("--num-prompts", type=int, default=5, help="prompts (default 5, the artifact's protocol)")
-    p.add_argument("--prefix-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
+    p.add_argument("--num-prompts", type=_count(1, 100_000), default=5,
+                   help="prompts (default 5, the artifact's protocol)")
+    p.add_argument("--prefix-tokens", type=_count(1, 1 << 20), default=16, help="prompt length in tokens (default 16)")
 
 
 def _threads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=int, default=2, help="torch threads for the numerics (default 2)")
+    p.add_argument("--threads", type=_count(1, 1024), default=2, help="torch threads for the numerics (default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specter",
+    parser = _Parser(prog="specter",
                                      description="Offloaded mixture-of-experts inference benchmark suite.")
     parser.add_argument("--version", action="version", version=f"specter {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -297,8 +323,9 @@ def _model_commands(sub) -> None:
                                            "smollm2-moe-16x2, -64x6, -60x4 (proxies of Phi-3.5-MoE, DeepSeek-V2-Lite "
                                            "and Qwen1.5-MoE's routing) or tiny-<arch> (a tiny random one)")
     p.add_argument("name", metavar="NAME", help="smollm2-moe[-16x2|-64x6|-60x4] or tiny-<arch>, e.g. tiny-mixtral")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not hold a model already)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--out", required=True, metavar="DIR", type=_out(directory=True),
+                   help="output directory; a model already there is replaced once the new one is complete")
+    p.add_argument("--seed", type=_count(0, 2**63 - 1), default=0, help="seed of every random choice (default 0)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a build setting of a smollm2-moe model (e.g. distill_steps=30); repeatable")
     _threads(p)
@@ -307,11 +334,16 @@ def _model_commands(sub) -> None:
     p = sub.add_parser("quantize", help="quantize the routed experts into a draft (GPTQ via GPTQModel, or RTN)")
     _model_flag(p)
     p.add_argument("--method", default="gptq", help="gptq (GPTQModel, calibrated) or rtn (round-to-nearest)")
-    p.add_argument("--bits", type=int, default=4, help="2, 3, 4 or 8 (default 4)")
-    p.add_argument("--group-size", type=int, default=128, help="inputs per quantization group (default 128)")
-    p.add_argument("--calibration-sequences", type=int, default=64, help="GPTQ calibration sequences (default 64)")
-    p.add_argument("--calibration-length", type=int, default=256, help="tokens per calibration sequence (default 256)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory for experts.safetensors and meta.json")
+    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="bits per weight (default 4)")
+    p.add_argument("--group-size", type=_count(1, 1 << 20), default=128,
+                   help="inputs per quantization group (default 128)")
+    p.add_argument("--calibration-sequences", type=_count(1, 100_000), default=64,
+                   help="GPTQ calibration sequences (default 64)")
+    p.add_argument("--calibration-length", type=_count(2, 1 << 20), default=256,
+                   help="tokens per calibration sequence (default 256)")
+    p.add_argument("--out", required=True, metavar="DIR", type=_out(directory=True),
+                   help="output directory for experts.safetensors and meta.json; a draft already there is replaced "
+                        "once the new one is complete")
     p.add_argument("--quiet", action="store_true", help="hide GPTQModel's own output")
     _threads(p)
     p.set_defaults(func=cmd_quantize)
@@ -320,10 +352,13 @@ def _model_commands(sub) -> None:
     _model_flag(p)
     p.add_argument("--draft", required=True, metavar="DIR", help="a draft made by `specter quantize` from it")
     _prompt_flags(p)
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens the target generates per prompt (default 64)")
-    p.add_argument("--stride", type=int, default=4, help="speculate from every STRIDE-th position (default 4)")
+    p.add_argument("--new-tokens", type=_count(2, 1 << 20), default=64,
+                   help="tokens the target generates per prompt (default 64)")
+    p.add_argument("--stride", type=_count(1, 1 << 20), default=4,
+                   help="speculate from every STRIDE-th position (default 4)")
     _threads(p)
-    p.add_argument("--out", required=True, metavar="FILE.csv", help="tidy CSV; the JSON summary goes beside it")
+    p.add_argument("--out", required=True, metavar="FILE.csv", type=_out(".csv"),
+                   help="tidy CSV; the JSON summary goes beside it")
     p.set_defaults(func=cmd_fidelity)
 
 
@@ -331,15 +366,18 @@ def _model_commands(sub) -> None:
 _RUN_COMMANDS = {
     "run": ("run one system over a prompt set and write one JSON record per prompt", cmd_run, [
         ("--system", dict(required=True, help="a registered system (see the error for the list)")),
-        ("--out", dict(required=True, metavar="FILE.jsonl", help="the records, one JSON line per prompt"))]),
+        ("--out", dict(required=True, metavar="FILE.jsonl", type=_out(".jsonl"),
+                        help="the records, one JSON line per prompt"))]),
     "compare": ("run several systems on the same prompts and print a table", cmd_compare, [
         ("--systems", dict(required=True, help="comma-separated system names")),
-        ("--out", dict(required=True, metavar="DIR", help="directory for one JSONL per system"))]),
+        ("--out", dict(required=True, metavar="DIR", type=_out(directory=True),
+                        help="directory for one JSONL per system"))]),
     "sweep": ("run a grid of systems and settings in one process (numerics computed once); list-valued options take "
               "comma-separated values", cmd_sweep, [
         ("--systems", dict(required=True, help="comma-separated system names")),
-        ("--out", dict(metavar="FILE.jsonl", help="every run's records in one JSONL")),
-        ("--memo-out", dict(metavar="FILE", help="save the numerics the runs used, for later `--memo`"))]),
+        ("--out", dict(metavar="FILE.jsonl", type=_out(".jsonl"), help="every run's records in one JSONL")),
+        ("--memo-out", dict(metavar="FILE.json.gz", type=_out(".json.gz"),
+                             help="save the numerics the runs used, for later `--memo`"))]),
 }
 
 
@@ -361,14 +399,15 @@ def _report_commands(sub) -> None:
     p = sub.add_parser("aggregate", help="one experiment's tidy table (CSV) from its run records or fidelity summaries")
     p.add_argument("experiment", choices=EXPERIMENTS, help="the experiment")
     p.add_argument("inputs", nargs="+", metavar="FILE", help="records (.jsonl) or, for fidelity, summaries (.json)")
-    p.add_argument("--out", required=True, metavar="FILE.csv", help="the table")
-    p.add_argument("--figure", metavar="FILE.png", help="also draw the experiment's figure from the table")
+    p.add_argument("--out", required=True, metavar="FILE.csv", type=_out(".csv"), help="the table")
+    p.add_argument("--figure", metavar="FILE.png", type=_out(".png"),
+                   help="also draw the experiment's figure from the table")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("plot", help="one experiment's figure (PNG) from its table")
     p.add_argument("experiment", choices=EXPERIMENTS, help="the experiment")
     p.add_argument("--table", required=True, metavar="FILE.csv", help="from `specter aggregate`")
-    p.add_argument("--out", required=True, metavar="FILE.png", help="the figure")
+    p.add_argument("--out", required=True, metavar="FILE.png", type=_out(".png"), help="the figure")
     p.set_defaults(func=cmd_plot)
 
 
@@ -386,27 +425,44 @@ def _hardware_commands(sub) -> None:
     p.set_defaults(func=cmd_hardware)
 
     p = sub.add_parser("profile-bandwidth", help="measure this machine and write a hardware profile YAML")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for bandwidth.csv and profile.yaml")
+    p.add_argument("--out", required=True, metavar="DIR", type=_out(directory=True),
+                   help="directory for bandwidth.csv and profile.yaml")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="default: cuda if available")
-    p.add_argument("--max-bytes", type=int, default=1 << 30, help="largest transfer size (default 1 GiB)")
-    p.add_argument("--repeats", type=int, default=10, help="timed repeats per size, median taken (>= 10)")
+    p.add_argument("--max-bytes", type=_count(4096, 1 << 36), default=1 << 30,
+                   help="largest transfer size (default 1 GiB)")
+    p.add_argument("--repeats", type=_count(10, 100_000), default=10,
+                   help="timed repeats per size, median taken (>= 10)")
     p.add_argument("--name", default=None, help="profile name (default: measured-<device>)")
     p.set_defaults(func=cmd_profile_bandwidth)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the suite's one-line errors: `specter: error: ...` and exit code 2 (no usage block)."""
+
+    def error(self, message: str):
+        sub = self.prog.removeprefix("specter").strip()
+        print(f"specter: error: {sub + ': ' if sub else ''}{message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds like an exception: temporary files and directories are removed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
     from specter.numerics.determinism import pin_environment
 
-    pin_environment()  # before torch computes anything: the same bits on any AVX2 CPU (see determinism.py)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
     try:
+        pin_environment()  # before torch computes anything: the same bits on any AVX2 CPU (see determinism.py)
+        signal.signal(signal.SIGTERM, _terminated)
+        args = build_parser().parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except SpecterError as err:
-        print(f"specter: error: {err}", file=sys.stderr)
+        print(f"specter: error: {' '.join(str(err).split())}", file=sys.stderr)  # one line, whatever it quotes
         return err.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    except KeyboardInterrupt:
+        print("specter: interrupted; outputs are written whole or not at all, so none is partial", file=sys.stderr)
+        return 130

@@ -66,3 +66,22 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def writable_problem(path: str | Path, directory: bool = False) -> str | None:
+    """Why `path` cannot be written as a file (or, with `directory`, made a directory), or None if it can: its nearest
+    existing ancestor must be a directory we may write in, and the path itself must not be the other kind."""
+    path = Path(path)
+    if path.exists():
+        if directory and not path.is_dir():
+            return f"{str(path)!r} exists and is not a directory"
+        if not directory and path.is_dir():
+            return f"{str(path)!r} is a directory, not a file"
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{str(ancestor)!r} is not a directory, so {str(path)!r} cannot be made under it"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot write in {str(ancestor)!r} (permission denied)"
+    return None

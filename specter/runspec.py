@@ -210,6 +210,33 @@ class RunSpec:
                 values[name] = tuple(tuple(v) if isinstance(v, list) else v for v in values[name])
         return cls(budget=Budget.of(**{name: data.get(name) for name in Budget.KINDS.values()}), **values)
 
+    def _check_numbers(self) -> None:
+        """Every number finite and in range, before anything is loaded."""
+        ints = {"--num-prompts": (self.num_prompts, 1, 100_000), "--prefix-tokens": (self.prefix_tokens, 1, 1 << 20),
+                "--max-new-tokens": (self.max_new_tokens, 2, 1 << 20), "--seed": (self.seed, 0, 2**63 - 1),
+                "--warmup-prompts": (self.warmup_prompts, 0, 1000)}
+        for flag, (value, low, high) in ints.items():
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                hint = " (TPOT needs two tokens)" if flag == "--max-new-tokens" else ""
+                raise SpecterError(f"{flag} must be a whole number from {low} to {high}{hint}, got {value!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 100:
+            raise SpecterError(f"--temperature must be a finite number from 0 (greedy) to 100, got {t!r}")
+        if self.k.fixed is not None and self.k.fixed > 1024:
+            raise SpecterError(f"--k {self.k.fixed} is more than 1024 proposals a window; give a smaller K")
+
+    def _check_positions(self, model_config: dict) -> None:
+        """The run's longest sequence (prompt, new tokens, a window beyond them) fits the model's positions."""
+        from specter.speculation.governor import PROFILE_KS
+
+        limit = model_config.get("max_position_embeddings")
+        window = self.k.fixed or (max(PROFILE_KS) if self.k.governor else 0)
+        need = self.prefix_tokens + self.max_new_tokens + window
+        if isinstance(limit, int) and need > limit:
+            raise SpecterError(f"--prefix-tokens {self.prefix_tokens} + --max-new-tokens {self.max_new_tokens} + a "
+                               f"window of {window} is {need} positions, more than the model's {limit} "
+                               "(max_position_embeddings); ask for fewer tokens")
+
     def _check_cost_as(self) -> None:
         from pathlib import Path
 
@@ -246,6 +273,7 @@ class RunSpec:
         from specter.systems import get_system
         from specter.timing import load_profile
 
+        self._check_numbers()
         system = get_system(self.system, dict(self.system_options))
         if self.engine not in ENGINES:
             raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}")
@@ -258,7 +286,7 @@ class RunSpec:
                                    f"run); --temperature {self.temperature} samples live: use --engine sim or "
                                    "--temperature 0")
         profile = load_profile(self.hardware)
-        read_model_config(self.model)
+        self._check_positions(read_model_config(self.model))
         if self.cost_as is not None:
             self._check_cost_as()
         if system.speculative and self.draft is None:
@@ -269,11 +297,6 @@ class RunSpec:
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")
-        if self.temperature < 0:
-            raise SpecterError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.max_new_tokens < 2:
-            raise SpecterError(f"--max-new-tokens must be at least 2 (TPOT needs two tokens), got "
-                               f"{self.max_new_tokens}")
         self.budget.check()
         if self.budget.kind == "same_memory" and self.draft is None:
             raise SpecterError(f"--same-memory-as {int(self.budget.value)} charges Specter's draft: pass --draft DIR "

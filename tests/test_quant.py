@@ -107,7 +107,7 @@ def _quantize_cli(*args):
     "args, message",
     [
         (["--model", "{missing}", "--method", "rtn"], "does not exist"),
-        (["--model", "{mixtral}", "--method", "rtn", "--bits", "5"], "--bits 5 is not supported"),
+        (["--model", "{mixtral}", "--method", "rtn", "--bits", "5"], "--bits: invalid choice: 5"),
         (["--model", "{mixtral}", "--method", "rtn", "--group-size", "48"], "--group-size 48 does not divide"),
         (["--model", "{mixtral}", "--method", "awq"], "unknown method 'awq'"),
     ],

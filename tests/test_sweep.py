@@ -54,7 +54,7 @@ def test_grid_drops_settings_a_system_ignores(tiny_dirs, draft):
 def test_memo_replays_in_a_new_process_state_and_equals_live(tiny_dirs, draft, tmp_path):
     live = execute(_req(tiny_dirs, draft), progress=False)
     assert any(r.extra["live_forwards"] for r in live)
-    memo = tmp_path / "memo.pkl"
+    memo = tmp_path / "memo.json.gz"
     sweep([_req(tiny_dirs, draft, hardware="t4-pcie3", resident_fraction=0.5)], out=None, memo_out=memo,
           progress=False)
     # a new session, as a new process: nothing in memory but the memo file
@@ -64,7 +64,7 @@ def test_memo_replays_in_a_new_process_state_and_equals_live(tiny_dirs, draft, t
 
 
 def test_memo_of_another_model_is_refused(tiny_dirs, draft, tmp_path):
-    memo = tmp_path / "memo.pkl"
+    memo = tmp_path / "memo.json.gz"
     sweep([_req(tiny_dirs, draft, system="on-demand", k=None)], out=None, memo_out=memo, progress=False)
     other = tiny_dirs["mixtral"]
     proc = subprocess.run([sys.executable, "-m", "specter", "run", "--system", "on-demand", "--model", other,

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,12 +73,121 @@ def test_test_config_replaces_the_default_one_instead_of_merging():
     assert "smollm2-moe" not in proc.stdout and "tiny-olmoe" in proc.stdout
 
 
+def _shell_commands() -> dict[str, str]:
+    """{rule name: its shell command template} of every rule file."""
+    out = {}
+    for path in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        for rule, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), re.S | re.M):
+            shell = re.search(r"^    shell:\n((?:        \".*\"\n)+)", body, re.M)
+            if shell:
+                out[rule] = "".join(re.findall(r'"(.*)"', shell[1]))
+    return out
+
+
+def test_no_unquoted_config_value_in_a_rule_shell_command():
+    """Every placeholder in a rule's shell is `:q`-quoted, a thread count, or a `params` entry that the rule builds
+    with `join` (shlex.join) or `grid_args` (which does too): no config text is ever read as shell."""
+    commands = _shell_commands()
+    assert len(commands) >= 8, commands
+    rules = {m[0]: m[1] for path in (ROOT / "workflow" / "rules").glob("*.smk")
+             for m in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), re.S | re.M)}
+    for rule, command in commands.items():
+        for placeholder in re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", command):
+            if placeholder.endswith(":q") or placeholder == "threads":
+                continue
+            assert placeholder.startswith("params."), f"rule {rule}: unquoted {{{placeholder}}} in {command!r}"
+            name = placeholder.removeprefix("params.")
+            built = re.search(rf"^        {name}=lambda [^:]*: (\w+)\(", rules[rule], re.M)
+            assert built and built[1] in ("join", "grid_args"), f"rule {rule}: params.{name} is not built by join"
+    assert "return join(" in (ROOT / "workflow" / "rules" / "common.smk").read_text().split("def grid_args")[1]
+
+
+def _config(tmp_path, edit, base=".test/config.yaml") -> str:
+    config = yaml.safe_load((ROOT / base).read_text())
+    edit(config)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("../../escape", lambda c: c["models"].update({"../../escape": {"build": "tiny-olmoe"}})),
+    ("x; touch PWNED", lambda c: c["models"].update({"x; touch PWNED": {"build": "tiny-olmoe"}})),
+    (".hidden", lambda c: c["models"].update({".hidden": {"build": "tiny-olmoe"}})),
+    ("-rf", lambda c: c["models"].update({"-rf": {"build": "tiny-olmoe"}})),
+    ("a/../../b", lambda c: c["cases"].update({"a/../../b": {"model": "tiny-olmoe", "slots": 2, "k": 2}})),
+    ("$(touch PWNED)", lambda c: c["datasets"].update({"$(touch PWNED)": {}})),
+], ids=["path_traversal_in_model_name", "shell_metacharacters_in_model_name", "leading_dot", "leading_dash",
+        "path_traversal_in_case_name", "command_substitution_in_dataset_name"])
+def test_unsafe_names_are_refused_before_any_job(name, edit, tmp_path):
+    """Names that become paths are checked by the schema's pattern (and again by `check_config`) before any job."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _snakemake("-n", "--cores", "1", "--configfile", _config(tmp_path, edit), "--directory", str(work))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"{name!r} does not match" in out, out[-2000:]
+    assert not list(work.iterdir()) or [p.name for p in work.iterdir()] == [".snakemake"]
+    assert not (work / "PWNED").exists() and not (ROOT / "PWNED").exists()
+
+
+def test_shell_metacharacters_and_spaces_in_paths_reach_the_cli_as_one_argument(tiny_dirs, tmp_path):
+    """A checkpoint and a prompt file at paths with spaces, `;`, `$(...)` and quotes: the dry run's shell commands
+    carry each path as one argument, and a real job on them runs (and runs nothing else)."""
+    hostile = tmp_path / "models; touch PWNED" / "it's $(touch PWNED2) here"
+    shutil.copytree(tiny_dirs["mixtral"], hostile)
+    prompts = tmp_path / "prompts `touch PWNED3`.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "import os"}\n')
+
+    def edit(c):
+        c["models"] = {"mine": {"path": str(hostile), "drafts": [{"method": "rtn", "bits": 4, "group_size": 32}]}}
+        c["datasets"] = {"mine": {"path": str(prompts)}}
+        c["fidelity"]["dataset"] = str(prompts)
+        c["cases"] = {"small": {"model": "mine", "slots": 2, "k": 2}}
+        c["experiments"] = {"main": {"systems": ["on-demand", "specter"]}}
+
+    work = tmp_path / "work dir"
+    work.mkdir()
+    config = _config(tmp_path, edit)
+    proc = _snakemake("-n", "-p", "--cores", "1", "--configfile", config, "--directory", str(work))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    commands = [line.removeprefix("Shell command: ") for line in proc.stdout.splitlines()
+                if line.startswith("Shell command: python -m specter")]
+    assert commands, proc.stdout[-2000:]
+    for command in commands:
+        argv = shlex.split(command)
+        if "--model" in argv:
+            assert argv[argv.index("--model") + 1] == str(hostile), command
+        if "--dataset" in argv and "run" in argv:
+            assert argv[argv.index("--dataset") + 1] == str(prompts), command
+    proc = _snakemake("--cores", "1", "--configfile", config, "--directory", str(work),
+                      "results/runs/small/mine/specter.jsonl")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (work / "results/runs/small/mine/specter.jsonl").is_file()
+    for root in (tmp_path, work, ROOT, hostile.parent):
+        assert not [p for p in root.iterdir() if p.name.startswith("PWNED")], root
+
+
+def _repository_copy(dest: Path) -> Path:
+    """The repository's tracked and untracked-but-not-ignored files, copied to `dest`."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
 def test_workflow_end_to_end_on_the_test_config(tmp_path):
-    """One baseline alone as a target, then every experiment, then nothing to do, then the report (CI's end-to-end)."""
+    """One baseline alone as a target, then every experiment, then nothing to do, then the report (CI's end-to-end);
+    from a copy of the repository at a path with a space, into a working directory with one too."""
     import pandas as pd
 
-    args = ["-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile",
-            str(ROOT / ".test" / "config.yaml"), "--cores", "2"]
+    repo = _repository_copy(tmp_path / "a repo copy")
+    tmp_path = tmp_path / "work dir"
+    tmp_path.mkdir()
+    args = ["-s", str(repo / "Snakefile"), "--directory", str(tmp_path), "--configfile",
+            str(repo / ".test" / "config.yaml"), "--cores", "2"]
     single = "results/runs/small/code/mixtral-offloading.jsonl"
     proc = _snakemake(*args, single)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,6 +10,8 @@ WikiText-2 and C4 `text`.
 
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 
 from specter.data.corpus import corpus_texts
@@ -81,7 +83,16 @@ def read_texts(path: str | Path, field: str | None = None) -> list[str]:
                                "pass --field NAME")
     elif field not in columns:
         raise SpecterError(f"{path} has no field {field!r}; its columns: {columns}")
-    return [t for t in frame[field].astype(str).tolist() if t.strip() and t != "nan"]
+    texts = []
+    for row, value in enumerate(frame[field].tolist(), 1):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue  # a missing cell: the row has no prompt
+        if not isinstance(value, str):
+            raise SpecterError(f"{path}: row {row} of field {field!r} is {type(value).__name__} {str(value)[:60]!r}, "
+                               "not text; give a column of strings (pass --field NAME for another column)")
+        if value.strip():
+            texts.append(value)
+    return texts
 
 
 def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int = 16,
@@ -105,4 +116,6 @@ def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int 
             return prompts
     if not prompts:
         raise SpecterError(f"dataset {name!r} has no non-empty inputs")
+    print(f"specter: warning: dataset {name!r} has only {len(prompts)} non-empty inputs; using those, not "
+          f"{num_prompts}", file=sys.stderr)
     return prompts

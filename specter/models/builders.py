@@ -39,16 +39,21 @@ def builders() -> dict[str, Builder]:
             **{f"tiny-{model_type}": _tiny(model_type) for model_type in sorted(TINY_CONFIGS)}}
 
 
+_MODEL_FILES = ("config.json", "model.safetensors", "model_card.json")  # a directory with one of these holds a model
+
+
 def build_model(name: str, out: str | Path, seed: int = 0, overrides: dict[str, str] | None = None) -> Path:
-    """Build model `name` into `out`; refuses to overwrite a directory that already holds a model."""
+    """Build model `name` into `out`. A model already there is replaced, atomically, once the new one is complete; any
+    other non-empty directory is refused (it is not ours to delete)."""
     known = builders()
     if name not in known:
         raise SpecterError(f"unknown model {name!r}; buildable: {', '.join(known)}")
     from specter.io import atomic_dir
 
     out = Path(out)
-    if (out / "config.json").exists():
-        raise SpecterError(f"{str(out)!r} already holds a model; choose another --out or delete it first")
+    if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in _MODEL_FILES):
+        raise SpecterError(f"{str(out)!r} is a non-empty directory that holds no model; choose another --out (a "
+                           "model already there is replaced, anything else is left alone)")
     with atomic_dir(out) as tmp:  # a killed build leaves nothing that looks like a model
         known[name](tmp, seed, dict(overrides or {}))
     return out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
 
 from specter.errors import SpecterError
 from specter.models.adapter import ARCHITECTURES, MoEModel, supported_list
@@ -55,12 +56,37 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
     expert execution anyway.
     """
     read_model_config(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=dtype, local_files_only=True, experts_implementation="eager"
-    )
+    hf_logging.disable_progress_bar()  # the loader's per-tensor bar says nothing about a local checkpoint
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True, experts_implementation="eager"
+        )
+    except Exception as err:  # noqa: BLE001 - any failure to read a checkpoint is the checkpoint's
+        bad = _unreadable_weights(Path(path))
+        what = f"{bad.name} is truncated or corrupt" if bad else "truncated or corrupt weights?"
+        raise SpecterError(f"cannot load the model in {str(path)!r}: {type(err).__name__}: {_first_line(err)} "
+                           f"({what}); rebuild or re-download the checkpoint") from None
     moe = MoEModel(model.to(device).eval())
     moe.path = Path(path)
     return moe
+
+
+def _unreadable_weights(path: Path) -> Path | None:
+    """The first weights file of a checkpoint whose safetensors header or tensors cannot be read, if any."""
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as f:
+                for key in f.keys():
+                    f.get_slice(key)
+        except Exception:  # noqa: BLE001 - any failure names the file
+            return file
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or ["(no message)"])[0]
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class PromptTrace:
     step_routes: list[TokenRoutes]  # routes of decode step j (input seq[P + j - 1]), j = 1 .. N - 1
     extras: dict[str, list] = field(default_factory=dict)  # a recorder's values per decode step, by recorder name
     windows: dict[tuple[str, int], DraftWindow] = field(default_factory=dict)  # by (draft, rebase point)
-    _cache: object = None  # target KV over seq[:-1]; dropped from pickles
+    _cache: object = None  # target KV over seq[:-1]; never saved (memos rebuild it when a window needs it)
     _draft_caches: dict = field(default_factory=dict)  # a draft's own KV over seq[:-1] (separate-KV drafts)
     _derived: dict = field(default_factory=dict)  # what systems derive from the trace alone; never saved
 
@@ -131,13 +131,6 @@ class PromptTrace:
         if key not in self._derived:
             self._derived[key] = compute(self)
         return self._derived[key]
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_cache"] = None
-        state["_draft_caches"] = {}
-        state["_derived"] = {}
-        return state
 
 
 class ForwardService:

@@ -7,20 +7,24 @@ scheduling. A memo is tied to its target by the model hash (config and weights) 
 content hash; anything a run needs that the memo lacks is computed live, and the record says how many forwards that took
 (`extra.live_forwards`), so a replay that was not one shows.
 
-Format: a pickle of {"format", "model_hash", "traces"}; memos are workflow intermediates written by this package, and
-loading one runs pickle, so load only memos you made.
+Format (`specter-memo-2`): gzip-compressed JSON lines, nothing that can run code. The first line is the header
+(format, the target's model hash, the number of traces) and is checked before anything else is read; each further line
+is one trace with its windows. Memos of the first format (serialized Python objects, which could run code when read)
+are refused: record them again.
 """
 
 from __future__ import annotations
 
-import pickle
+import gzip
+import json
 from pathlib import Path
 
 from specter.errors import SpecterError
 from specter.io import atomic_write
-from specter.numerics.forward import ForwardService
+from specter.numerics.forward import DraftWindow, ForwardService, PromptTrace
 
-FORMAT = "specter-memo-1"
+FORMAT = "specter-memo-2"
+_FIRST_FORMAT = b"\x80"  # the first byte of the first format's files (a protocol-5 object stream)
 
 
 def draft_key(draft_dir: str | Path) -> str:
@@ -30,11 +34,66 @@ def draft_key(draft_dir: str | Path) -> str:
     return f"draft:{files_sha256([Path(draft_dir) / 'meta.json', Path(draft_dir) / 'experts.safetensors'])[:16]}"
 
 
+def _routes_out(routes: list[dict]) -> list[dict]:
+    return [{str(layer): list(experts) for layer, experts in r.items()} for r in routes]
+
+
+def _routes_in(routes: list[dict]) -> list[dict]:
+    return [{int(layer): tuple(experts) for layer, experts in r.items()} for r in routes]
+
+
+def _trace_out(key: tuple, trace: PromptTrace) -> dict:
+    windows = [{"draft": draft, "t": t, "draft_tokens": w.draft_tokens, "draft_routes": _routes_out(w.draft_routes),
+                "verify_argmax": w.verify_argmax, "verify_routes": _routes_out(w.verify_routes)}
+               for (draft, t), w in trace.windows.items()]
+    return {"key": [list(key[0]), *key[1:]], "prompt": trace.prompt, "tokens": trace.tokens,
+            "prefill_routes": _routes_out(trace.prefill_routes), "step_routes": _routes_out(trace.step_routes),
+            "extras": trace.extras, "windows": windows}
+
+
+def _trace_in(line: dict) -> tuple[tuple, PromptTrace]:
+    key = (tuple(line["key"][0]), *line["key"][1:])
+    trace = PromptTrace(list(line["prompt"]), list(line["tokens"]), _routes_in(line["prefill_routes"]),
+                        _routes_in(line["step_routes"]), dict(line["extras"]))
+    for w in line["windows"]:
+        trace.windows[(w["draft"], int(w["t"]))] = DraftWindow(
+            int(w["t"]), list(w["draft_tokens"]), _routes_in(w["draft_routes"]), list(w["verify_argmax"]),
+            _routes_in(w["verify_routes"]))
+    return key, trace
+
+
 def save_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:
     """Write the service's traces (with their windows) atomically; returns the number of traces."""
-    memo = {"format": FORMAT, "model_hash": model_hash, "traces": service.traces}
-    atomic_write(path, lambda f: pickle.dump(memo, f, protocol=pickle.HIGHEST_PROTOCOL), binary=True)
+    header = {"format": FORMAT, "model_hash": model_hash, "traces": len(service.traces)}
+
+    def write(f) -> None:
+        with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as z:  # mtime 0: the same memo gives the same bytes
+            z.write((json.dumps(header) + "\n").encode())
+            for key, trace in service.traces.items():
+                z.write((json.dumps(_trace_out(key, trace)) + "\n").encode())
+
+    atomic_write(path, write, binary=True)
     return len(service.traces)
+
+
+def _lines(path: Path, model_hash: str):
+    """The memo's trace lines, after its header was checked."""
+    with path.open("rb") as raw:
+        if raw.read(1) == _FIRST_FORMAT:
+            raise SpecterError(f"--memo {str(path)!r} is a memo of the first format (serialized Python objects, "
+                               "which could run code when read); the suite no longer reads it: record it again with "
+                               "`specter sweep --memo-out`")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        header = json.loads(f.readline())
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise SpecterError(f"--memo {str(path)!r} is not a {FORMAT} file; record it again with "
+                               "`specter sweep --memo-out`")
+        if header.get("model_hash") != model_hash:
+            raise SpecterError(f"--memo {str(path)!r} was recorded on another model (hash "
+                               f"{str(header.get('model_hash'))[:12]}, this one {model_hash[:12]}); record it again "
+                               "on this model")
+        for line in f:
+            yield json.loads(line)
 
 
 def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:
@@ -43,19 +102,12 @@ def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int
     if not path.is_file():
         raise SpecterError(f"--memo {str(path)!r} does not exist; record it with `specter sweep --memo-out`")
     try:
-        with path.open("rb") as f:
-            memo = pickle.load(f)
-    except (pickle.UnpicklingError, EOFError, AttributeError, ModuleNotFoundError) as err:
-        raise SpecterError(f"--memo {str(path)!r} is not a memo from `specter sweep --memo-out` ({err}); "
-                           "record it again") from None
-    if not isinstance(memo, dict) or memo.get("format") != FORMAT:
-        raise SpecterError(f"--memo {str(path)!r} is not a {FORMAT} file; record it again with "
-                           "`specter sweep --memo-out`")
-    if memo["model_hash"] != model_hash:
-        raise SpecterError(f"--memo {str(path)!r} was recorded on another model (hash {memo['model_hash'][:12]}, "
-                           f"this one {model_hash[:12]}); record it again on this model")
+        traces = [_trace_in(line) for line in _lines(path, model_hash)]
+    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError) as err:  # gzip, JSON or layout
+        raise SpecterError(f"--memo {str(path)!r} is not a memo from `specter sweep --memo-out` or is damaged "
+                           f"({type(err).__name__}: {err}); record it again") from None
     added = 0
-    for key, trace in memo["traces"].items():
+    for key, trace in traces:
         mine = service.traces.get(key)
         if mine is None:
             service.traces[key] = trace

@@ -122,24 +122,46 @@ def read_packed(target: MoEModel, draft_dir: str | Path, meta: DraftMeta | None 
                 ) -> dict[tuple[int, int], dict[str, tuple[PackedLinear, torch.Tensor | None]]]:
     """The draft's stored experts as packed: {(layer, expert): {projection: (PackedLinear, bias or None)}}."""
     meta = meta or DraftMeta.read(draft_dir)
+    path = Path(draft_dir) / "experts.safetensors"
     tensors: dict[str, torch.Tensor] = {}
-    with safe_open(str(Path(draft_dir) / "experts.safetensors"), "pt") as f:
-        for key in f.keys():
-            tensors[key] = f.get_tensor(key)
+    try:
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    except FileNotFoundError:
+        raise SpecterError(f"draft {draft_dir} has no experts.safetensors; quantize the draft again") from None
+    except Exception as exc:  # safetensors raises its own error types for truncated or corrupt files
+        raise SpecterError(f"cannot read {path} ({type(exc).__name__}: {exc}); the file is damaged, "
+                           "quantize the draft again") from None
     out = {}
     for layer in target.moe_layers:
         for e in range(layer.num_experts):
             projs = {}
+            shapes = {n: w.shape for n, (w, _) in layer.defused_projections(e).items()}
             for proj in PROJECTIONS:
                 key = f"layers.{layer.layer_index}.experts.{e}.{proj}"
                 try:
-                    p = PackedLinear(*(tensors[f"{key}.{n}"] for n in ("qweight", "qzeros", "scales", "g_idx")),
-                                     bits=meta.bits)
+                    parts = [tensors[f"{key}.{n}"] for n in ("qweight", "qzeros", "scales", "g_idx")]
                 except KeyError:
                     raise SpecterError(f"draft {draft_dir} lacks {key}; quantize the draft again") from None
-                projs[proj] = (p, tensors.get(f"{key}.bias"))
+                _check_packed(draft_dir, key, parts, shapes[proj], meta)
+                projs[proj] = (PackedLinear(*parts, bits=meta.bits), tensors.get(f"{key}.bias"))
             out[layer.layer_index, e] = projs
     return out
+
+
+def _check_packed(draft_dir, key: str, parts: list[torch.Tensor], weight_shape, meta: DraftMeta) -> None:
+    """The stored codes of one linear have the shapes its target weight [out, in], the bits and the group imply."""
+    out_f, in_f = weight_shape
+    groups = -(-in_f // meta.group_size)
+    want = {"qweight": (in_f * meta.bits // 32, out_f), "qzeros": (groups, out_f * meta.bits // 32),
+            "scales": (groups, out_f), "g_idx": (in_f,)}
+    for name, tensor in zip(("qweight", "qzeros", "scales", "g_idx"), parts):
+        if tuple(tensor.shape) != want[name]:
+            raise SpecterError(
+                f"draft {draft_dir}: {key}.{name} has shape {tuple(tensor.shape)}, but the target's [{out_f}, {in_f}] "
+                f"weight at {meta.bits} bits, group {meta.group_size} needs {want[name]}; the draft was made for "
+                "another model or with other settings, quantize it again")
 
 
 def _attr_path(target: MoEModel, block: torch.nn.Module) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specter.io import atomic_write, atomic_write_text
 from specter.models.adapter import MoEModel
 
 MAX_K = 16
@@ -105,11 +106,13 @@ def fidelity(target: MoEModel, draft: MoEModel, prompts: list[list[int]], new_to
 def write_fidelity(summary: FidelitySummary, rows: list[dict], out_csv: str | Path, meta: dict) -> Path:
     """Write the tidy CSV at `out_csv` and the JSON summary beside it (same name, .json); returns the JSON path."""
     out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    with out_csv.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    atomic_write(out_csv, lambda f: _write_rows(f, rows))
     json_path = out_csv.with_suffix(".json")
-    json_path.write_text(json.dumps({**meta, **asdict(summary)}, indent=2) + "\n")
+    atomic_write_text(json_path, json.dumps({**meta, **asdict(summary)}, indent=2) + "\n")
     return json_path
+
+
+def _write_rows(f, rows: list[dict]) -> None:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)

@@ -6,14 +6,31 @@ GPTQModel patches transformers' MoE classes process-wide when imported.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 
 import torch
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to kill this process when its parent dies (even by SIGKILL), and exit now if it already has: a
+    killed `specter quantize` must not leave GPTQModel running. Elsewhere the parent's own cleanup is all there is."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        sys.exit(1)
+
 
 def main(request: dict) -> None:
+    die_with_parent(request["parent_pid"])
     from specter.numerics import determinism
 
     determinism.use(request["threads"])  # the parent's thread count (the environment's pins come from the parent)

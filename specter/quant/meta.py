@@ -76,6 +76,27 @@ class DraftMeta:
                 "`specter quantize --model DIR --out DIR`"
             )
         try:
-            return cls(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as err:
+            meta = cls(**json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as err:
             raise SpecterError(f"{path} is not a valid draft sidecar ({err}); quantize the draft again") from None
+        meta.check(path)
+        return meta
+
+    def check(self, path) -> None:
+        """Every field of a sidecar in range (an edited meta.json is refused, not trusted)."""
+        from specter.quant.packing import SUPPORTED_BITS
+
+        problems = []
+        if self.method not in ("gptq", "rtn"):
+            problems.append(f"method {self.method!r} (gptq or rtn)")
+        if self.bits not in SUPPORTED_BITS:
+            problems.append(f"bits {self.bits!r} (one of {SUPPORTED_BITS})")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            problems.append(f"group_size {self.group_size!r} (a whole number >= 1)")
+        q = self.quantized_bytes_per_expert
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+            problems.append(f"quantized_bytes_per_expert {q!r} (a whole number >= 1)")
+        if not isinstance(self.source_hash, str) or len(self.source_hash) != 64:
+            problems.append(f"source_hash {self.source_hash!r} (a sha256)")
+        if problems:
+            raise SpecterError(f"{path}: {'; '.join(problems)}; quantize the draft again")

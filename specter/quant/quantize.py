@@ -9,9 +9,12 @@ Both methods use GPTQ's symmetric grid per group of `group_size` inputs (scale =
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,11 +83,14 @@ def _gcd(xs: list[int]) -> int:
 
 def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gptq", bits: int = 4,
                    group_size: int = 128, calibration: dict | None = None, progress: bool = True) -> DraftMeta:
-    """Quantize the routed experts of `model_dir` into `out_dir`; returns the sidecar written there."""
+    """Quantize the routed experts of `model_dir` into `out_dir`; returns the sidecar written there. A draft already
+    there is replaced, atomically, once the new one is complete; any other non-empty directory is refused."""
     check_request(model_dir, method, bits, group_size)
     out = Path(out_dir)
-    if (out / "meta.json").exists():
-        raise SpecterError(f"{str(out)!r} already holds a draft; choose another --out or delete it first")
+    draft_files = ("meta.json", "experts.safetensors")  # a directory with one of these holds a draft
+    if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in draft_files):
+        raise SpecterError(f"{str(out)!r} is a non-empty directory that holds no draft; choose another --out (a "
+                           "draft already there is replaced, anything else is left alone)")
     calibration = {**DEFAULT_CALIBRATION, **(calibration or {})}
     t0 = time.perf_counter()
     if method == "rtn":
@@ -139,6 +145,21 @@ def _quantize_rtn(model_dir, bits, group_size) -> dict:
 _EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)$")
 
 
+def _run_worker(argv: list[str], cwd: Path, progress: bool) -> tuple[int, str]:
+    """Run the GPTQ worker in its own process group; if this process is interrupted or terminated meanwhile, the whole
+    group is killed before the exception goes on (and the worker dies with us if we are killed outright)."""
+    pipe = None if progress else subprocess.PIPE
+    with subprocess.Popen(argv, cwd=cwd, stdout=pipe, stderr=pipe, text=True, start_new_session=True) as proc:
+        try:
+            _, stderr = proc.communicate()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    return proc.returncode, stderr or ""
+
+
 def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
     """GPTQ through GPTQModel in a child process, restricted to routed experts; reads back its checkpoint.
 
@@ -148,14 +169,12 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="specter-gptq-"))
     try:
         request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(tmp), bits=bits, group_size=group_size,
-                       threads=torch.get_num_threads(), **calibration)
-        proc = subprocess.run(  # cwd: GPTQModel writes a logs/ folder into its working directory
-            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], cwd=tmp,
-            stdout=None if progress else subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or "")[-2000:] if not progress else "(see the output above)"
-            raise SpecterError(f"GPTQModel failed on {model_dir} (exit {proc.returncode}): {tail}")
+                       threads=torch.get_num_threads(), parent_pid=os.getpid(), **calibration)
+        returncode, stderr = _run_worker(
+            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], tmp, progress)
+        if returncode != 0:
+            tail = stderr[-2000:] if not progress else "(see the output above)"
+            raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}): {tail}")
         packed: dict = {}
         fields: dict = {}
         for path in sorted(tmp.glob("*.safetensors")):

@@ -9,11 +9,11 @@ assume.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specter.errors import SpecterError
+from specter.runs.records import read_jsonl
 
 DEFAULT_IGNORED = ("wall_s", "versions", "git_commit")
 RECORD_DIRS = ("runs", "experiments")
@@ -42,14 +42,6 @@ def _fields(a, b, prefix: str, ignored: set[str], out: list[str]) -> None:
         out.append(prefix)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
-        raise SpecterError(f"{path} is not a JSONL records file ({err}); compare results trees of the "
-                           "workflow") from None
-
-
 def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT_IGNORED) -> Diff:
     a, b = Path(a), Path(b)
     for root in (a, b):
@@ -64,7 +56,7 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
             if not (pa.is_file() and pb.is_file()):
                 out.differences.append(f"{name}: only in {a if pa.is_file() else b}")
                 continue
-            ra, rb = _read_jsonl(pa), _read_jsonl(pb)
+            ra, rb = read_jsonl(pa, strict=False), read_jsonl(pb, strict=False)
             out.record_files += 1
             out.records += len(ra)
             if len(ra) != len(rb):

@@ -105,8 +105,14 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
     figure = experiments.get(name).figure
     if figure.kind not in KINDS:
         raise SpecterError(f"experiment {name!r}: no figure kind {figure.kind!r}; kinds: {', '.join(KINDS)}")
+    if table.empty:
+        raise SpecterError(f"the {name} table has no rows; aggregate the experiment's records again")
     sns.set_theme(style="whitegrid", context="paper")
-    KINDS[figure.kind](figure, table, out, _timing_label(table))
+    try:
+        KINDS[figure.kind](figure, table, out, _timing_label(table))
+    except KeyError as err:
+        raise SpecterError(f"the table lacks columns the {name} figure draws (missing: {err.args[0]}); give the "
+                           f"table `specter aggregate {name}` wrote") from None
 
 
 def _plot_k_sweep(figure, table: pd.DataFrame, out, timing: str) -> None:

@@ -24,13 +24,11 @@ _SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwar
 
 
 def read_records(paths: list[str | Path]) -> list[dict]:
+    from specter.runs.records import read_jsonl
+
     records = []
     for path in paths:
-        path = Path(path)
-        if not path.is_file():
-            raise SpecterError(f"records file {str(path)!r} does not exist; run the workflow rule that writes it")
-        with path.open() as f:
-            records += [json.loads(line) for line in f if line.strip()]
+        records += read_jsonl(path)
     if not records:
         raise SpecterError(f"no records in {', '.join(map(str, paths))}; the runs wrote nothing")
     return records
@@ -127,7 +125,7 @@ def fidelity_table(paths: list[str | Path]) -> pd.DataFrame:
     """One row per (draft, K) from `specter fidelity` JSON summaries: expert-set agreement, top-1, acceptance."""
     rows = []
     for path in paths:
-        s = json.loads(Path(path).read_text())
+        s = _fidelity_summary(Path(path))
         for a in s["acceptance"]:
             rows.append(dict(model=Path(s["model"]).name, dataset=s["dataset"], method=s["method"], bits=s["bits"],
                              group_size=s["group_size"], expert_exact=s["expert_exact"],
@@ -135,6 +133,42 @@ def fidelity_table(paths: list[str | Path]) -> pd.DataFrame:
                              top1_agreement=s["top1_agreement"], k=a["k"], mean_accepted=a["mean_accepted"],
                              acceptance_rate=a["acceptance_rate"], windows=a["windows"]))
     return pd.DataFrame(rows)
+
+
+_FIDELITY_KEYS = ("model", "dataset", "method", "bits", "group_size", "expert_exact", "expert_partial", "expert_none",
+                  "top1_agreement", "acceptance")
+
+
+def _fidelity_summary(path: Path) -> dict:
+    """A `specter fidelity` JSON summary, checked to have what the table reads."""
+    if not path.is_file():
+        raise SpecterError(f"fidelity summary {str(path)!r} does not exist; run `specter fidelity` (it writes the "
+                           ".json beside its --out CSV)")
+    try:
+        s = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SpecterError(f"{path} is not a JSON fidelity summary ({err}); run `specter fidelity` again") from None
+    missing = [k for k in _FIDELITY_KEYS if not isinstance(s, dict) or k not in s]
+    if not missing and not (isinstance(s["acceptance"], list) and all(
+            isinstance(a, dict) and {"k", "mean_accepted", "acceptance_rate", "windows"} <= set(a)
+            for a in s["acceptance"])):
+        missing = ["acceptance (a list of {k, mean_accepted, acceptance_rate, windows})"]
+    if missing:
+        raise SpecterError(f"{path} is not a fidelity summary (it lacks {', '.join(missing)}); give the .json "
+                           "`specter fidelity` writes")
+    return s
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A table `write_table` wrote (CSV), or one SpecterError saying why it cannot be read."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecterError(f"table {str(path)!r} does not exist; write it with `specter aggregate`")
+    try:
+        return pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); write it with "
+                           "`specter aggregate`") from None
 
 
 def write_table(table: pd.DataFrame, out: str | Path) -> None:

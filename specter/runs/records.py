@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
+from specter.errors import SpecterError
 from specter.io import atomic_write
 from specter.metrics import RunRecord, acceptance_rate, hit_rate, share, tpot_seconds, window_utilization
 
@@ -84,3 +85,62 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
 def write_records(records: list[RunRecord], out: str | Path) -> None:
     """Write JSONL atomically: a temporary file beside `out`, renamed over it."""
     atomic_write(out, lambda f: f.writelines(json.dumps(r.as_dict()) + "\n" for r in records))
+
+
+#: the fields a record must have to be read back (those without a default in RunRecord)
+REQUIRED_FIELDS = tuple(f.name for f in fields(RunRecord) if f.default is MISSING and f.default_factory is MISSING)
+_JSON_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,), "list": (list,),
+               "None": (type(None),)}
+
+
+def _type_ok(value, annotation: str) -> bool:
+    """Whether a JSON value fits a RunRecord annotation such as `float | None` or `list[int]` (outer types only)."""
+    allowed = tuple(t for part in annotation.split("|") for t in _JSON_TYPES[part.strip().split("[")[0]])
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)
+
+
+_ANNOTATIONS = {f.name: str(f.type) for f in fields(RunRecord)}
+
+
+def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
+    """The records of a JSONL file `write_records` wrote, each checked to be a JSON object with (if `strict`) a
+    record's fields of the right types; anything else is one SpecterError naming the file, the line and what is
+    wrong. `strict=False` reads records of older versions too (for `specter diff`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecterError(f"records file {str(path)!r} does not exist; run the workflow rule that writes it")
+    out = []
+    try:
+        raw = path.read_bytes().splitlines()
+    except OSError as err:
+        raise SpecterError(f"cannot read records file {path} ({err}); run the rule that writes it again") from None
+    for number, data in enumerate(raw, 1):
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecterError(f"{path}:{number} is not UTF-8 text; the file is damaged, delete it and run the rule "
+                               "that writes it again") from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SpecterError(f"{path}:{number} is not JSON ({err.msg}); the file is damaged, delete it and run the "
+                               "rule that writes it again") from None
+        if not isinstance(record, dict):
+            raise SpecterError(f"{path}:{number} is not a run record (it is not a JSON object); give files "
+                               "`specter run` or `specter sweep` wrote")
+        missing = [name for name in REQUIRED_FIELDS if name not in record] if strict else []
+        if missing:
+            shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise SpecterError(f"{path}:{number} is not a run record of this version (it lacks {shown}); give "
+                               "files this version's `specter run` or `specter sweep` wrote, or run the rule again")
+        wrong = next((name for name, value in record.items()
+                      if strict and name in _ANNOTATIONS and not _type_ok(value, _ANNOTATIONS[name])), None)
+        if wrong is not None:
+            raise SpecterError(f"{path}:{number}: field {wrong!r} is {record[wrong]!r}, not {_ANNOTATIONS[wrong]}; "
+                               "the file is damaged or was edited, run the rule that writes it again")
+        out.append(record)
+    return out

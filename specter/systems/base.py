@@ -96,20 +96,31 @@ class PromptContext:
         return cls(system, engine, work, cache, executor, service, trace, config, cost, warmup)
 
 
-def _parse(key: str, kind: type, value):
-    """A system option's value from its command-line text (`bool` takes true/false, yes/no, 1/0)."""
-    if kind is bool and isinstance(value, str):
+def _parse(key: str, kind: type, value, bounds: tuple | None = None):
+    """A system option's value from its command-line text (`bool` takes true/false, yes/no, 1/0), finite and within
+    the option's `bounds` where it has them."""
+    import math
+
+    if kind is bool:
         words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-        if value.lower() not in words:
+        if str(value).lower() not in words:
             raise ValueError(f"option {key}={value!r} is not a boolean; give true or false")
-        return words[value.lower()]
-    return kind(value)
+        return words[str(value).lower()]
+    try:
+        parsed = kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"option {key}={value!r} is not a {kind.__name__}") from None
+    if kind is float and not math.isfinite(parsed):
+        raise ValueError(f"option {key}={value!r} must be finite")
+    if bounds is not None and not bounds[0] <= parsed <= bounds[1]:
+        raise ValueError(f"option {key}={parsed} must be between {bounds[0]} and {bounds[1]}")
+    return parsed
 
 
 class System:
     """Base of every system: `run` schedules one prompt and returns its commits.
 
-    `options`: {name: (type, default, help)} a system accepts through `--system-option NAME=VALUE`."""
+    `options`: {name: (type, default, help[, (low, high)])} a system accepts through `--system-option NAME=VALUE`."""
 
     name: str = ""
     speculative: bool = False
@@ -123,11 +134,12 @@ class System:
     fixed_slots: Callable[[ModelWork], int] | None = None
     #: extra numerics of the target's decode this system reads from `ctx.trace.extras`
     trace_recorders: tuple[TraceRecorder, ...] = ()
-    options: dict[str, tuple[type, object, str]] = {}
+    options: dict[str, tuple] = {}
 
     def __init__(self, **options) -> None:
-        for key, (kind, default, _help) in self.options.items():
-            setattr(self, key.replace("-", "_"), _parse(key, kind, options.pop(key)) if key in options else default)
+        for key, (kind, default, _help, *bounds) in self.options.items():
+            value = _parse(key, kind, options.pop(key), *bounds) if key in options else default
+            setattr(self, key.replace("-", "_"), value)
         if options:
             known = ", ".join(self.options) or "none"
             raise SpecterError(f"system {self.name!r} has no option {', '.join(options)}; its options: {known}")

@@ -43,12 +43,8 @@ class SpecterOracle(Specter):
     window's start), which bounds what a better predictor could buy: noise 0 is a perfect one."""
 
     name = "specter-oracle"
-    options = {**Specter.options, "noise": (float, 0.0, "share of the target's expert identities replaced at random")}
-
-    def __init__(self, **options) -> None:
-        super().__init__(**options)
-        if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise={self.noise} must be between 0 and 1")
+    options = {**Specter.options,
+               "noise": (float, 0.0, "share of the target's expert identities replaced at random", (0.0, 1.0))}
 
     def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
         import random

@@ -156,7 +156,10 @@ def _parse_profile(text: str, origin: str) -> HardwareProfile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise SpecterError(f"hardware profile {origin} is not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecterError(f"hardware profile {origin} is not valid YAML{where}: "
+                           f"{getattr(err, 'problem', None) or type(err).__name__}; fix the file") from None
     return profile_from_dict(data, origin=origin)
 
 
@@ -184,15 +187,21 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
                 raise SpecterError(f"hardware profile {origin}: {where} must be {bound}, got {value!r}")
             values[section][key] = float(value)
     points = []
-    for i, row in enumerate(data["link"].get("h2d_by_size") or []):
+    by_size = data["link"].get("h2d_by_size") or []
+    if not isinstance(by_size, list):
+        raise SpecterError(f"hardware profile {origin}: link.h2d_by_size must be a list of {{bytes, pinned_gbps, "
+                           f"pageable_gbps}} points, got {by_size!r}")
+    for i, row in enumerate(by_size):
         try:
             point = BandwidthPoint(int(row["bytes"]), float(row["pinned_gbps"]), float(row["pageable_gbps"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise SpecterError(
                 f"hardware profile {origin}: link.h2d_by_size[{i}] needs bytes, pinned_gbps and pageable_gbps"
             ) from None
-        if point.size_bytes <= 0 or point.pinned_gbps <= 0 or point.pageable_gbps <= 0:
-            raise SpecterError(f"hardware profile {origin}: link.h2d_by_size[{i}] must be positive, got {row!r}")
+        numbers = (point.size_bytes, point.pinned_gbps, point.pageable_gbps)
+        if not all(math.isfinite(x) and x > 0 for x in numbers):
+            raise SpecterError(f"hardware profile {origin}: link.h2d_by_size[{i}] must be finite and positive, got "
+                               f"{row!r}")
         points.append(point)
     points.sort(key=lambda p: p.size_bytes)
     d, link, host = values["device"], values["link"], values["host"]

@@ -111,7 +111,7 @@ def measured_profile():
 
 def memo_path(model, dataset, k):
     """The main recording of a prompt set at window K: the numerics every run and replaying sweep reads."""
-    return f"results/memo/{model}/{dataset}-p{MAIN_PREFIX}-k{k}.pkl"
+    return f"results/memo/{model}/{dataset}-p{MAIN_PREFIX}-k{k}.json.gz"
 
 
 def case_memo(case, dataset):
@@ -120,7 +120,7 @@ def case_memo(case, dataset):
 
 def own_memo(case, dataset, experiment):
     """The recording of an experiment that varies the numerics (K, prompt length), in one case."""
-    return f"results/memo/{case}/{dataset}-p{MAIN_PREFIX}-{experiment}.pkl"
+    return f"results/memo/{case}/{dataset}-p{MAIN_PREFIX}-{experiment}.json.gz"
 
 
 def record_systems(model, k):

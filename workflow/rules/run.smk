@@ -8,7 +8,7 @@ rule record:
         model=lambda wc: f"{model_dir(wc.model)}/config.json",
         draft=lambda wc: f"{main_draft(wc.model)}/meta.json",
     output:
-        memo="results/memo/{model}/{dataset}-p{prefix}-k{k}.pkl",
+        memo="results/memo/{model}/{dataset}-p{prefix}-k{k}.json.gz",
     conda:
         ENV
     log:
@@ -31,7 +31,7 @@ rule record_experiment:
         model=lambda wc: f"{model_dir(case_model(wc.case))}/config.json",
         draft=lambda wc: f"{main_draft(case_model(wc.case))}/meta.json",
     output:
-        memo="results/memo/{case}/{dataset}-p{prefix}-{sweep}.pkl",
+        memo="results/memo/{case}/{dataset}-p{prefix}-{sweep}.json.gz",
     conda:
         ENV
     log:

@@ -1,0 +1,352 @@
+"""Hostile and careless input: every bad value, corrupt file and unwritable path is one `specter: error:` line with
+exit 2, no traceback, and no output left or touched.
+
+Table-driven: each case is named after the flaw it guards against (issue 17's list). The corrupt files are made from
+real outputs of the suite (a tiny model, its draft, a run's records and table, a hardware preset) by truncating them,
+flipping bytes or editing one field. Every case runs `specter.cli.main` in-process against a fresh copy of those files,
+with a sentinel at its output path, and checks afterwards that the sentinel is unchanged and nothing else appeared.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specter.cli import main
+from specter.quant.quantize import quantize_draft
+
+SENTINEL = "an earlier output that a failed command must not touch\n"
+
+
+@pytest.fixture(scope="module")
+def real(tiny_dirs, tmp_path_factory):
+    """Real outputs to corrupt: the tiny Mixtral, its RTN draft, one run's records, the main table, a preset."""
+    root = tmp_path_factory.mktemp("real")
+    draft = root / "draft"
+    quantize_draft(tiny_dirs["mixtral"], draft, method="rtn", bits=4, group_size=32)
+    other = root / "other-draft"
+    quantize_draft(tiny_dirs["olmoe"], other, method="rtn", bits=4, group_size=32)
+    records = root / "records.jsonl"
+    assert main(["run", "--system", "specter", "--model", tiny_dirs["mixtral"], "--draft", str(draft),
+                 "--dataset", "code", "--hardware", "t4-pcie3",
+                 "--num-prompts", "1", "--prefix-tokens", "8", "--max-new-tokens", "6", "--k", "2",
+                 "--resident-per-layer", "2", "--out", str(records)]) == 0
+    table = root / "main.csv"
+    assert main(["aggregate", "main", str(records), "--out", str(table)]) == 0
+    preset = yaml.safe_load((Path(__file__).parents[1] / "specter/presets/hardware/t4-pcie3.yaml").read_text())
+    return dict(model=tiny_dirs["mixtral"], draft=draft, other_draft=other, records=records, table=table,
+                preset=preset)
+
+
+def _flip(path: Path, at: float = 0.5) -> None:
+    data = bytearray(path.read_bytes())
+    i = int(len(data) * at)
+    data[i:i + 16] = bytes(b ^ 0xFF for b in data[i:i + 16])
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path, share: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * share)])
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def _profile(w: Path, real, edit) -> str:
+    data = json.loads(json.dumps(real["preset"]))
+    edit(data)
+    path = w / "hw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _model_copy(w: Path, real, damage) -> str:
+    out = w / "model"
+    shutil.copytree(real["model"], out)
+    damage(out)
+    return str(out)
+
+
+def _draft_copy(w: Path, real, damage) -> str:
+    out = w / "draft"
+    shutil.copytree(real["draft"], out)
+    damage(out)
+    return str(out)
+
+
+def _records_copy(w: Path, real, damage) -> str:
+    out = w / "in.jsonl"
+    shutil.copy(real["records"], out)
+    damage(out)
+    return str(out)
+
+
+def _write(w: Path, name: str, content: str | bytes) -> str:
+    path = w / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+def _mkdir(path: Path) -> str:
+    path.mkdir()
+    return str(path)
+
+
+def _foreign(w: Path) -> str:
+    """A directory of someone else's files, which an --out must never replace."""
+    path = w / "documents"
+    path.mkdir()
+    (path / "thesis.tex").write_text("years of work\n")
+    return str(path)
+
+
+def _record_field(field, value):
+    def damage(path: Path) -> None:
+        lines = path.read_text().splitlines()
+        record = json.loads(lines[0])
+        record[field] = value
+        path.write_text(json.dumps(record) + "\n")
+    return damage
+
+
+def _run(real, *extra, out="{out}.jsonl", model=None, draft=None, system="specter"):
+    """A valid `specter run` of the tiny Mixtral, with `extra` flags appended (later flags win)."""
+    return ["run", "--system", system, "--model", model or real["model"], "--draft", draft or str(real["draft"]),
+            "--dataset", "code", "--hardware", "t4-pcie3",
+            "--num-prompts", "1", "--prefix-tokens", "8", "--max-new-tokens", "4", "--k", "2",
+            "--resident-per-layer", "2", "--out", out, *extra]
+
+
+def _sweep(real, *extra):
+    return ["sweep", "--systems", "specter", "--model", real["model"], "--draft", str(real["draft"]),
+            "--dataset", "code", "--hardware", "t4-pcie3",
+            "--num-prompts", "1", "--prefix-tokens", "8", "--max-new-tokens", "4", "--resident-per-layer", "2",
+            "--out", "{out}.jsonl", *extra]
+
+
+# (case id, argv builder (work dir, real outputs) -> argv, what the error line must say)
+CASES = [
+    # --- silently wrong numbers: NaN, inf, 0, negative and huge values of every numeric option ---
+    ("temperature_nan", lambda w, r: _run(r, "--temperature", "nan"), "--temperature"),
+    ("temperature_inf", lambda w, r: _run(r, "--temperature", "inf"), "--temperature"),
+    ("temperature_negative", lambda w, r: _run(r, "--temperature", "-1"), "--temperature"),
+    ("k_zero", lambda w, r: _run(r, "--k", "0"), "--k"),
+    ("k_negative", lambda w, r: _run(r, "--k", "-3"), "--k"),
+    ("k_huge_unbounded_work", lambda w, r: _run(r, "--k", "100000"), "--k"),
+    ("max_new_tokens_zero", lambda w, r: _run(r, "--max-new-tokens", "0"), "--max-new-tokens"),
+    ("max_new_tokens_huge_unbounded_work", lambda w, r: _run(r, "--max-new-tokens", str(10**9)), "--max-new-tokens"),
+    ("max_new_tokens_beyond_positions", lambda w, r: _run(r, "--max-new-tokens", "100000"), "position"),
+    ("prefix_tokens_beyond_positions", lambda w, r: _run(r, "--prefix-tokens", "100000"), "position"),
+    ("num_prompts_zero", lambda w, r: _run(r, "--num-prompts", "0"), "--num-prompts"),
+    ("num_prompts_not_a_number", lambda w, r: _run(r, "--num-prompts", "five"), "five"),
+    ("seed_negative", lambda w, r: _run(r, "--seed", "-1"), "--seed"),
+    ("budget_nan", lambda w, r: _run(r, "--resident-fraction", "nan"), "--resident-fraction"),
+    ("budget_inf", lambda w, r: _run(r, "--device-memory-gb", "inf"), "--device-memory-gb"),
+    ("budget_negative", lambda w, r: _run(r, "--device-memory-gb", "-4"), "--device-memory-gb"),
+    ("budget_fraction_above_one", lambda w, r: _run(r, "--resident-fraction", "1.5"), "--resident-fraction"),
+    ("slots_beyond_experts", lambda w, r: _run(r, "--resident-per-layer", "999"), "999"),
+    ("threads_zero", lambda w, r: _run(r, "--threads", "0"), "--threads"),
+    ("warmup_prompts_negative", lambda w, r: _run(r, "--warmup-prompts", "-2"), "--warmup-prompts"),
+    ("system_option_negative", lambda w, r: _run(r, "--system-option", "noise=-1", system="specter-oracle"),
+     "noise"),
+    ("system_option_nan", lambda w, r: _run(r, "--system-option", "noise=nan", system="specter-oracle"), "noise"),
+    ("system_option_unknown", lambda w, r: _run(r, "--system-option", "bogus=1"), "bogus"),
+    ("system_option_not_key_value", lambda w, r: _run(r, "--system-option", "noise"), "NAME=VALUE"),
+    ("group_size_zero", lambda w, r: ["quantize", "--model", r["model"], "--method", "rtn", "--group-size", "0",
+                                      "--out", "{out}"], "--group-size"),
+    ("stride_zero", lambda w, r: ["fidelity", "--model", r["model"], "--draft", str(r["draft"]), "--stride", "0",
+                                  "--out", "{out}.csv"], "--stride"),
+    ("repeats_below_ten", lambda w, r: ["profile-bandwidth", "--out", "{out}", "--repeats", "3"], "--repeats"),
+    ("empty_system_list", lambda w, r: [*_sweep(r)[:1], "--systems", ",", *_sweep(r)[3:]], "--systems"),
+    ("unknown_system", lambda w, r: _run(r, system="bogus"), "bogus"),
+    ("sweep_k_not_a_number", lambda w, r: _sweep(r, "--k", "2,x"), "x"),
+    ("unknown_cost_as", lambda w, r: _run(r, "--cost-as", "gpt-17"), "gpt-17"),
+    ("unknown_command", lambda w, r: ["frobnicate"], "frobnicate"),
+    ("bits_not_supported", lambda w, r: ["quantize", "--model", r["model"], "--bits", "5", "--out", "{out}"],
+     "--bits"),
+    ("build_unknown_name", lambda w, r: ["build-model", "llama-900b", "--out", "{out}"], "llama-900b"),
+    ("build_set_unknown_key", lambda w, r: ["build-model", "smollm2-moe", "--set", "bogus=1", "--out", "{out}"],
+     "bogus"),
+    ("build_set_bad_value", lambda w, r: ["build-model", "smollm2-moe", "--set", "distill_steps=lots",
+                                          "--out", "{out}"], "distill_steps"),
+    # --- hardware profiles: every field finite and in range, including the per-size bandwidth points ---
+    ("hardware_bandwidth_point_nan", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
+        h2d_by_size=[{"bytes": 4096, "pinned_gbps": float("nan"), "pageable_gbps": 5.0}]))), "h2d_by_size"),
+    ("hardware_bandwidth_point_not_a_list", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "link"].update(h2d_by_size="fast"))), "h2d_by_size"),
+    ("hardware_bandwidth_point_huge_size", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "link"].update(h2d_by_size=[{"bytes": 1e400, "pinned_gbps": 5.0, "pageable_gbps": 5.0}]))), "h2d_by_size"),
+    ("hardware_link_bandwidth_zero", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
+        h2d_pinned_gbps=0))), "h2d_pinned_gbps"),
+    ("hardware_device_tflops_inf", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["device"].update(
+        peak_tflops=float("inf")))), "peak_tflops"),
+    ("hardware_latency_negative", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
+        latency_us=-1))), "latency_us"),
+    ("hardware_missing_section", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.pop("host"))),
+     "host"),
+    ("hardware_not_yaml", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", "link: [unclosed\n")), "hw.yaml"),
+    ("hardware_unknown_preset", lambda w, r: _run(r, "--hardware", "quantum-9000"), "quantum-9000"),
+    # --- corrupt or truncated weights, drafts and memos ---
+    ("weights_truncated", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _truncate(
+        d / "model.safetensors"))), "model.safetensors"),
+    ("weights_bytes_flipped_in_header", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _flip(
+        d / "model.safetensors", 0.0))), "model"),
+    ("config_not_json", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _truncate(d / "config.json"))),
+     "config.json"),
+    ("config_empty", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: (d / "config.json").write_text(""))),
+     "config.json"),
+    ("model_missing", lambda w, r: _run(r, model=str(w / "nowhere")), "does not exist"),
+    ("draft_experts_truncated", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _truncate(
+        d / "experts.safetensors"))), "experts.safetensors"),
+    ("draft_experts_bytes_flipped", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _flip(
+        d / "experts.safetensors", 0.0))), "experts.safetensors"),
+    ("draft_meta_bits_edited", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", bits=3))), "bits"),
+    ("draft_meta_bits_out_of_range", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", bits=99))), "bits"),
+    ("draft_meta_group_size_zero", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", group_size=0))), "group_size"),
+    ("draft_meta_not_json", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _truncate(d / "meta.json"))),
+     "meta.json"),
+    ("draft_of_another_model", lambda w, r: _run(r, draft=str(r["other_draft"])), "draft"),
+    ("draft_missing", lambda w, r: _run(r, draft=str(w / "nowhere")), "nowhere"),
+    ("memo_in_the_old_pickle_format", lambda w, r: _run(r, "--memo", _write(w, "memo.json.gz", gzip.compress(
+        b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94.")), system="on-demand"), "memo"),
+    ("memo_not_gzip", lambda w, r: _run(r, "--memo", _write(w, "memo.json.gz", b"plain bytes"),
+                                        system="on-demand"), "memo"),
+    ("memo_wrong_version", lambda w, r: _run(r, "--memo", _write(w, "memo.json.gz", gzip.compress(
+        b'{"format": "specter-memo-0"}\n')), system="on-demand"), "memo"),
+    ("memo_missing", lambda w, r: _run(r, "--memo", str(w / "none.json.gz"), system="on-demand"), "none.json.gz"),
+    # --- prompt files ---
+    ("prompt_cell_not_text", lambda w, r: _run(r, "--dataset", _write(w, "p.jsonl", '{"prompt": {"a": 1}}\n')),
+     "row 1"),
+    ("prompt_cells_all_missing", lambda w, r: _run(r, "--dataset", _write(w, "p.jsonl", '{"prompt": null}\n')),
+     "non-empty"),
+    ("prompt_cells_all_empty", lambda w, r: _run(r, "--dataset", _write(w, "p.csv", 'prompt,x\n"",1\n" ",2\n')),
+     "non-empty"),
+    ("prompt_file_empty", lambda w, r: _run(r, "--dataset", _write(w, "p.csv", "")), "empty"),
+    ("prompt_file_no_text_field", lambda w, r: _run(r, "--dataset", _write(w, "p.csv", "a,b\n1,2\n")), "--field"),
+    ("prompt_file_unknown_field", lambda w, r: _run(r, "--dataset", _write(w, "p.csv", "prompt\nhi\n"),
+                                                    "--field", "nope"), "nope"),
+    ("prompt_file_malformed_json", lambda w, r: _run(r, "--dataset", _write(w, "p.jsonl", '{"prompt": \n')),
+     "p.jsonl"),
+    ("prompt_file_unknown_format", lambda w, r: _run(r, "--dataset", _write(w, "p.xml", "<p/>")), ".xml"),
+    # --- malformed input to aggregate and plot ---
+    ("aggregate_records_missing", lambda w, r: ["aggregate", "main", str(w / "none.jsonl"), "--out", "{out}.csv"],
+     "none.jsonl"),
+    ("aggregate_records_truncated", lambda w, r: ["aggregate", "main", _records_copy(w, r, lambda p: _truncate(
+        p, 0.3)), "--out", "{out}.csv"], "in.jsonl:1"),
+    ("aggregate_records_bytes_flipped", lambda w, r: ["aggregate", "main", _records_copy(w, r, lambda p: _flip(
+        p, 0.01)), "--out", "{out}.csv"], "in.jsonl:1"),
+    ("aggregate_records_not_objects", lambda w, r: ["aggregate", "main", _write(w, "in.jsonl", "[1, 2]\n"),
+                                                    "--out", "{out}.csv"], "not a JSON object"),
+    ("aggregate_records_field_missing", lambda w, r: ["aggregate", "main", _write(w, "in.jsonl", '{"a": 1}\n'),
+                                                      "--out", "{out}.csv"], "lacks"),
+    ("aggregate_records_field_wrong_type", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", "fast")), "--out", "{out}.csv"], "tpot_ms"),
+    ("aggregate_records_empty", lambda w, r: ["aggregate", "main", _write(w, "in.jsonl", "\n"),
+                                              "--out", "{out}.csv"], "no records"),
+    ("aggregate_fidelity_not_a_summary", lambda w, r: ["aggregate", "fidelity", _write(w, "f.json", "{}"),
+                                                       "--out", "{out}.csv"], "fidelity summary"),
+    ("aggregate_fidelity_not_json", lambda w, r: ["aggregate", "fidelity", _write(w, "f.json", "{"),
+                                                  "--out", "{out}.csv"], "f.json"),
+    ("plot_table_missing", lambda w, r: ["plot", "main", "--table", str(w / "none.csv"), "--out", "{out}.png"],
+     "none.csv"),
+    ("plot_table_empty", lambda w, r: ["plot", "main", "--table", _write(w, "t.csv", ""), "--out", "{out}.png"],
+     "t.csv"),
+    ("plot_table_binary", lambda w, r: ["plot", "main", "--table", _write(w, "t.csv", bytes(range(256)) * 4),
+                                        "--out", "{out}.png"], "t.csv"),
+    ("plot_table_wrong_columns", lambda w, r: ["plot", "main", "--table", _write(w, "t.csv", "a,b\n1,2\n"),
+                                               "--out", "{out}.png"], "columns"),
+    ("plot_table_header_only", lambda w, r: ["plot", "main", "--table", _write(
+        w, "t.csv", Path(r["table"]).read_text().splitlines()[0] + "\n"), "--out", "{out}.png"], "no rows"),
+    ("diff_not_directories", lambda w, r: ["diff", str(w / "a"), str(w / "b")], "directory"),
+    # --- outputs: the wrong kind of path, or unwritable, fails before any work ---
+    ("fidelity_out_json_would_overwrite_the_csv", lambda w, r: ["fidelity", "--model", r["model"], "--draft",
+                                                                str(r["draft"]), "--out", "{out}.json"], ".csv"),
+    ("run_out_wrong_suffix", lambda w, r: _run(r, out="{out}.txt"), ".jsonl"),
+    ("run_out_is_a_directory", lambda w, r: _run(r, out=_mkdir(w / "d.jsonl")), "directory"),
+    ("run_out_unwritable_late_failure", lambda w, r: _run(r, out=_write(w, "afile", "x") + "/records.jsonl"),
+     "not a directory"),
+    ("quantize_out_is_a_file", lambda w, r: ["quantize", "--model", r["model"], "--method", "rtn",
+                                             "--out", "{out}.csv"], "not a directory"),
+    ("aggregate_out_wrong_suffix", lambda w, r: ["aggregate", "main", str(r["records"]), "--out", "{out}.png"],
+     ".csv"),
+    ("plot_out_wrong_suffix", lambda w, r: ["plot", "main", "--table", str(r["table"]), "--out", "{out}.jpg"],
+     ".png"),
+    ("build_out_is_a_directory_holding_no_model", lambda w, r: ["build-model", "tiny-mixtral", "--out",
+                                                                _foreign(w)], "holds no model"),
+    ("quantize_out_is_a_directory_holding_no_draft", lambda w, r: ["quantize", "--model", r["model"], "--method",
+                                                                   "rtn", "--group-size", "32", "--out", _foreign(w)],
+     "holds no draft"),
+    ("memo_out_wrong_suffix", lambda w, r: _sweep(r, "--memo-out", "{out}.pkl"), ".json.gz"),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_hostile_input_is_one_line_exit_2_and_touches_nothing(case, real, tmp_path, capsys):
+    _, build, message = next(c for c in CASES if c[0] == case)
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [a.replace("{out}", str(work / "out")) for a in build(work, real)]
+    for suffix in ("", ".jsonl", ".csv", ".png", ".json", ".txt", ".pkl", ".jpg", ".json.gz"):
+        (work / f"out{suffix}").write_text(SENTINEL)  # an earlier output at every path the command may write
+    (work / "out").unlink()  # directory outputs: none there before
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse errors exit from inside parse_args
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, f"exit {code}; stderr: {err}"
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specter: error: "), err
+    assert message in lines[0], f"{message!r} not named in: {lines[0]}"
+    assert _snapshot(tmp_path) == before, "the failed command left or changed files"
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_a_planted_symlink_at_a_predictable_temporary_name_is_not_followed(tmp_path):
+    """Writers take their temporary names from `tempfile` (unique, created exclusively), so links planted at the
+    names an attacker could predict (`out.tmp`, `.out.tmp`, `out.jsonl.tmp`) are never written through."""
+    from specter.io import atomic_write_text
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "out.jsonl"
+    for name in ("out.tmp", ".out.tmp", "out.jsonl.tmp", ".out.jsonl.tmp", "out.jsonl.part"):
+        os.symlink(victim, tmp_path / name)
+    atomic_write_text(out, "new\n")
+    assert victim.read_text() == "precious" and out.read_text() == "new\n" and not out.is_symlink()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+def test_sigint_exits_130_without_a_traceback(tiny_dirs, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "specter", "build-model", "smollm2-moe", "--out",
+                             str(tmp_path / "m")], stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # inside the build (imports done, work begun)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    assert not (tmp_path / "m").exists()

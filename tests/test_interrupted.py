@@ -1,0 +1,172 @@
+"""A killed command, run again, gives what an uninterrupted run gives; and the same build gives the same bytes.
+
+Each command runs once uninterrupted (its result and duration T are the reference), then the same command with the same
+output path is killed at a few points (fractions of T, and for quantize while its GPTQ worker runs), its output path
+checked to hold nothing or a complete result, and the command run again to completion: the result must equal the
+reference. Results leave out what legitimately differs between runs: wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specter.runs.records import read_jsonl
+
+
+def _argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specter", *args]
+
+
+def _run(argv: list[str], env: dict | None = None) -> float:
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return time.monotonic() - start
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _model_result(out: Path):
+    """The weights' hash (the card's, for a built smollm2 model) and the files."""
+    card = out / "model_card.json"
+    weights = json.loads(card.read_text())["weights_sha256"] if card.is_file() else _sha(out / "model.safetensors")
+    return weights, _sha(out / "config.json"), sorted(p.name for p in out.iterdir())
+
+
+def _draft_result(out: Path):
+    return _sha(out / "experts.safetensors"), sorted(p.name for p in out.iterdir())
+
+
+def _records_result(out: Path):
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(out)]
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The GPTQ worker processes a `specter quantize` with this pid started (its request names the parent)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"specter.quant.gptq_worker" in cmdline and f'"parent_pid": {pid}'.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def _kill_and_rerun(argv, out: Path, result, points, sig=signal.SIGKILL, during=None):
+    """Reference run, then for each kill point: start, wait, kill the whole process group, check `out` holds nothing
+    or the complete result, and run again; every rerun's result must equal the reference."""
+    duration = _run(argv)
+    want = result(out)
+    for point in points:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        if point == "worker":
+            during(proc)
+        else:
+            time.sleep(point * duration)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+        if out.exists():
+            assert result(out) == want, f"killed at {point}: {out} holds a different result"
+        leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+        if sig == signal.SIGTERM:
+            assert not leftovers, f"killed at {point} by SIGTERM, left {leftovers}"
+        _run(argv)
+        assert result(out) == want, f"killed at {point}, then run again: a different result"
+    return want
+
+
+def test_killed_build_model_then_rerun_gives_the_same_model(tmp_path):
+    out = tmp_path / "model"
+    _kill_and_rerun(_argv("build-model", "tiny-mixtral", "--out", str(out)), out, _model_result, [0.3, 0.7, 0.95])
+
+
+def test_terminated_build_model_leaves_no_temporary_directory(tmp_path):
+    out = tmp_path / "model"
+    _kill_and_rerun(_argv("build-model", "tiny-olmoe", "--out", str(out)), out, _model_result, [0.8],
+                    sig=signal.SIGTERM)
+
+
+def _wait_for_worker(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not _workers_of(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, "the GPTQ worker never started"
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside GPTQModel
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_gptq_quantize_takes_its_worker_along_and_reruns_the_same(sig, tiny_dirs, tmp_path):
+    out = tmp_path / "draft"
+    argv = _argv("quantize", "--model", tiny_dirs["mixtral"], "--method", "gptq", "--bits", "4", "--group-size",
+                 "32", "--calibration-sequences", "4", "--calibration-length", "64", "--quiet", "--out", str(out))
+    killed: list[int] = []
+
+    def during(proc):
+        _wait_for_worker(proc)
+        killed.append(proc.pid)
+
+    _kill_and_rerun(argv, out, _draft_result, ["worker"], sig=sig, during=during)
+    deadline = time.monotonic() + 30
+    while _workers_of(killed[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _workers_of(killed[0]), "the GPTQ worker outlived its killed parent"
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_dirs, tmp_path_factory):
+    from specter.quant.quantize import quantize_draft
+
+    out = tmp_path_factory.mktemp("kill") / "draft"
+    quantize_draft(tiny_dirs["mixtral"], out, method="rtn", bits=4, group_size=32)
+    return str(out)
+
+
+RUN_FLAGS = ("--dataset", "code", "--hardware", "t4-pcie3", "--num-prompts", "2", "--prefix-tokens", "8",
+             "--max-new-tokens", "8", "--resident-per-layer", "2")
+
+
+def test_killed_run_then_rerun_gives_the_same_records(tiny_dirs, draft, tmp_path):
+    out = tmp_path / "records.jsonl"
+    argv = _argv("run", "--system", "specter", "--model", tiny_dirs["mixtral"], "--draft", draft, "--k", "3",
+                 *RUN_FLAGS, "--out", str(out))
+    assert len(_kill_and_rerun(argv, out, _records_result, [0.4, 0.9])) == 2
+
+
+def test_killed_sweep_then_rerun_gives_the_same_records(tiny_dirs, draft, tmp_path):
+    out = tmp_path / "sweep.jsonl"
+    argv = _argv("sweep", "--systems", "on-demand,specter", "--model", tiny_dirs["mixtral"], "--draft", draft,
+                 "--k", "2,4", *RUN_FLAGS, "--out", str(out))
+    assert len(_kill_and_rerun(argv, out, _records_result, [0.5, 0.9])) == 6
+
+
+_SMALL = ("layers=1", "calibration_sequences=2", "seq_len=32", "distill_steps=2", "distill_seq_len=32",
+          "eval_tokens=64", "kmeans_iters=2")
+SMALL_BUILD = tuple(x for setting in _SMALL for x in ("--set", setting))
+
+
+def test_two_builds_in_separate_processes_with_different_environments_give_the_same_weights(tmp_path):
+    """The default model's builder, cut small, in two processes whose environments differ in everything the numerics
+    pin overrides (CPU capability, MKL branch, hash seed, OpenMP threads): the same weights_sha256."""
+    hashes = []
+    for i, env in enumerate([{}, {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "PYTHONHASHSEED": "123",
+                                  "OMP_NUM_THREADS": "1"}]):
+        out = tmp_path / f"build{i}"
+        _run(_argv("build-model", "smollm2-moe", *SMALL_BUILD, "--threads", "2", "--out", str(out)),
+             env={**os.environ, **env})
+        hashes.append(_model_result(out)[0])
+        card = json.loads((out / "model_card.json").read_text())
+        assert card["numerics"]["cpu_capability"] == "AVX2" and card["numerics"]["threads"] == 2
+    assert hashes[0] == hashes[1]
