@@ -32,3 +32,4 @@ rule all:
     input:
         all_figures(),
         [f"results/tables/{name}.csv" for name in EXPERIMENTS],
+        "results/summary.md",

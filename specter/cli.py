@@ -121,9 +121,10 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             "prefix_tokens": args.prefix_tokens, "new_tokens": args.new_tokens, "stride": args.stride}
     json_path = write_fidelity(summary, rows, args.out, meta)
     a8 = summary.acceptance[7]
-    print(f"experts exact {summary.expert_exact:.1%} + partial {summary.expert_partial:.1%} "
-          f"(none {summary.expert_none:.1%}); top-1 agreement {summary.top1_agreement:.1%}; "
-          f"K=8: mean accepted {a8['mean_accepted']:.2f}, acceptance rate {a8['acceptance_rate']:.1%}")
+    print(f"experts hard {summary.expert_hard:.1%} + soft {summary.expert_soft:.1%} (mismatch "
+          f"{summary.expert_mismatch:.1%}; sets partial {summary.expert_partial:.1%}, none {summary.expert_none:.1%}); "
+          f"top-1 agreement {summary.top1_agreement:.1%}; K=8: mean accepted {a8['mean_accepted']:.2f}, acceptance "
+          f"rate {a8['acceptance_rate']:.1%}, window utilization {a8['window_utilization']:.1%}")
     print(f"wrote {args.out} and {json_path}")
     return 0
 
@@ -145,7 +146,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _threads_set(args)
     systems = split_list(args.systems, str, "--systems")
     rows = compare(from_args(args, systems[0]), systems, args.out)
-    print(f"{_timing(rows[0])}; medians over prompts; misses and bytes summed over prompts")
+    print(f"{_timing(rows[0])}; means over prompts; misses and bytes summed over prompts")
     print("| system | K | slots/layer | TPOT ms | lower bound ms | demand misses | H2D bytes | activation bytes "
           "| acceptance |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -165,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _threads_set(args)
     records = run(from_args(args, args.system, args.out))
     r = summary(args.system, records)
-    print(f"{args.system}: median TPOT {r['tpot_ms']:.3f} ms ({_timing(r)}; lower bound {r['lower_bound_tpot_ms']:.3f} "
+    print(f"{args.system}: mean TPOT {r['tpot_ms']:.3f} ms ({_timing(r)}; lower bound {r['lower_bound_tpot_ms']:.3f} "
           f"ms) over {len(records)} prompts, {r['slots_per_layer']}/{records[0].experts_per_layer} experts per layer "
           f"resident\nwrote {args.out}")
     return 0
@@ -207,6 +208,19 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     plot(args.experiment, read_table(args.table), args.out)
     print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from specter.io import atomic_write_text
+    from specter.report.summary import summary
+
+    text = summary(args.results)
+    if args.out:
+        atomic_write_text(args.out, text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
     return 0
 
 
@@ -409,6 +423,12 @@ def _report_commands(sub) -> None:
     p.add_argument("--table", required=True, metavar="FILE.csv", help="from `specter aggregate`")
     p.add_argument("--out", required=True, metavar="FILE.png", type=_out(".png"), help="the figure")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("summary", help="the headline numbers of a results tree as Markdown: hashes of its models, "
+                       "drafts and tables; main, ablation, k_sweep and paper_check (no wall-clock times)")
+    p.add_argument("results", metavar="DIR", help="the results directory (holding tables/, models/, drafts/)")
+    p.add_argument("--out", metavar="FILE.md", type=_out(".md"), help="write it there (default: print it)")
+    p.set_defaults(func=cmd_summary)
 
 
 def _hardware_commands(sub) -> None:

@@ -12,9 +12,10 @@ every prompt set and in every case for `main`), `fidelity` (the drafts' fidelity
 the architecture whose shapes price them (`cost_as`), the slots per layer and K. An experiment that varies what the
 model computes (`NUMERICS_AXES`) records its own numerics; the others replay the main recording.
 
-Table kinds (`specter/report/tables.py`): `medians` (medians over prompts of times and rates, sums of counts, per
-setting), `routing`, `fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`,
-`lines`, `k_sweep`, `routing`, `working_set`, `fidelity`.
+Table kinds (`specter/report/tables.py`): `stats` (per setting, means over prompts of times and rates with TPOT's
+median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `paper_check`, `fidelity`. Figure kinds
+(`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`, `lines`, `k_sweep`, `routing`, `working_set`,
+`fidelity`, `hit_rate`, `breakdown`, `paper_check`.
 
 This module imports nothing heavy (the workflow imports it to plan jobs).
 """
@@ -34,11 +35,12 @@ SCOPE = ("model", "cost_as", "dataset", "hardware", "simulated")
 
 @dataclass(frozen=True)
 class Table:
-    """How an experiment's table is made. `medians`: per setting (SCOPE + `keys`), medians over prompts of the times
-    and rates and sums of the counts; `derive` adds label columns first (a function of the records' frame);
-    `speedups` adds `speedup_of_specter` within SCOPE + those columns; `columns` keeps only those, in order."""
+    """How an experiment's table is made. `stats`: per setting (SCOPE + `keys`), means over prompts of the times and
+    rates (TPOT's median, p90, p99 and n beside) and sums of the counts; `derive` adds label columns first (a function
+    of the records' frame); `speedups` adds `speedup_of_specter` within SCOPE + those columns; `columns` keeps only
+    those, in order."""
 
-    kind: str = "medians"
+    kind: str = "stats"
     keys: tuple[str, ...] = ()
     derive: Callable | None = None
     speedups: tuple[str, ...] | None = None
@@ -95,6 +97,37 @@ def _oracle_forecast(df):
                                for n in df["noise"]], noise=df["noise"].astype(float).fillna(-1.0))
 
 
+#: K settings that are governors rather than a window size (their runs repeat a fixed K's, so per-K tables skip them)
+GOVERNORS = ("auto", "profile", "online")
+
+
+def _fixed_k(df):
+    """The runs at a fixed K (a governor's run repeats the fixed-K run of the K it chose: counted once)."""
+    return df[~df["k_setting"].isin(GOVERNORS)]
+
+
+#: the caching policies of the hit_rate experiment (the paper's Table 3), in the order they are shown
+HIT_POLICIES = ("LRU", "LRU scaled to equal memory", "single prefetch sooner", "single prefetch later", "speculative")
+
+
+def _hit_policy(df):
+    """The paper's Table 3 policies from the runs: on-demand LRU at Specter's slots (`LRU`) and at Specter's device
+    memory (`LRU scaled to equal memory`, more slots); Specter with one plan after the first draft step (`single
+    prefetch sooner`), one plan over the whole window before verification (`single prefetch later`) and its adaptive
+    plans (`speculative`). `specter_slots`: the slots the comparison is built on (Specter's)."""
+    policy = []
+    for system, kind, prefetch in zip(df["system"], df["budget_kind"], df["prefetch"]):
+        if system == "on-demand":
+            policy.append("LRU" if kind == "slots" else "LRU scaled to equal memory")
+        elif system == "specter" and kind == "slots":
+            policy.append({"adaptive": "speculative", "early": "single prefetch sooner",
+                           "late": "single prefetch later"}.get(prefetch))
+        else:  # Specter at its own memory is Specter at its slots: counted once
+            policy.append(None)
+    out = df.assign(policy=policy, specter_slots=df["budget_value"])
+    return out[out["policy"].notna()]
+
+
 _BOUND = "black ticks: the lower bound."
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
@@ -104,7 +137,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
               derive=_memory_label,
               speedups=("memory",)),
         Figure("system_bars", "TPOT per system", x="system", xlabel="system"),
-        "Time per output token (TPOT, median over prompts) of every configured system in each case (the model whose "
+        "Time per output token (TPOT, mean over prompts) of every configured system in each case (the model whose "
         "routing drives the runs, the architecture whose shapes price them, Specter's expert slots per layer and K) "
         "and on each prompt set, at the main hardware profile. Two comparisons, as the paper makes them: every "
         "system with the same expert slots per layer (same cache), and every system with the device memory Specter "
@@ -117,7 +150,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "k_sweep", "sweep",
         Table(keys=("system", "k_setting", "k", "slots_per_layer")),
         Figure("k_sweep", "TPOT and acceptance vs K"),
-        "Specter's TPOT (median over prompts) and greedy acceptance rate against the draft window K, on the first "
+        "Specter's TPOT (mean over prompts) and greedy acceptance rate against the draft window K, on the first "
         "prompt set at the main hardware profile and budget; the dashed line is the lower bound. Each governor's "
         "choice is a marker of its own (``auto``: the amortization model; ``profile``: the empirical profiler; the "
         "legend names K), run like any other K."),
@@ -125,7 +158,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "prefix_sweep", "sweep",
         Table(keys=("prefix_tokens", "system", "k", "slots_per_layer"), speedups=("prefix_tokens",)),
         Figure("grouped_bars", "TPOT vs prompt length", x="prefix_tokens", xlabel="prompt length (tokens)"),
-        "TPOT (median over prompts) at each prompt length (prompts truncated to the first N tokens), per system, at "
+        "TPOT (mean over prompts) at each prompt length (prompts truncated to the first N tokens), per system, at "
         "the main settings. Longer prompts fill more KV and warm the expert cache differently during prefill."),
     Experiment(
         "routing", "k_sweep",
@@ -137,9 +170,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "title gives the window recall (planned experts the verification used over experts it used)."),
     Experiment(
         "working_set", "k_sweep",
-        Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"),
+        Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"), derive=_fixed_k,
               columns=("model", "cost_as", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer",
-                       "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate", "prompts")),
+                       "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate", "n")),
         Figure("working_set", "Working set of one verification vs K"),
         "Distinct experts one verification of K + 1 tokens uses per MoE layer (mean over windows and layers), "
         "against K, with the experts per layer and the device slots per layer at the main budget. Where the working "
@@ -148,7 +181,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "prefetch_policy", "sweep",
         Table(keys=("system", "k", "prefetch", "slots_per_layer")),
         Figure("bars", "Prefetch policies at equal capacity", x="prefetch", xlabel="prefetch policy"),
-        "Specter's TPOT (median over prompts) under each prefetch policy at equal device capacity: ``adaptive`` "
+        "Specter's TPOT (mean over prompts) under each prefetch policy at equal device capacity: ``adaptive`` "
         "(cold start, chunks sized from measured bandwidth and draft-step time, final cleanup), ``none``, ``early`` "
         "(one plan after the first draft step), ``late`` (one plan over the whole window before verification). "
         "Black ticks: the lower bound."),
@@ -158,20 +191,32 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         Figure("bars", "Ablation", x="variant", xlabel="variant"),
         "Specter with parts removed: ``full``; ``no prefetch`` (the draft still speculates, nothing is copied "
         "ahead); ``serialized demand`` (each demand copy waits for the compute issued before it, so hot-first "
-        f"overlap is gone); and both. TPOT is the median over prompts; {_BOUND}"),
+        f"overlap is gone); and both. TPOT is the mean over prompts; {_BOUND}"),
     Experiment(
         "oracle", "sweep",
         Table(keys=("system", "forecast", "noise", "k", "slots_per_layer"), derive=_oracle_forecast),
         Figure("bars", "Perfect and degraded forecasts", x="forecast", xlabel="prefetch forecast", sort="noise"),
         "Specter's prefetch planned from the draft's routing (``draft``) against plans from the target's own "
         "recorded routes with 0, 25, 50 or 75% of the expert identities replaced at random (``specter-oracle``): "
-        f"how much a better forecast could still buy. TPOT is the median over prompts; {_BOUND}"),
+        f"how much a better forecast could still buy. TPOT is the mean over prompts; {_BOUND}"),
+    Experiment(
+        "hit_rate", "sweep",
+        Table(keys=("policy", "specter_slots", "system", "k", "slots_per_layer", "experts_per_layer"),
+              derive=_hit_policy),
+        Figure("hit_rate", "Expert hit rate per caching policy (the paper's Table 3)", x="specter_slots",
+               xlabel="Specter's expert slots per layer"),
+        "The share of the experts a target pass needs that are already in a device slot when it asks for them (mean "
+        "over prompts), per caching policy, at each of Specter's slot counts: ``LRU`` (on-demand loading, the same "
+        "slots), ``LRU scaled to equal memory`` (on-demand with the device memory Specter needs at those slots, its "
+        "INT4 draft charged: more slots), ``single prefetch sooner`` (Specter with one plan after the first draft "
+        "step), ``single prefetch later`` (one plan over the whole window just before verification) and "
+        "``speculative`` (Specter's adaptive plans). The table keeps each run's TPOT and slots per layer."),
     Experiment(
         "budget", "sweep",
         Table(keys=("resident_share", "slots_per_layer", "system", "k"), speedups=("resident_share",)),
         Figure("lines", "TPOT vs device budget", x="resident_share",
                xlabel="device expert slots (% of each layer's experts)"),
-        "TPOT (median over prompts) against the device budget, given as the share of each MoE layer's experts that "
+        "TPOT (mean over prompts) against the device budget, given as the share of each MoE layer's experts that "
         "fit in device slots, for the listed systems at the main hardware profile and K."),
     Experiment(
         "hardware", "sweep",
@@ -179,7 +224,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         Figure("grouped_bars", "TPOT on each hardware profile", x="hardware", xlabel="hardware profile"),
         "The same recorded runs scheduled on every configured hardware profile (PCIe 3.0, 4.0 and 5.0 links and "
         "their GPUs' compute; ``specter hardware`` lists each preset's numbers and their sources), per system: TPOT "
-        "is the median over prompts, simulated."),
+        "is the mean over prompts, simulated."),
+    Experiment(
+        "breakdown", "main",
+        Table(kind="breakdown"),
+        Figure("breakdown", "Where a token's time goes (the paper's Fig 4)"),
+        "Each system's time per output token in the main comparison at the same slots, split by what the device was "
+        "doing at each instant between the first and the last commit: draft steps, target compute with no copy on "
+        "the link, target compute with copies overlapped, stalls on copies (no compute, a copy on the link), host "
+        "compute (Fiddler's experts on the CPU) and the rest (the host reading routes, launch gaps). The parts sum "
+        "to the TPOT (mean over prompts); ``results/tables/breakdown.csv`` also has the same-memory comparison."),
     Experiment(
         "paper_check", "main",
         Table(kind="paper_check"),
@@ -198,8 +252,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         Table(kind="fidelity"),
         Figure("fidelity", "Draft fidelity"),
         "Each configured draft against its target on held-out prompts (``specter fidelity``): left, the share of "
-        "(token, MoE layer) pairs whose draft expert set equals the target's, overlaps it, or misses it; right, the "
-        "greedy acceptance rate for K = 1..16 with the draft speculating on the target's committed prefix."),
+        "(token, MoE layer) pairs whose draft top-k experts match the target's as the paper counts them (v1 Fig 6): "
+        "hard (the same experts in the same rank order), soft (the same set in another order), mismatch (another "
+        "set); the table adds the set overlap (exact = hard + soft, partial, none). Right: the greedy acceptance rate "
+        "(accepted proposals over proposals checked, as in run records) for K = 1..16 with the draft speculating on "
+        "the target's committed prefix; the table adds the window utilization (accepted / K)."),
 ]}
 
 

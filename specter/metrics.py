@@ -5,8 +5,13 @@
   window utilization = accepted / proposed.
 - expert prediction per (layer, lookahead distance d): precision = |P n A| / |P| and recall = |P n A| / |A| with P the
   draft's experts at draft step d and A the target's at verification input d - 1 (they read the same token), summed over
-  cycles; window recall = planned experts the verification used / experts the verification used; window working set =
+  cycles; window recall = experts the verification used that the window's prefetch had placed on the device (copied,
+  or found resident and protected) / experts the verification used, the same for every system; window working set =
   distinct experts one verification uses per MoE layer, mean over windows and layers.
+- breakdown: [first commit, last commit] partitioned by what the device was doing (`breakdown`); its parts sum to
+  TPOT x (N - 1).
+- tables: the mean over prompts of every time and rate (the paper reports means), with the median, p90 and p99 of
+  TPOT and n (the prompts) beside; a speedup is a ratio of means (`specter.report.tables`).
 - hit rate = demand hits / (demand hits + demand misses): the share of the experts the target's passes needed that were
   already in a slot (the paper's Table 3 measure).
 - lower bound: max(the run's passes at roofline after the first commit, Belady's fewest expert loads over the link,
@@ -37,6 +42,52 @@ def hit_rate(hits: int, misses: int) -> float | None:
     """The share of the experts a run's target passes needed that were already in a slot when the pass asked (a
     prefetch still landing counts: its copy was issued before the need), as the paper's Table 3 counts them."""
     return share(hits, hits + misses)
+
+
+#: the parts of a run's decode time (`breakdown`), in the order they stack
+BREAKDOWN = ("draft", "target compute", "target compute, copies overlapped", "stall on copies", "host compute",
+             "host syncs and idle")
+
+
+def breakdown(spans, start: float, end: float) -> dict[str, float]:
+    """Partition [start, end] (a run's first and last commit) by what the device was doing at each instant, in
+    seconds per part of `BREAKDOWN`: `draft` (the compute stream runs a draft op: its label names a draft),
+    `target compute` (it runs a target op while no copy is on the link), `target compute, copies overlapped` (a target
+    op while a copy is), `stall on copies` (no compute, a copy on the link), `host compute` (no compute, no copy, the
+    host computes experts: Fiddler) and `host syncs and idle` (the rest: the host reading routes, launch gaps). The
+    parts sum to end - start, that is TPOT x (N - 1)."""
+    from specter.timing.engine import COMPUTE, H2D, HOST
+
+    events = []  # (time, change, kind)
+    for s in spans:
+        a, b = max(s.start, start), min(s.end, end)
+        if b <= a or s.stream not in (COMPUTE, H2D, HOST):
+            continue
+        kind = ("draft" if "draft" in s.label else "target") if s.stream == COMPUTE else s.stream
+        events += [(a, 1, kind), (b, -1, kind)]
+    events.sort(key=lambda e: e[0])
+    out = dict.fromkeys(BREAKDOWN, 0.0)
+    active = {"draft": 0, "target": 0, H2D: 0, HOST: 0}
+    t, i = start, 0
+    while i <= len(events):
+        nxt = events[i][0] if i < len(events) else end
+        if nxt > t:
+            if active["draft"]:
+                part = "draft"
+            elif active["target"]:
+                part = "target compute, copies overlapped" if active[H2D] else "target compute"
+            elif active[H2D]:
+                part = "stall on copies"
+            else:
+                part = "host compute" if active[HOST] else "host syncs and idle"
+            out[part] += nxt - t
+            t = nxt
+        if i == len(events):
+            break
+        while i < len(events) and events[i][0] == nxt:
+            active[events[i][2]] += events[i][1]
+            i += 1
+    return out
 
 
 def share(part: int, whole: int) -> float | None:

@@ -105,3 +105,23 @@ def test_unknown_system_option_is_one_line_exit_2(tiny_dirs, drafts, tmp_path):
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("specter: error:")]
     assert len(errors) == 1 and "has no option depth" in errors[0], proc.stderr[-1500:]
+
+
+def test_breakdown_parts_sum_to_the_decode_time_for_every_system(tiny_dirs, drafts, tmp_path):
+    """Every registered system's record splits [first commit, last commit] into the breakdown's parts, which sum to
+    TPOT x (N - 1); a speculative system spends time in draft steps, naive stalls on copies, and only Fiddler can
+    compute on the host."""
+    from specter.metrics import BREAKDOWN
+    from specter.systems import registry
+
+    parts = {}
+    for system in registry():
+        records = _run(tiny_dirs, drafts, "mixtral", system, tmp_path, **MECH)
+        for r in records:
+            b = r.extra["breakdown_ms"]
+            assert list(b) == list(BREAKDOWN) and min(b.values()) >= 0, system
+            assert sum(b.values()) == pytest.approx(r.tpot_ms * (len(r.output_token_ids) - 1), rel=1e-9), system
+        parts[system] = {p: sum(r.extra["breakdown_ms"][p] for r in records) for p in BREAKDOWN}
+    assert parts["specter"]["draft"] > 0 and parts["on-demand"]["draft"] == 0 and parts["resident"]["draft"] == 0
+    assert parts["naive"]["stall on copies"] > parts["resident"]["stall on copies"] == 0
+    assert all(parts[s]["host compute"] == 0 for s in parts if s != "fiddler")  # only Fiddler computes on the host

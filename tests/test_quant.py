@@ -166,4 +166,37 @@ def test_fidelity_cli_writes_csv_and_summary(tiny_dirs, drafts, tmp_path):
     assert summary["positions"] == 5 * 8 and [a["k"] for a in summary["acceptance"]] == list(range(1, 17))
     shares = summary["expert_exact"] + summary["expert_partial"] + summary["expert_none"]
     assert abs(shares - 1) < 1e-9
+    assert abs(summary["expert_hard"] + summary["expert_soft"] - summary["expert_exact"]) < 1e-9
+    assert abs(summary["expert_hard"] + summary["expert_soft"] + summary["expert_mismatch"] - 1) < 1e-9
+    for a in summary["acceptance"]:  # one definition each, as in run records
+        assert 0 <= a["window_utilization"] <= a["acceptance_rate"] <= 1
+        assert abs(a["window_utilization"] - a["mean_accepted"] / a["k"]) < 1e-9
     assert out.read_text().splitlines()[0].startswith("prompt_index,position,layer,")
+
+
+def test_fidelity_counts_the_papers_hard_soft_and_mismatch_on_a_hand_built_routing(tmp_path):
+    """Top-2 routes over 2 layers and 5 positions, built by hand: 4 hard (same order), 3 soft (same set, swapped), 3
+    mismatches (2 overlapping by one expert, 1 disjoint); the table reads them back as the paper's shares."""
+    import torch
+
+    from specter.quant.fidelity import FidelitySummary, agreement_shares, expert_agreement, write_fidelity
+    from specter.report.tables import fidelity_table
+
+    target = {0: torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [1, 0]]),
+              1: torch.tensor([[3, 2], [1, 5], [0, 7], [4, 6], [2, 1]])}
+    draft = {0: torch.tensor([[0, 1], [3, 2], [4, 5], [6, 0], [0, 1]]),
+             1: torch.tensor([[3, 2], [5, 1], [1, 3], [4, 6], [2, 7]])}
+    rows = expert_agreement(target, draft, range(5))
+    assert [r["match"] for r in rows] == ["hard", "hard", "soft", "soft", "hard", "mismatch", "mismatch", "hard",
+                                          "soft", "mismatch"]
+    assert [r["relation"] for r in rows if r["match"] == "mismatch"] == ["none", "partial", "partial"]
+    assert rows[0]["target_experts"] == "0 1" and rows[8]["draft_experts"] == "0 1"  # ranked, as routed
+    shares = agreement_shares(rows)
+    assert shares == dict(expert_hard=0.4, expert_soft=0.3, expert_mismatch=0.3, expert_exact=0.7,
+                          expert_partial=0.2, expert_none=0.1)
+    summary = FidelitySummary(prompts=1, positions=5, **shares, top1_agreement=1.0, acceptance=[
+        dict(k=1, mean_accepted=1.0, acceptance_rate=1.0, window_utilization=1.0, windows=1)])
+    path = write_fidelity(summary, rows, tmp_path / "f.csv", dict(model="m", dataset="d", method="gptq", bits=4,
+                                                                  group_size=32))
+    table = fidelity_table([path])
+    assert table.loc[0, ["expert_hard", "expert_soft", "expert_mismatch"]].tolist() == [0.4, 0.3, 0.3]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,7 +199,7 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     proc = _snakemake(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     experiments = ["main", "k_sweep", "prefix_sweep", "routing", "working_set", "prefetch_policy", "ablation",
-                   "oracle", "budget", "hardware", "paper_check", "fidelity"]
+                   "oracle", "hit_rate", "budget", "hardware", "breakdown", "paper_check", "fidelity"]
     for name in experiments:
         table = pd.read_csv(tmp_path / "results" / "tables" / f"{name}.csv")
         assert len(table) > 0, name
@@ -211,6 +214,25 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     assert len(priced) and (priced["tpot_ms"] > 10).all()  # Mixtral-8x7B's shapes: the paper's regime
     for path in (tmp_path / "results" / "runs").rglob("*.jsonl"):  # the runs replayed the recorded numerics
         assert all(json.loads(line)["extra"]["live_forwards"] == 0 for line in path.read_text().splitlines()), path
+
+    summary = (tmp_path / "results" / "summary.md").read_text()  # the file the README's numbers are quoted from
+    from specter.quant.meta import model_hash
+    from specter.report.summary import fmt_ms
+
+    for model in ("tiny-olmoe", "tiny-mixtral"):
+        assert f"| {model} |  |  | `{model_hash(tmp_path / 'results' / 'models' / model)}` |" in summary
+    for name in experiments:
+        digest = hashlib.sha256((tmp_path / "results" / "tables" / f"{name}.csv").read_bytes()).hexdigest()
+        assert f"| {name}.csv | {len(pd.read_csv(tmp_path / 'results' / 'tables' / f'{name}.csv'))} | `{digest}` |" \
+            in summary
+    for section in ("## main", "## ablation", "## k_sweep", "## paper_check"):
+        assert section in summary
+    specter = main[(main["system"] == "specter") & (main["memory"] == "same slots")].iloc[0]
+    row = f"| specter | {int(specter['slots_per_layer'])} | {int(specter['k'])} | {fmt_ms(specter['tpot_ms'])} |"
+    assert row in summary
+    again = subprocess.run([sys.executable, "-m", "specter", "summary", "results"], cwd=tmp_path, capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert again.returncode == 0 and again.stdout == summary  # no clock in it: the same tree, the same bytes
 
     proc = _snakemake(*args, "-n")
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr

@@ -1,12 +1,17 @@
 """`specter fidelity`: how well a draft predicts its target, on held-out prompts.
 
 For each prompt the target first generates greedily (its committed sequence). Then, on that same sequence:
-- expert sets: per (position, MoE layer), the draft's top-k expert set against the target's, as exact (equal sets),
-  partial (overlapping, not equal) or none; both models read the committed prefix (teacher forcing);
+- expert choices: per (position, MoE layer), the draft's top-k experts against the target's, both models reading the
+  committed prefix (teacher forcing). As the paper counts them (v1 §2.5, Fig 6): `hard` (the same experts in the same
+  rank order), `soft` (the same set in another order) and `mismatch` (another set); hard + soft is the share of equal
+  sets. The set overlap is kept beside: `exact` (equal sets: hard + soft), `partial` (overlapping, not equal) and
+  `none` (disjoint);
 - top-1 agreement: the draft's next-token argmax equals the target's;
 - acceptance: from every `stride`-th position the draft speculates 16 tokens greedily on the committed prefix; the
   accepted length for K is the number of leading tokens equal to the committed ones, capped at K. Reported for K in
-  1..16 as mean accepted length and acceptance rate (accepted / K).
+  1..16 as the mean accepted length, the acceptance rate (accepted proposals over proposals checked, a proposal being
+  checked when all before it were accepted: `specter.metrics.acceptance_rate`, as in run records) and the window
+  utilization (accepted / K: `specter.metrics.window_utilization`).
 The draft recomputes the prefix's KV with its own experts here; Specter's runtime reuses the target's KV instead, so
 these acceptance figures are for a slightly weaker draft than the runtime's.
 """
@@ -22,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from specter.io import atomic_write, atomic_write_text
+from specter.metrics import acceptance_rate, window_utilization
 from specter.models.adapter import MoEModel
 
 MAX_K = 16
@@ -31,11 +37,14 @@ MAX_K = 16
 class FidelitySummary:
     prompts: int
     positions: int  # (prompt, position) pairs compared for expert sets and top-1
-    expert_exact: float  # share of (position, layer) with equal sets
-    expert_partial: float
-    expert_none: float
+    expert_hard: float  # share of (position, layer) with the same experts in the same rank order
+    expert_soft: float  # the same set in another order
+    expert_mismatch: float  # another set
+    expert_exact: float  # equal sets (hard + soft)
+    expert_partial: float  # overlapping sets, not equal
+    expert_none: float  # disjoint sets
     top1_agreement: float
-    acceptance: list[dict]  # [{k, mean_accepted, acceptance_rate, windows}]
+    acceptance: list[dict]  # [{k, mean_accepted, acceptance_rate, window_utilization, windows}]
 
 
 def _routes(moe: MoEModel, ids: torch.Tensor) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
@@ -45,11 +54,47 @@ def _routes(moe: MoEModel, ids: torch.Tensor) -> tuple[dict[int, torch.Tensor], 
     return {layer: calls[-1] for layer, calls in log.items()}, logits.argmax(-1)
 
 
+def relations(target: list[int], draft: list[int]) -> tuple[str, str, int]:
+    """(order relation: hard | soft | mismatch, set relation: exact | partial | none, overlap) of a draft's ranked
+    top-k experts against the target's (each as its router returned them, best first)."""
+    t_set, d_set = set(target), set(draft)
+    overlap = len(t_set & d_set)
+    if t_set != d_set:
+        return "mismatch", "partial" if overlap else "none", overlap
+    return ("hard" if list(target) == list(draft) else "soft"), "exact", overlap
+
+
+def expert_agreement(target: dict[int, torch.Tensor], draft: dict[int, torch.Tensor],
+                     positions: range, prompt_index: int = 0, top1: list[bool] | None = None) -> list[dict]:
+    """One row per (position, layer) of `positions`: the target's and the draft's ranked experts (routes as
+    {layer: indices [T, k]}) and their relations (`relations`)."""
+    rows = []
+    for i, pos in enumerate(positions):
+        for layer in target:
+            t, d = target[layer][pos].tolist(), draft[layer][pos].tolist()
+            order, overlap_relation, overlap = relations(t, d)
+            rows.append(dict(prompt_index=prompt_index, position=pos, layer=layer,
+                             target_experts=" ".join(map(str, t)), draft_experts=" ".join(map(str, d)),
+                             match=order, overlap=overlap, relation=overlap_relation,
+                             top1_agree=int(top1[i]) if top1 is not None else None))
+    return rows
+
+
+def agreement_shares(rows: list[dict]) -> dict[str, float]:
+    """The shares of `expert_agreement` rows in each relation: expert_hard, _soft, _mismatch, _exact, _partial,
+    _none."""
+    total = len(rows)
+    if not total:
+        raise ValueError("no (position, layer) pairs to compare")
+    out = {f"expert_{m}": sum(r["match"] == m for r in rows) / total for m in ("hard", "soft", "mismatch")}
+    out.update({f"expert_{m}": sum(r["relation"] == m for r in rows) / total for m in ("exact", "partial", "none")})
+    return out
+
+
 def fidelity(target: MoEModel, draft: MoEModel, prompts: list[list[int]], new_tokens: int = 64, stride: int = 4,
              progress: bool = True) -> tuple[FidelitySummary, list[dict]]:
     """Compare `draft` to `target` on `prompts` (token id lists); returns the summary and tidy rows."""
     rows: list[dict] = []
-    counts = {"exact": 0, "partial": 0, "none": 0}
     top1_hits = top1_total = 0
     accepted_by_window: list[int] = []
     for p_idx, prompt in enumerate(tqdm(prompts, desc="fidelity", disable=not progress)):
@@ -60,20 +105,11 @@ def fidelity(target: MoEModel, draft: MoEModel, prompts: list[list[int]], new_to
         t_routes, t_next = _routes(target, seq)
         d_routes, d_next = _routes(draft, seq)
         start = len(prompt) - 1  # positions whose next token was generated
-        for pos in range(start, seq.shape[1] - 1):
-            agree = bool(d_next[pos] == t_next[pos])
-            top1_hits += agree
-            top1_total += 1
-            for layer in t_routes:
-                t_set = set(t_routes[layer][pos].tolist())
-                d_set = set(d_routes[layer][pos].tolist())
-                overlap = len(t_set & d_set)
-                relation = "exact" if t_set == d_set else ("partial" if overlap else "none")
-                counts[relation] += 1
-                rows.append(dict(prompt_index=p_idx, position=pos, layer=layer,
-                                 target_experts=" ".join(map(str, sorted(t_set))),
-                                 draft_experts=" ".join(map(str, sorted(d_set))), overlap=overlap, relation=relation,
-                                 top1_agree=int(agree)))
+        positions = range(start, seq.shape[1] - 1)
+        agree = [bool(d_next[pos] == t_next[pos]) for pos in positions]
+        top1_hits += sum(agree)
+        top1_total += len(agree)
+        rows += expert_agreement(t_routes, d_routes, positions, p_idx, agree)
         committed = seq[0].tolist()
         for pos in range(len(prompt), len(committed) - 1, stride):
             horizon = min(MAX_K, len(committed) - pos)
@@ -85,18 +121,18 @@ def fidelity(target: MoEModel, draft: MoEModel, prompts: list[list[int]], new_to
             while accepted < horizon and spec[accepted] == committed[pos + accepted]:
                 accepted += 1
             accepted_by_window.append(accepted)
-    total = sum(counts.values())
     acceptance = []
     for k in range(1, MAX_K + 1):
         capped = [min(a, k) for a in accepted_by_window]
-        mean = sum(capped) / len(capped) if capped else 0.0
-        acceptance.append(dict(k=k, mean_accepted=mean, acceptance_rate=mean / k, windows=len(capped)))
+        accepted, checked = sum(capped), sum(min(a + 1, k) for a in capped)
+        acceptance.append(dict(
+            k=k, mean_accepted=accepted / len(capped) if capped else 0.0,
+            acceptance_rate=acceptance_rate(accepted, checked) if checked else 0.0,
+            window_utilization=window_utilization(accepted, k * len(capped)) if capped else 0.0, windows=len(capped)))
     summary = FidelitySummary(
         prompts=len(prompts),
         positions=top1_total,
-        expert_exact=counts["exact"] / total,
-        expert_partial=counts["partial"] / total,
-        expert_none=counts["none"] / total,
+        **agreement_shares(rows),
         top1_agreement=top1_hits / top1_total,
         acceptance=acceptance,
     )

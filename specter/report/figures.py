@@ -82,7 +82,7 @@ def _bars_with_bound(ax, sub: pd.DataFrame, x: str, order: list | None = None) -
     lb = sub.set_index(x)["lower_bound_tpot_ms"]
     ax.scatter(range(len(order)), [lb.get(o) for o in order], marker="_", s=400, color="black", zorder=3,
                label="lower bound")
-    ax.set_ylabel("TPOT (ms, median over prompts)")
+    ax.set_ylabel("TPOT (ms, mean over prompts)")
     ax.tick_params(axis="x", rotation=35)
     for label in ax.get_xticklabels():
         label.set_ha("right")
@@ -127,7 +127,7 @@ def _plot_k_sweep(figure, table: pd.DataFrame, out, timing: str) -> None:
             ax.scatter(part["k"], part["tpot_ms"], marker=marker, s=size, color=color, zorder=4,
                        label=f"governor ({setting}): K = {int(part['k'].iloc[0])}")
         ax.set_xlabel("draft window K (tokens)")
-        ax.set_ylabel("TPOT (ms, median over prompts)")
+        ax.set_ylabel("TPOT (ms, mean over prompts)")
         twin = ax.twinx()
         twin.plot(fixed["k"], fixed["acceptance_rate"], marker="s", color="seagreen", label="acceptance rate")
         twin.set_ylabel("acceptance rate")
@@ -213,7 +213,7 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
             ax.set_ylim(sub[["tpot_ms", "lower_bound_tpot_ms"]].min().min() / 2, sub["tpot_ms"].max() * 4)
         else:
             _headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max(), 1.35)
-        ax.set_ylabel("TPOT (ms, median over prompts)")
+        ax.set_ylabel("TPOT (ms, mean over prompts)")
         ax.set_xlabel(figure.xlabel)
         slots = int(sub[sub["system"] == "specter"]["slots_per_layer"].iloc[0]) if "specter" in set(
             sub["system"]) else int(sub["slots_per_layer"].mode().iloc[0])
@@ -231,7 +231,7 @@ def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
             part = part.sort_values(figure.x)
             ax.plot(part[figure.x] * 100, part["tpot_ms"], marker="o", label=system)
         ax.set_xlabel(figure.xlabel)
-        ax.set_ylabel("TPOT (ms, median over prompts)")
+        ax.set_ylabel("TPOT (ms, mean over prompts)")
         ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
     _finish(fig, f"{figure.title} ({timing})", out)
@@ -243,7 +243,7 @@ def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     for ax, sub, title in panels:
         sns.barplot(data=sub, x=figure.x, y="tpot_ms", hue="system", ax=ax, errorbar=None)
         ax.set_xlabel(figure.xlabel)
-        ax.set_ylabel("TPOT (ms, median over prompts)")
+        ax.set_ylabel("TPOT (ms, mean over prompts)")
         if figure.x == "hardware":
             ax.tick_params(axis="x", rotation=25)
         _headroom(ax, sub["tpot_ms"].max(), 1.35)
@@ -256,16 +256,18 @@ def _plot_fidelity(figure, table: pd.DataFrame, out, timing: str) -> None:
     table = table.assign(draft=[f"{m} INT{b} g{g}" for m, b, g in
                                 zip(table["method"], table["bits"], table["group_size"])])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    shares = table.drop_duplicates("draft").set_index("draft")[["expert_exact", "expert_partial", "expert_none"]]
-    shares.mul(100).plot.bar(stacked=True, ax=left, color=["#4c72b0", "#dd8452", "#c44e52"], rot=0)
+    shares = table.drop_duplicates("draft").set_index("draft")[["expert_hard", "expert_soft", "expert_mismatch"]]
+    shares.mul(100).plot.bar(stacked=True, ax=left, color=["#4c72b0", "#8fb0dd", "#c44e52"], rot=0)
     left.set_ylabel("(token, layer) pairs (%)")
     left.set_xlabel("draft")
-    left.legend(["exact set", "partial overlap", "no overlap"], fontsize=8, loc="lower right")
-    left.set_title("draft expert set vs the target's", fontsize=9)
+    left.set_ylim(0, 100)
+    left.legend(["hard: same experts, same order", "soft: same set, other order", "mismatch: another set"],
+                fontsize=8, loc="lower right")
+    left.set_title("draft's ranked experts vs the target's (the paper's Fig 6)", fontsize=9)
     for draft, part in table.groupby("draft"):
         right.plot(part["k"], part["acceptance_rate"], marker="o", label=draft)
     right.set_xlabel("draft window K (tokens)")
-    right.set_ylabel("greedy acceptance rate")
+    right.set_ylabel("greedy acceptance rate (accepted / checked)")
     right.set_ylim(0, 1.05)
     right.legend(fontsize=8)
     right.set_title("acceptance on the target's committed prefix", fontsize=9)
@@ -310,6 +312,52 @@ def _plot_paper_check(figure, table: pd.DataFrame, out, timing: str) -> None:
     _finish(fig, figure.title, out)
 
 
+def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Hit rate (%) per caching policy, grouped by Specter's expert slots per layer (the paper's Table 3)."""
+    from specter.experiments import HIT_POLICIES
+
+    fig, panels = _panels(table, width=6.4, height=4.0)
+    for ax, sub, title in panels:
+        order = [p for p in HIT_POLICIES if p in set(sub["policy"])]
+        sns.barplot(data=sub.assign(hit_pct=sub["hit_rate"] * 100), x=figure.x, y="hit_pct", hue="policy",
+                    hue_order=order, ax=ax, errorbar=None)
+        for container in ax.containers:
+            ax.bar_label(container, fmt="%.0f", fontsize=6)
+        ax.set_xlabel(figure.xlabel)
+        ax.set_ylabel("hit rate (% of required experts on the device)")
+        ax.set_ylim(0, 119)
+        ax.legend(fontsize=7, title=None, loc="upper center", ncol=3)
+        ax.set_title(f"{title}\nof {int(sub['experts_per_layer'].iloc[0])} experts per layer", fontsize=9)
+    _finish(fig, f"{figure.title} ({timing})", out)
+
+
+def _plot_breakdown(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Stacked bars per system (same slots): the parts of a token's time, summing to its TPOT."""
+    from specter.metrics import BREAKDOWN
+
+    colors = ["#dd8452", "#4c72b0", "#8fb0dd", "#c44e52", "#55a868", "#bbbbbb"]
+    same = table[table["memory"] == "same slots"] if "same slots" in set(table["memory"]) else table
+    fig, panels = _panels(same, width=6.2, height=4.2)
+    for ax, sub, title in panels:
+        sub = sub.set_index("system").loc[_ordered(sub["system"])]
+        left = pd.Series(0.0, index=sub.index)
+        for part, color in zip(BREAKDOWN, colors):
+            ax.barh(sub.index, sub[part], left=left, color=color, label=part, edgecolor="white")
+            left = left + sub[part]
+        for i, tpot in enumerate(sub["tpot_ms"]):
+            ax.text(tpot, i, f" {tpot:.3g}", va="center", fontsize=7)
+        for label in ax.get_yticklabels():
+            if label.get_text() == "specter":
+                label.set_fontweight("bold")
+        ax.invert_yaxis()
+        ax.set_xlim(0, float(sub["tpot_ms"].max()) * 1.25)
+        ax.set_xlabel("ms per output token (mean over prompts)")
+        ax.set_title(f"{title}\nsame slots: {int(sub['slots_per_layer'].min())}+ per layer", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    _finish(fig, f"{figure.title} ({timing})", out)
+
+
 KINDS = {"system_bars": _plot_system_bars, "paper_check": _plot_paper_check, "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
-         "working_set": _plot_working_set, "fidelity": _plot_fidelity}
+         "working_set": _plot_working_set, "fidelity": _plot_fidelity, "hit_rate": _plot_hit_rate,
+         "breakdown": _plot_breakdown}

@@ -1,9 +1,9 @@
 """Tidy tables of the experiments: run records (JSONL) and fidelity summaries (JSON) in, one CSV per experiment out.
 
 `records_frame` flattens records to one row per (run, prompt) with the settings that tell runs apart; an experiment's
-table is built by its registry entry's table kind (`specter.experiments`): `medians` (medians over prompts per setting;
-the records keep every prompt), `routing` or `fidelity`. Every table keeps `simulated` and `hardware`, so a figure drawn
-from it can say what its times are.
+table is built by its registry entry's table kind (`specter.experiments`): `stats` (per setting, means over prompts
+with TPOT's median, p90, p99 and n beside; the records keep every prompt), `routing`, `paper_check` or `fidelity`.
+Every table keeps `simulated` and `hardware`, so a figure drawn from it can say what its times are.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from specter.errors import SpecterError
 from specter.io import atomic_write
 from specter.runspec import Budget
 
-_MEDIANS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
+#: the table kinds an experiment's registry entry can name
+KINDS = ("stats", "routing", "breakdown", "paper_check", "fidelity")
+
+_STATS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
             "window_working_set", "stall_ms", "hit_rate"]
 _SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
 
@@ -51,24 +54,30 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
             prefix_tokens=cfg.get("prefix_tokens"), prompt_index=r["prompt_index"],
             serialize_demand=options.get("serialize-demand", "false"), noise=options.get("noise"),
-            **{m: r.get(m) for m in _MEDIANS},
+            **{m: r.get(m) for m in _STATS},
             demand_misses=r["demand_misses"], h2d_bytes_demand=r["h2d_bytes_demand"],
             h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),
         ))
     return pd.DataFrame(rows)
 
 
-def _medians(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Medians over prompts of the time and rate metrics, sums of the counts, per setting `keys`."""
-    agg = {m: "median" for m in _MEDIANS if m in df}
+def _stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per setting `keys`: the mean over prompts of every time and rate metric (the paper reports means), TPOT's
+    median, p90 and p99 beside it, the sums of the counts, and n (the prompts). Quantiles interpolate linearly, so at
+    n = 5 the p99 lies between the two slowest prompts."""
+    groups = df.groupby(keys, dropna=False, sort=True)
+    agg = {m: "mean" for m in _STATS if m in df}
     agg.update({m: "sum" for m in _SUMS if m in df})
-    out = df.groupby(keys, dropna=False, sort=True).agg({**agg, "prompt_index": "count"})
-    return out.rename(columns={"prompt_index": "prompts"}).reset_index()
+    out = groups.agg({**agg, "prompt_index": "count"}).rename(columns={"prompt_index": "n"})
+    tpot = groups["tpot_ms"]
+    out["tpot_ms_median"], out["tpot_ms_p90"], out["tpot_ms_p99"] = tpot.median(), tpot.quantile(0.9), tpot.quantile(
+        0.99)
+    return out.reset_index()
 
 
 def _speedups(table: pd.DataFrame, scope: list[str], of: str = "specter") -> pd.DataFrame:
-    """Add `speedup_of_<of>`: each row's TPOT over `of`'s TPOT in the same scope (> 1: `of` is faster); empty where
-    the scope has no single `of` row to compare with."""
+    """Add `speedup_of_<of>`: each row's mean TPOT over `of`'s in the same scope (a ratio of means, as the paper
+    computes it; > 1: `of` is faster); empty where the scope has no single `of` row to compare with."""
     ref = table[table["system"] == of].groupby(scope, dropna=False)["tpot_ms"]
     ref = ref.first()[ref.size() == 1]
     keys = [tuple(row) for row in table[scope].itertuples(index=False, name=None)]
@@ -81,17 +90,19 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     spec = experiments.get(name).table
     if spec.kind == "routing":
         return routing_table(records)
+    if spec.kind == "breakdown":
+        return breakdown_table(records)
     if spec.kind == "paper_check":
         from specter.report.paper import paper_check_table
 
         return paper_check_table(records_frame(records))
-    if spec.kind != "medians":
+    if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records)
     if spec.derive is not None:
         df = spec.derive(df)
     scope = list(experiments.SCOPE)
-    table = _medians(df, scope + list(spec.keys))
+    table = _stats(df, scope + list(spec.keys))
     if spec.speedups is not None:
         table = _speedups(table, scope + list(spec.speedups))
     return table[list(spec.columns)] if spec.columns else table
@@ -104,11 +115,40 @@ def build_table(name: str, inputs: list[str | Path]) -> pd.DataFrame:
     return experiment_table(name, read_records(inputs))
 
 
+def breakdown_table(records: list[dict]) -> pd.DataFrame:
+    """Per (case, prompt set, comparison, system): where a committed token's time goes, in ms per token (each prompt's
+    `extra.breakdown_ms` over its N - 1 tokens, then the mean over prompts), with TPOT beside: the parts sum to it."""
+    from specter.metrics import BREAKDOWN
+
+    rows = []
+    for r in records:
+        parts = (r.get("extra") or {}).get("breakdown_ms")
+        tokens = len(r.get("output_token_ids") or [])
+        if not isinstance(parts, dict) or tokens < 2:
+            continue
+        cfg = r["config"]
+        rows.append(dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "",
+                         dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"], simulated=r["simulated"],
+                         memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
+                         system=r["system"], k=r["k"], slots_per_layer=r["slots_per_layer"], tpot_ms=r["tpot_ms"],
+                         **{p: float(parts.get(p, 0.0)) / (tokens - 1) for p in BREAKDOWN}))
+    if not rows:
+        raise SpecterError("the breakdown table needs run records with extra.breakdown_ms (records of this suite's "
+                           "version); run the experiment again")
+    df = pd.DataFrame(rows)
+    keys = [*experiments.SCOPE, "memory", "system", "k", "slots_per_layer"]
+    out = df.groupby(keys, dropna=False, sort=True).agg(
+        {"tpot_ms": "mean", **dict.fromkeys(BREAKDOWN, "mean"), "system": "size"})
+    return out.rename(columns={"system": "n"}).reset_index()
+
+
 def routing_table(records: list[dict]) -> pd.DataFrame:
     """Expert prediction per (K, lookahead distance): precision and recall over layers and prompts (sums of hits are
     not in the records, so these are means of the per-(layer, distance) shares), with the window recall beside."""
     rows = []
     for r in records:
+        if str(r["config"].get("k")) in experiments.GOVERNORS:  # a governor's run repeats its K's fixed run
+            continue
         for p in r.get("expert_prediction") or []:
             rows.append(dict(model=Path(r["model"]).name, dataset=Path(str(r["dataset"])).stem, system=r["system"],
                              k=r["k"], distance=p["distance"], layer=p["layer"], precision=p["precision"],
@@ -122,21 +162,27 @@ def routing_table(records: list[dict]) -> pd.DataFrame:
 
 
 def fidelity_table(paths: list[str | Path]) -> pd.DataFrame:
-    """One row per (draft, K) from `specter fidelity` JSON summaries: expert-set agreement, top-1, acceptance."""
+    """One row per (draft, K) from `specter fidelity` JSON summaries: the paper's hard / soft / mismatch shares of the
+    draft's ranked experts against the target's, the set overlap beside (exact = hard + soft, partial, none), top-1
+    agreement, and per K the mean accepted length, acceptance rate (accepted / checked) and window utilization
+    (accepted / K)."""
     rows = []
     for path in paths:
         s = _fidelity_summary(Path(path))
         for a in s["acceptance"]:
             rows.append(dict(model=Path(s["model"]).name, dataset=s["dataset"], method=s["method"], bits=s["bits"],
-                             group_size=s["group_size"], expert_exact=s["expert_exact"],
+                             group_size=s["group_size"], expert_hard=s["expert_hard"], expert_soft=s["expert_soft"],
+                             expert_mismatch=s["expert_mismatch"], expert_exact=s["expert_exact"],
                              expert_partial=s["expert_partial"], expert_none=s["expert_none"],
                              top1_agreement=s["top1_agreement"], k=a["k"], mean_accepted=a["mean_accepted"],
-                             acceptance_rate=a["acceptance_rate"], windows=a["windows"]))
+                             acceptance_rate=a["acceptance_rate"], window_utilization=a["window_utilization"],
+                             windows=a["windows"]))
     return pd.DataFrame(rows)
 
 
-_FIDELITY_KEYS = ("model", "dataset", "method", "bits", "group_size", "expert_exact", "expert_partial", "expert_none",
-                  "top1_agreement", "acceptance")
+_FIDELITY_KEYS = ("model", "dataset", "method", "bits", "group_size", "expert_hard", "expert_soft", "expert_mismatch",
+                  "expert_exact", "expert_partial", "expert_none", "top1_agreement", "acceptance")
+_ACCEPTANCE_KEYS = ("k", "mean_accepted", "acceptance_rate", "window_utilization", "windows")
 
 
 def _fidelity_summary(path: Path) -> dict:
@@ -150,9 +196,8 @@ def _fidelity_summary(path: Path) -> dict:
         raise SpecterError(f"{path} is not a JSON fidelity summary ({err}); run `specter fidelity` again") from None
     missing = [k for k in _FIDELITY_KEYS if not isinstance(s, dict) or k not in s]
     if not missing and not (isinstance(s["acceptance"], list) and all(
-            isinstance(a, dict) and {"k", "mean_accepted", "acceptance_rate", "windows"} <= set(a)
-            for a in s["acceptance"])):
-        missing = ["acceptance (a list of {k, mean_accepted, acceptance_rate, windows})"]
+            isinstance(a, dict) and set(_ACCEPTANCE_KEYS) <= set(a) for a in s["acceptance"])):
+        missing = [f"acceptance (a list of {{{', '.join(_ACCEPTANCE_KEYS)}}})"]
     if missing:
         raise SpecterError(f"{path} is not a fidelity summary (it lacks {', '.join(missing)}); give the .json "
                            "`specter fidelity` writes")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specter.errors import SpecterError
 from specter.io import atomic_write
-from specter.metrics import RunRecord, acceptance_rate, hit_rate, share, tpot_seconds, window_utilization
+from specter.metrics import RunRecord, acceptance_rate, breakdown, hit_rate, share, tpot_seconds, window_utilization
 
 
 def git_commit() -> str:
@@ -78,7 +78,9 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
                **({"k_per_cycle": result.ks} if prepared.online is not None else {}),
                "lower_bound_kind": lower_bound.kind, "lower_bound_per_pass_ms": lower_bound.per_pass * 1e3,
                "lower_bound_per_token_ms": lower_bound.per_token * 1e3,
-               "link_bytes_activations": stats.link_bytes_activations, "live_forwards": live_forwards, **measured},
+               "link_bytes_activations": stats.link_bytes_activations, "live_forwards": live_forwards,
+               "breakdown_ms": {part: seconds * 1e3 for part, seconds in breakdown(
+                   timeline.spans, result.commit_times[0], result.commit_times[-1]).items()}, **measured},
     )
 
 

@@ -75,7 +75,8 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
 def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Session | None = None,
             progress: bool = True) -> list[dict]:
     """Run each of `systems` with the same settings (one JSONL each under `out_dir`); returns one summary row per
-    system: medians over prompts of TPOT and its lower bound, and totals of demand misses and link bytes."""
+    system: means over prompts of TPOT and its lower bound (as the tables give them), and totals of demand misses and
+    link bytes."""
     if len(set(systems)) != len(systems):
         raise SpecterError(f"--systems lists a system twice: {systems}")
     specs = [replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl")) for name in systems]
@@ -86,15 +87,16 @@ def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Ses
 
 
 def summary(name: str, records: list[RunRecord]) -> dict:
-    """One row of a run's prompts: medians of TPOT, its bound and acceptance; totals of misses and link bytes."""
+    """One row of a run's prompts: means of TPOT, its bound and acceptance (as the tables give them); totals of misses
+    and link bytes."""
     return dict(
         system=name, k=records[0].k, slots_per_layer=records[0].slots_per_layer,
-        tpot_ms=statistics.median(r.tpot_ms for r in records),
-        lower_bound_tpot_ms=statistics.median(r.lower_bound_tpot_ms for r in records),
+        tpot_ms=statistics.fmean(r.tpot_ms for r in records),
+        lower_bound_tpot_ms=statistics.fmean(r.lower_bound_tpot_ms for r in records),
         demand_misses=sum(r.demand_misses for r in records),
         h2d_bytes=sum(r.h2d_bytes_demand + r.h2d_bytes_prefetch for r in records),
         activation_bytes=sum(r.extra.get("link_bytes_activations", 0) for r in records),
-        acceptance_rate=(statistics.median(r.acceptance_rate for r in records)
+        acceptance_rate=(statistics.fmean(r.acceptance_rate for r in records)
                          if records[0].acceptance_rate is not None else None),
         simulated=records[0].simulated, hardware=records[0].hardware,
     )

@@ -66,7 +66,8 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
         _commit(ctx, result, new_tokens, accepted, k, t, engine.event_time(end), check=session is None)
         if ctx.online is not None:
             ctx.online.observe(accepted, accepted + 1 if accepted < k else k)
-        _book_prediction(ctx, result, forecast, verify, planner.plan, k)
+        placed = {layer: set(experts) for layer, experts in ctx.cache.protected.items()}  # what prefetch put there
+        _book_prediction(ctx, result, forecast, verify, placed, k)
         ctx.cache.unprotect_all()
         t += accepted + 1
     if ctx.online is not None:  # the record's K: the median window chosen (every cycle's is in extra)
@@ -112,8 +113,10 @@ def _commit(ctx: PromptContext, result: PromptResult, new_tokens: list[int], acc
     result.accepted_lengths[accepted] += 1
 
 
-def _book_prediction(ctx: PromptContext, result: PromptResult, forecast, verify, plan: dict, k: int) -> None:
-    """Expert prediction per (layer, lookahead distance), and the plan's window recall."""
+def _book_prediction(ctx: PromptContext, result: PromptResult, forecast, verify, placed: dict, k: int) -> None:
+    """Expert prediction per (layer, lookahead distance), and the window recall: of the experts the verification
+    used, the share the window's prefetch had placed on the device (copied, or found resident and protected), the
+    same for every system, whatever its planner meant to copy."""
     for d in range(1, k + 1):  # draft step d and verification input d - 1 read the same token
         for layer in ctx.work.moe_layers:
             predicted, actual = set(forecast[d - 1][layer]), set(verify[d - 1][layer])
@@ -124,5 +127,5 @@ def _book_prediction(ctx: PromptContext, result: PromptResult, forecast, verify,
     for layer in ctx.work.moe_layers:
         used = {e for r in verify for e in r[layer]}
         result.window_needed += len(used)
-        result.window_hits += len(used & set(plan.get(layer, [])))
+        result.window_hits += len(used & placed.get(layer, set()))
     result.window_layers += len(ctx.work.moe_layers)

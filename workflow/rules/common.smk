@@ -123,6 +123,15 @@ def own_memo(case, dataset, experiment):
     return f"results/memo/{case}/{dataset}-p{MAIN_PREFIX}-{experiment}.json.gz"
 
 
+def prior_memo(case, dataset, experiment):
+    """The recording this one starts from: the same experiment's in the last case before `case` with the same model
+    (its grid's numerics are mostly the same: only what it lacks is computed), else none."""
+    model = case_model(case)
+    before = cases_of(experiment)[: cases_of(experiment).index(case)]
+    same = [c for c in before if case_model(c) == model]
+    return [own_memo(same[-1], dataset, experiment)] if same else []
+
+
 def record_systems(model, k):
     """What the main recording of `model` at window K must cover: every system of the experiments that replay it."""
     systems = []

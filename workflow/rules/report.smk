@@ -24,3 +24,22 @@ rule aggregate:
     shell:
         "python -m specter aggregate {wildcards.experiment:q} {input:q} --out {output.table:q} "
         "--figure {output.figure:q} > {log:q} 2>&1"
+
+
+# The headline numbers, from the tables and the models' and drafts' files (hashes, no wall-clock times): what the README
+# and the closing notes quote. Two reproductions of one commit write the same file.
+rule summary:
+    input:
+        tables=[f"results/tables/{name}.csv" for name in EXPERIMENTS],
+        models=[f"{model_dir(m)}/config.json" for m in MODELS],
+        drafts=[f"results/drafts/{m}/{draft_name(d)}/meta.json" for m in MODELS for d in drafts_of(m)],
+    output:
+        "results/summary.md",
+    conda:
+        ENV
+    log:
+        "results/logs/summary.log",
+    benchmark:
+        "results/benchmarks/summary.tsv"
+    shell:
+        "python -m specter summary results --out {output:q} > {log:q} 2>&1"

@@ -26,10 +26,12 @@ rule record:
 
 
 rule record_experiment:
-    """An experiment's own recording in one case (it varies K or the prompt length): its grid's numerics."""
+    """An experiment's own recording in one case (it varies K or the prompt length): its grid's numerics, starting from
+    the same experiment's recording in an earlier case of the same model (so what two cases share is computed once)."""
     input:
         model=lambda wc: f"{model_dir(case_model(wc.case))}/config.json",
         draft=lambda wc: f"{main_draft(case_model(wc.case))}/meta.json",
+        prior=lambda wc: prior_memo(wc.case, wc.dataset, wc.sweep),
     output:
         memo="results/memo/{case}/{dataset}-p{prefix}-{sweep}.json.gz",
     conda:
@@ -39,7 +41,8 @@ rule record_experiment:
     benchmark:
         "results/benchmarks/record/{case}/{dataset}-p{prefix}-{sweep}.tsv"
     params:
-        args=lambda wc, output: join([*common_args(case_model(wc.case), wc.dataset), "--memo-out", output.memo]),
+        args=lambda wc, input, output: join([*common_args(case_model(wc.case), wc.dataset),
+                                             *[a for m in input.prior for a in ("--memo", m)], "--memo-out", output.memo]),
         grid=lambda wc: grid_args(wc.sweep, wc.case, numerics_only=True),
     threads: 1
     shell:

@@ -1,0 +1,225 @@
+"""`specter summary`: the headline numbers of a results tree, written as one Markdown file by the workflow.
+
+The README and the closing notes quote this file rather than numbers copied by hand. It reads only what the workflow
+wrote (the experiments' tables, the model cards, the drafts' files), prints no wall-clock time and no date, and orders
+every row, so two reproductions of the same commit write the same bytes; its hashes (each model's `weights_sha256`,
+each draft's and each table's sha256) say at a glance whether two trees agree.
+
+Sections, each present when its table is: the models and drafts, the tables, `main` (every system's TPOT, its lower
+bound and its TPOT over Specter's, per case, prompt set and comparison), Specter's TPOT over its lower bound beside
+each baseline's, `ablation` (with the hit rates), `k_sweep` (each governor's K against the best fixed K) and
+`paper_check` (each published figure beside the suite's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from specter.errors import SpecterError
+from specter.experiments import GOVERNORS
+
+#: the order systems are listed in (the registry's order, Specter last); systems not named here follow, sorted
+SYSTEM_ORDER = ("resident", "on-demand", "naive", "mixtral-offloading", "moe-infinity", "fiddler", "sp-moe",
+                "specmoeoff", "specter-oracle", "specter")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _commit(root: Path) -> str:
+    """The checkout's commit, with `+ uncommitted changes` when tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=root).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" + uncommitted changes" if dirty else "")
+
+
+def _num(x, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return f"{float(x):.{digits}f}"
+
+
+def fmt_ms(x) -> str:
+    """A time in ms as the summary prints it: four significant digits (0.2134, 207.9, 1814)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return f"{float(x):.4g}"
+
+
+def _markdown(rows: list[list[str]], header: list[str]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def _system_key(system: str) -> tuple[int, str]:
+    return (SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER), system)
+
+
+#: the columns each section reads (a table without one is refused by name); `cost_as` and `memory` default
+NEEDS = {
+    "main": ("model", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer", "tpot_ms",
+             "lower_bound_tpot_ms", "hit_rate", "speedup_of_specter"),
+    "ablation": ("model", "dataset", "variant", "slots_per_layer", "tpot_ms", "lower_bound_tpot_ms", "hit_rate"),
+    "k_sweep": ("model", "dataset", "hardware", "k_setting", "k", "tpot_ms"),
+    "paper_check": ("id", "architecture", "slots", "system", "comparison", "metric", "paper", "suite",
+                    "suite_over_paper"),
+}
+
+
+def _read(path: Path) -> pd.DataFrame | None:
+    """A section's table, checked to hold the columns the section reads, or None where it was not written."""
+    from specter.report.tables import read_table
+
+    if not path.is_file():
+        return None
+    df = read_table(path)
+    missing = [c for c in NEEDS[path.stem] if c not in df]
+    if missing:
+        raise SpecterError(f"{path} lacks the column(s) {', '.join(missing)}; it was written by another version of "
+                           "the suite: write it again with `specter aggregate` (or rerun the workflow)")
+    return df.assign(**{c: df[c].fillna("") if c in df else "" for c in ("cost_as",)},
+                     **({"memory": "same slots"} if "memory" not in df else {}))
+
+
+def _where(row) -> str:
+    """A case's name as the tables give it: the model, and the architecture its ops are priced at."""
+    if isinstance(row["cost_as"], str) and row["cost_as"]:
+        return f"{row['model']} priced as {row['cost_as']}"
+    return f"{row['model']} at its own shapes"
+
+
+def _models(results: Path) -> list[str]:
+    from specter.quant.meta import model_hash
+
+    rows = []
+    for config in sorted((results / "models").glob("*/config.json")):
+        card_path, card = config.parent / "model_card.json", {}
+        if card_path.is_file():
+            try:
+                card = json.loads(card_path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise SpecterError(f"{card_path} is not a model card ({err}); build the model again") from None
+        digest = card.get("weights_sha256") or model_hash(config.parent)  # the card holds the same hash
+        rows.append([config.parent.name, card.get("stands_in_for", ""), _num(card.get("perplexity_ratio"), 3),
+                     f"`{digest}`"])
+    for draft in sorted((results / "drafts").glob("*/*/experts.safetensors")):
+        rows.append([f"{draft.parent.parent.name} / {draft.parent.name}", "draft", "", f"`{_sha256(draft)}`"])
+    if not rows:
+        return []
+    return ["## Models and drafts", "",
+            "Each model's `weights_sha256` (over its config and weights, as its card and every draft's sidecar give "
+            "it); each draft's `experts.safetensors`.", "",
+            *_markdown(rows, ["model", "stands in for", "perplexity / dense", "sha256"])]
+
+
+def _tables(tables: list[Path]) -> list[str]:
+    rows = [[p.name, str(len(pd.read_csv(p))), f"`{_sha256(p)}`"] for p in tables]
+    return ["## Tables", "", *_markdown(rows, ["table", "rows", "sha256"])]
+
+
+def _main(df: pd.DataFrame) -> list[str]:
+    out = ["## main: every system, per case", "",
+           "TPOT is the mean over prompts (ms; the paper reports means); `LB` its run's lower bound; `TPOT / LB` how "
+           "far above the bound it runs; `over Specter` its TPOT over Specter's in the same comparison (above 1: "
+           "Specter is faster).", ""]
+    scope = ["model", "cost_as", "dataset", "hardware", "memory"]
+    for key, group in df.groupby(scope, dropna=False, sort=True):
+        row = dict(zip(scope, key))
+        sim = "simulated" if bool(group["simulated"].all()) else "measured"
+        out += [f"### {_where(row)}, {row['dataset']}, {row['memory']} ({sim} on {row['hardware']})", ""]
+        rows = []
+        for _, r in sorted(group.iterrows(), key=lambda kv: _system_key(kv[1]["system"])):
+            ratio = r["tpot_ms"] / r["lower_bound_tpot_ms"] if r["lower_bound_tpot_ms"] else float("nan")
+            rows.append([r["system"], str(int(r["slots_per_layer"])), "" if pd.isna(r["k"]) else str(int(r["k"])),
+                         fmt_ms(r["tpot_ms"]), fmt_ms(r["lower_bound_tpot_ms"]), _num(ratio, 2),
+                         _num(r.get("hit_rate"), 3), _num(r.get("speedup_of_specter"), 2)])
+        out += _markdown(rows, ["system", "slots", "K", "TPOT", "LB", "TPOT / LB", "hit rate", "over Specter"])
+        case = df[(df["model"] == row["model"]) & (df["cost_as"] == row["cost_as"]) & (df["dataset"] == row["dataset"])]
+        absent = sorted(set(case["system"]) - set(group["system"]), key=_system_key)
+        if absent:  # a run that does not fit its budget writes no record (its log says why)
+            out += [f"No record (does not fit this comparison's device memory): {', '.join(absent)}.", ""]
+    return out
+
+
+def _ablation(df: pd.DataFrame) -> list[str]:
+    out = ["## ablation", ""]
+    rows = []
+    for _, r in df.sort_values(["model", "cost_as", "dataset", "variant"]).iterrows():
+        rows.append([_where(r), r["dataset"], r["variant"], str(int(r["slots_per_layer"])), fmt_ms(r["tpot_ms"]),
+                     fmt_ms(r["lower_bound_tpot_ms"]), _num(r["hit_rate"], 3)])
+    return out + _markdown(rows, ["case", "prompt set", "variant", "slots", "TPOT", "LB", "hit rate"])
+
+
+def _k_sweep(df: pd.DataFrame) -> list[str]:
+    out = ["## k_sweep: the governors against the best fixed K", "",
+           "Each governor's run beside the fastest fixed-K run of the same case; `over best` is its TPOT over that "
+           "one's.", ""]
+    rows = []
+    for key, group in df.groupby(["model", "cost_as", "dataset", "hardware"], dropna=False, sort=True):
+        fixed = group[~group["k_setting"].astype(str).isin(GOVERNORS)]
+        if fixed.empty:
+            continue
+        best = fixed.loc[fixed["tpot_ms"].idxmin()]
+        where = _where(dict(zip(["model", "cost_as"], key[:2])))
+        rows.append([where, key[2], "best fixed", str(int(best["k"])), fmt_ms(best["tpot_ms"]), ""])
+        for governor in GOVERNORS:
+            sub = group[group["k_setting"].astype(str) == governor]
+            for _, r in sub.iterrows():
+                rows.append([where, key[2], governor, "" if pd.isna(r["k"]) else str(int(r["k"])),
+                             fmt_ms(r["tpot_ms"]), _num(r["tpot_ms"] / best["tpot_ms"], 3)])
+    return out + _markdown(rows, ["case", "prompt set", "K setting", "K", "TPOT", "over best"])
+
+
+def _paper_check(df: pd.DataFrame) -> list[str]:
+    out = ["## paper_check: the paper's figures beside the suite's", "",
+           "Rows whose case this run did not include have no suite value.", ""]
+    rows = [[r["id"], r["architecture"], str(r["slots"]), r["system"], r["comparison"] if isinstance(
+        r["comparison"], str) else "", r["metric"], f"{r['paper']:.4g}", fmt_ms(r["suite"]),
+        _num(r["suite_over_paper"], 2)] for _, r in df.iterrows()]
+    return out + _markdown(rows, ["id", "architecture", "slots", "system", "comparison", "metric", "paper", "suite",
+                                  "suite / paper"])
+
+
+def summary(results: str | Path, root: str | Path | None = None) -> str:
+    """The summary of results tree `results` (the directory holding `tables/`, `models/`, `drafts/`); `root`: the
+    checkout whose commit it names (default: the suite's own)."""
+    results = Path(results)
+    tables_dir = results / "tables"
+    tables = sorted(tables_dir.glob("*.csv"))
+    if not tables:
+        raise SpecterError(f"{tables_dir} holds no tables (*.csv); run the workflow (snakemake --cores all) first")
+    root = Path(root) if root else Path(__file__).resolve().parents[2]
+    hardware = sorted({h for p in tables for h in _hardware(p)})
+    lines = ["# Results summary", "",
+             f"Written by `specter summary` from `{results}`; commit {_commit(root)}. Times are simulated unless a "
+             f"section says measured; hardware profiles: {', '.join(hardware) or 'none'} (`specter hardware` gives "
+             "their numbers).", ""]
+    lines += _models(results)
+    lines += _tables(tables)
+    for name, section in (("main", _main), ("ablation", _ablation), ("k_sweep", _k_sweep),
+                          ("paper_check", _paper_check)):
+        df = _read(tables_dir / f"{name}.csv")
+        if df is not None and not df.empty:
+            lines += section(df)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _hardware(path: Path) -> list[str]:
+    df = pd.read_csv(path)
+    return [str(h) for h in df["hardware"].dropna().unique() if str(h)] if "hardware" in df else []
