@@ -28,6 +28,23 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_systems(args: argparse.Namespace) -> int:
+    import inspect
+
+    from specter.systems import registry
+
+    for name, cls in sorted(registry().items()):
+        own = cls.__dict__.get("__doc__")  # the class's own docstring (not System's), else its module's
+        doc = inspect.cleandoc(own) if own else inspect.getdoc(inspect.getmodule(cls)) or ""
+        summary = " ".join(doc.split("\n\n")[0].split())
+        kind = ("speculative" + (", own draft and KV" if cls.separate_draft else "")) if cls.speculative else \
+            "one token a pass"
+        print(f"{name}: {summary} [{kind}]")
+        for option, (_kind, default, text, *_bounds) in cls.options.items():
+            print(f"  --system-option {option}=...  {text} (default {default})")
+    return 0
+
+
 def cmd_architectures(args: argparse.Namespace) -> int:
     from specter.models.architectures import architecture_names, load_architecture
 
@@ -321,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_commands(sub) -> None:
     p = sub.add_parser("models", help="list the supported MoE architectures")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("systems", help="the systems `run --system` takes: what each does and its options")
+    p.set_defaults(func=cmd_systems)
 
     p = sub.add_parser("architectures", help="the published architectures a run can be priced at (--cost-as)")
     p.add_argument("architectures", nargs="*", metavar="NAME|FILE", help="shipped names or config.json paths "

@@ -78,3 +78,16 @@ def test_bad_model_dir_is_one_line_and_exit_2(case, tmp_path):
     assert "Traceback" not in proc.stderr
     if case in ("dense", "unknown"):
         assert "supported" in lines[0] and "mixtral" in lines[0]
+
+
+def test_systems_lists_every_registered_system_with_its_options(capsys):
+    from specter.cli import main
+    from specter.systems import registry
+
+    assert main(["systems"]) == 0
+    out = capsys.readouterr().out
+    for name, cls in registry().items():
+        assert f"\n{name}: " in f"\n{out}", name
+        for option in cls.options:
+            assert f"--system-option {option}=" in out, (name, option)
+    assert "resident: Every expert on the device" in out and "[speculative, own draft and KV]" in out

@@ -8,6 +8,8 @@ from specter.systems.decode import decode_one_by_one
 
 
 class OnDemand(System):
+    """The target alone: each missing expert is copied when its router asks for it, into LRU slots; no speculation."""
+
     name = "on-demand"
 
     def run(self, ctx: PromptContext) -> PromptResult:
@@ -15,6 +17,8 @@ class OnDemand(System):
 
 
 class Resident(System):
+    """Every expert on the device, nothing crosses the link: the upper bound."""
+
     name = "resident"
 
     @staticmethod
