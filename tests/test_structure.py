@@ -115,3 +115,21 @@ def test_a_wheel_install_has_every_hardware_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     names = sorted(p.stem for p in (ROOT / "specter" / "presets" / "hardware").glob("*.yaml"))
     assert len(names) >= 6 and all(f"{name}:" in proc.stdout for name in names), proc.stdout
+
+
+def test_paper_check_figure_draws_rows_without_a_comparison(tmp_path):
+    """A published figure of Specter itself has no comparison (an empty cell, NaN once the CSV is read back)."""
+    import pandas as pd
+
+    from specter.report.figures import plot
+
+    table = pd.DataFrame([dict(id="a", where="Fig 13", architecture="phi-3.5-moe", slots=2, system="specter",
+                               comparison=float("nan"), metric="tpot_ms", paper=163.1, suite=150.0,
+                               suite_over_paper=0.92, prompts=5, proxy="p", hardware="a100-40gb-pcie4",
+                               simulated=True, note="", paper_source="v1"),
+                          dict(id="b", where="Fig 13", architecture="phi-3.5-moe", slots=2, system="naive",
+                               comparison="same_slots", metric="speedup_of_specter", paper=5.9, suite=4.0,
+                               suite_over_paper=0.68, prompts=5, proxy="p", hardware="a100-40gb-pcie4",
+                               simulated=True, note="", paper_source="v1")])
+    plot("paper_check", table, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

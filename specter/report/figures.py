@@ -300,7 +300,7 @@ def _plot_paper_check(figure, table: pd.DataFrame, out, timing: str) -> None:
                 label=f"suite ({timing})")
         for y, (p, s) in enumerate(zip(part["paper"], part["suite"])):
             ax.text(max(p, s) * 1.05, y, f"x{s / p:.2f}", va="center", fontsize=7)
-        labels = [f"{a}\n{s}{' ' + c.replace('_', ' ') if c else ''}" for a, s, c in
+        labels = [f"{a}\n{s}{' ' + c.replace('_', ' ') if isinstance(c, str) and c else ''}" for a, s, c in
                   zip(part["architecture"], part["system"], part["comparison"])]
         ax.set_yticks(list(ys), labels, fontsize=7)
         ax.invert_yaxis()
