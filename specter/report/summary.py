@@ -116,8 +116,10 @@ def _models(results: Path) -> list[str]:
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise SpecterError(f"{card_path} is not a model card ({err}); build the model again") from None
         digest = card.get("weights_sha256") or model_hash(config.parent)  # the card holds the same hash
-        rows.append([config.parent.name, card.get("stands_in_for", ""), _num(card.get("perplexity_ratio"), 3),
-                     f"`{digest}`"])
+        ratio = card.get("perplexity_ratio")  # per held-out corpus: {prose: x, code: y}
+        ratio = ", ".join(f"{c} {_num(v, 2)}" for c, v in sorted(ratio.items())) if isinstance(ratio, dict) else \
+            _num(ratio, 2)
+        rows.append([config.parent.name, card.get("stands_in_for", ""), ratio, f"`{digest}`"])
     for draft in sorted((results / "drafts").glob("*/*/experts.safetensors")):
         rows.append([f"{draft.parent.parent.name} / {draft.parent.name}", "draft", "", f"`{_sha256(draft)}`"])
     if not rows:
