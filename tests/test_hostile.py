@@ -344,7 +344,11 @@ def test_sigint_exits_130_without_a_traceback(tiny_dirs, tmp_path):
 
     proc = subprocess.Popen([sys.executable, "-m", "specter", "build-model", "smollm2-moe", "--out",
                              str(tmp_path / "m")], stderr=subprocess.PIPE, text=True)
-    time.sleep(4)  # inside the build (imports done, work begun)
+    deadline = time.monotonic() + 180  # wait until the build is under way: its temporary directory exists
+    while not any(p.name.startswith(".m.") for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the build never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
