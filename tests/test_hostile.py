@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -70,25 +71,18 @@ def _profile(w: Path, real, edit) -> str:
     return str(path)
 
 
-def _model_copy(w: Path, real, damage) -> str:
-    out = w / "model"
-    shutil.copytree(real["model"], out)
+def _damaged_copy(w: Path, real, damage, key: str) -> str:
+    """A copy of the real output `key` (a directory or a file) under `w`, damaged by `damage`."""
+    src = Path(real[key])
+    out = w / ("in.jsonl" if key == "records" else key)
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, out)
     damage(out)
     return str(out)
 
 
-def _draft_copy(w: Path, real, damage) -> str:
-    out = w / "draft"
-    shutil.copytree(real["draft"], out)
-    damage(out)
-    return str(out)
-
-
-def _records_copy(w: Path, real, damage) -> str:
-    out = w / "in.jsonl"
-    shutil.copy(real["records"], out)
-    damage(out)
-    return str(out)
+_model_copy = partial(_damaged_copy, key="model")
+_draft_copy = partial(_damaged_copy, key="draft")
+_records_copy = partial(_damaged_copy, key="records")
 
 
 def _write(w: Path, name: str, content: str | bytes) -> str:
