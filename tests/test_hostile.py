@@ -337,7 +337,10 @@ def test_sigint_exits_130_without_a_traceback(tiny_dirs, tmp_path):
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "specter", "build-model", "smollm2-moe", "--out",
-                             str(tmp_path / "m")], stderr=subprocess.PIPE, text=True)
+                             str(tmp_path / "m")], stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: a library loaded earlier in this pytest process may leave SIGINT
+                            # ignored, which a child inherits, and Python then installs no KeyboardInterrupt handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 180  # wait until the build is under way: its temporary directory exists
     while not any(p.name.startswith(".m.") for p in tmp_path.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, "the build never started"
