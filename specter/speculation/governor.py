@@ -44,7 +44,9 @@ def default_k(architecture: str | None) -> tuple[int, str]:
     if architecture in ARTIFACT_KS:
         return ARTIFACT_KS[architecture], f"the artifact's K for {architecture} (no --k given)"
     return DEFAULT_K, f"the suite's default K = {DEFAULT_K} (no --k given, no artifact K for this model)"
-PROFILE_PROMPTS = 8
+#: calibration prompts each governor profiles on: the artifact's depth sweep profiles K on 3 inputs (protocol.json,
+#: supporting_sweeps: "inputs": 3); here they come from the calibration split, never from an evaluation set
+PROFILE_PROMPTS = 3
 EMA_OLD = 0.75
 
 

@@ -124,12 +124,17 @@ def own_memo(case, dataset, experiment):
 
 
 def prior_memo(case, dataset, experiment):
-    """The recording this one starts from: the same experiment's in the last case before `case` with the same model
-    (its grid's numerics are mostly the same: only what it lacks is computed), else none."""
+    """The recording this one starts from, so that what they share is computed once (only what it lacks is
+    computed): the same experiment's in the last case before `case` with the same model, else main's recording of
+    the case (the grid's point at the case's own K and prompt length), else none."""
     model = case_model(case)
     before = cases_of(experiment)[: cases_of(experiment).index(case)]
     same = [c for c in before if case_model(c) == model]
-    return [own_memo(same[-1], dataset, experiment)] if same else []
+    if same:
+        return [own_memo(same[-1], dataset, experiment)]
+    if "main" in ENTRY and case in cases_of("main") and dataset in datasets_of("main"):
+        return [case_memo(case, dataset)]
+    return []
 
 
 def record_systems(model, k):
