@@ -92,6 +92,58 @@ def _check_cases(config: dict, widths: dict) -> None:
                 raise ConfigError(f"config cases.{name}.cost_as: {err}") from None
 
 
+def _same_memory_slots(entry: dict, case: dict) -> list[int]:
+    """The slot counts whose Specter memory an experiment's `same_memory` budgets give every system in a case."""
+    axes = entry.get("axes") or {}
+    slots = [case["slots"]] if "same_memory" in (axes.get("memory") or []) else []
+    return slots + [int(n) for n in axes.get("same_memory_as") or []]
+
+
+def _check_same_memory(config: dict) -> None:
+    """A same-memory budget past the case's device is refused here, before any job (a run would refuse it only once
+    its job runs). Checked where the bytes are known before anything is built: cases priced at an architecture's
+    shapes (`cost_as`), with the first draft of the case's model."""
+    from specter.experiments import EXPERIMENTS
+    from specter.models.architectures import load_architecture
+    from specter.offload.memory import slot_row_bytes, specter_resident_bytes
+    from specter.speculation.governor import PROFILE_KS
+    from specter.timing import load_profile
+
+    works: dict[str, object] = {}
+    protocol = config["protocol"]
+    for name, entry in config["experiments"].items():
+        if name not in EXPERIMENTS or not entry.get("systems"):
+            continue
+        cases = entry.get("cases") or (list(config["cases"]) if EXPERIMENTS[name].all_cases
+                                       else list(config["cases"])[:1])
+        axes = entry.get("axes") or {}
+        for case_name in cases:
+            case = config["cases"][case_name]
+            slots = _same_memory_slots(entry, case)
+            if not slots or not case.get("cost_as"):
+                continue
+            if case["cost_as"] not in works:
+                works[case["cost_as"]] = load_architecture(case["cost_as"]).work()
+            work = works[case["cost_as"]]
+            model = config["models"][case["model"]]
+            draft = (model.get("drafts") or config["drafts"])[0]
+            ks = [k for k in axes.get("k") or [case["k"]]]
+            window = max(int(k) if str(k).isdigit() else max(PROFILE_KS) for k in ks)
+            prefix = max(axes.get("prefix_tokens") or [protocol["prefix_tokens"]])
+            resident = specter_resident_bytes(work, work.quantized_expert_bytes(draft["bits"], draft["group_size"]),
+                                              prefix + protocol["max_new_tokens"] + window)
+            hardware = case.get("hardware") or config["hardware"]["main"]
+            device = load_profile(hardware).device_memory_bytes
+            for n in slots:
+                need = resident + n * slot_row_bytes(work)
+                if need > device:
+                    raise ConfigError(
+                        f"config experiments.{name} in case {case_name}: the same-memory budget at {n} slots per layer "
+                        f"is Specter's memory there, {need / 1e9:.2f} GB ({case['cost_as']} shapes, its INT4 draft, KV "
+                        f"for K = {window}), more than {hardware}'s {device / 1e9:g} GB; use fewer slots, or a case "
+                        "on a device with more memory")
+
+
 def check_config(config: dict) -> None:
     """Every check the schema cannot make; raises ConfigError naming the first problem."""
     from specter.errors import SpecterError
@@ -129,3 +181,4 @@ def check_config(config: dict) -> None:
                 load_profile(profile)
             except SpecterError as err:
                 raise ConfigError(f"config hardware: {err}") from None
+    _check_same_memory(config)

@@ -64,6 +64,28 @@ def test_missing_model_path_fails_before_any_job_naming_the_key(tmp_path):
     assert "config models.mine.path" in proc.stdout + proc.stderr and "holds no checkpoint" in proc.stdout + proc.stderr
 
 
+def test_the_paper_config_plans_every_case(tmp_path):
+    """config/paper.yaml (all the paper's cases) passes every check and plans; its 16-neuron proxies take group 16."""
+    proc = _snakemake("-n", "--cores", "1", "--configfile", "config/paper.yaml", "--directory", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "smollm2-moe-64x6/gptq-int4-g16" in proc.stdout
+
+
+def test_a_same_memory_budget_past_the_device_fails_before_any_job(tmp_path):
+    """Specter's memory at 3 Phi-3.5-MoE slots per layer is 40.7 GB, past the A100-40GB: refused with the config, not
+    once the job runs."""
+    bad = _config(tmp_path, lambda c: c["experiments"]["hit_rate"]["axes"].update(same_memory_as=[1, 2, 3]),
+                  base="config/config.yaml")
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _snakemake("-n", "--cores", "1", "--configfile", bad, "--directory", str(work))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    want = "config experiments.hit_rate in case phi_high: the same-memory budget at 3 slots per layer"
+    assert want in out, out[-2000:]
+    assert "more than a100-40gb-pcie4's 40 GB" in out and "use fewer slots" in out
+
+
 def test_lint_is_clean():
     for extra in ([], ["--configfile", ".test/config.yaml"]):
         proc = _snakemake("--lint", *extra)
@@ -109,7 +131,7 @@ def _config(tmp_path, edit, base=".test/config.yaml") -> str:
     config = yaml.safe_load((ROOT / base).read_text())
     edit(config)
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))  # the order of cases matters (the first is the default)
     return str(path)
 
 

@@ -42,6 +42,19 @@ class MemoryPlan:
         return asdict(self)
 
 
+def specter_resident_bytes(work: ModelWork, draft_expert_bytes: int, positions: int) -> int:
+    """What Specter keeps on the device besides its expert slots: the target's non-expert weights, its self-draft's
+    quantized experts (`draft_expert_bytes` each), KV for `positions`, the workspace (the reference of a
+    `--same-memory-as` budget)."""
+    return (work.non_expert_bytes() + draft_expert_bytes * len(work.moe_layers) * work.experts_per_layer
+            + work.kv_bytes(positions) + STAGING_BUFFERS * work.expert_bytes)
+
+
+def slot_row_bytes(work: ModelWork) -> int:
+    """One expert slot in every MoE layer."""
+    return len(work.moe_layers) * work.expert_bytes
+
+
 def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budget, kv_copies: int = 1,
                 device_bytes: int | None = None, reference_bytes: int | None = None) -> MemoryPlan:
     """The resident part (weights, draft, KV for `max_tokens` positions, workspace) and the slots `budget` leaves.
@@ -50,7 +63,7 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budg
     kv = kv_copies * work.kv_bytes(max_tokens)  # a draft with its own KV doubles it
     workspace = STAGING_BUFFERS * work.expert_bytes
     resident = work.non_expert_bytes() + draft_bytes + kv + workspace
-    per_slot_row = len(work.moe_layers) * work.expert_bytes  # one slot in every MoE layer
+    per_slot_row = slot_row_bytes(work)
     plan = dict(resident_bytes=resident, non_expert_bytes=work.non_expert_bytes(), draft_bytes=draft_bytes,
                 kv_bytes=kv, workspace_bytes=workspace, budget_kind=budget.kind, device_bytes=device_bytes)
     if budget.kind in ("gb", "same_memory"):

@@ -133,17 +133,15 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
 
 
 def _specter_resident(spec: RunSpec, work: ModelWork, k: Window) -> int:
-    """What Specter keeps on the device besides its expert slots: the target's weights, its self-draft's quantized
-    experts, KV for its window, the workspace (the reference of a `--same-memory-as` budget)."""
-    from specter.offload.memory import STAGING_BUFFERS
+    """Specter's resident part at this run's settings (the reference of a `--same-memory-as` budget)."""
+    from specter.offload.memory import specter_resident_bytes
     from specter.quant.meta import DraftMeta
 
     meta = DraftMeta.read(spec.draft)
     per_expert = (work.quantized_expert_bytes(meta.bits, meta.group_size) if spec.cost_as
                   else meta.quantized_bytes_per_expert)
     window = _max_governed_k() if k.governor else k.fixed
-    return (work.non_expert_bytes() + per_expert * len(work.moe_layers) * work.experts_per_layer
-            + work.kv_bytes(spec.prefix_tokens + spec.max_new_tokens + window) + STAGING_BUFFERS * work.expert_bytes)
+    return specter_resident_bytes(work, per_expert, spec.prefix_tokens + spec.max_new_tokens + window)
 
 
 def _max_governed_k() -> int:
