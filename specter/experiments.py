@@ -13,9 +13,9 @@ the architecture whose shapes price them (`cost_as`), the slots per layer and K.
 model computes (`NUMERICS_AXES`) records its own numerics; the others replay the main recording.
 
 Table kinds (`specter/report/tables.py`): `stats` (per setting, means over prompts of times and rates with TPOT's
-median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `paper_check`, `fidelity`. Figure kinds
-(`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`, `lines`, `k_sweep`, `routing`, `working_set`,
-`fidelity`, `hit_rate`, `breakdown`, `paper_check`.
+median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `memory`, `paper_check`, `fidelity`.
+Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`, `lines`, `k_sweep`, `routing`,
+`working_set`, `fidelity`, `hit_rate`, `breakdown`, `memory`, `paper_check`.
 
 This module imports nothing heavy (the workflow imports it to plan jobs).
 """
@@ -234,6 +234,17 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "the link, target compute with copies overlapped, stalls on copies (no compute, a copy on the link), host "
         "compute (Fiddler's experts on the CPU) and the rest (the host reading routes, launch gaps). The parts sum "
         "to the TPOT (mean over prompts); ``results/tables/breakdown.csv`` also has the same-memory comparison."),
+    Experiment(
+        "memory", "main",
+        Table(kind="memory"),
+        Figure("memory", "Device memory per system (the paper's Table 2)"),
+        "What each system keeps on the device in the main comparison, in GB, as the memory plan of its run counts it "
+        "(the paper's order): the target's non-expert weights in FP16; the draft, which for Specter is its INT4 "
+        "self-draft's experts alone (they share the target's other weights and KV) and for SpecMoEOff a separate "
+        "draft (its INT4 experts plus its own copy of the non-expert weights, and its own KV); KV for the run's "
+        "context; the workspace of staging buffers; and the expert slots. The dashed line is the device's memory. "
+        "The figure shows the same-slots comparison; ``results/tables/memory.csv`` also has the same-memory one "
+        "(there each system's slots fill Specter's memory at its slots). Resident keeps every expert and has no plan."),
     Experiment(
         "paper_check", "main",
         Table(kind="paper_check"),

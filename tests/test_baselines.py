@@ -125,3 +125,22 @@ def test_breakdown_parts_sum_to_the_decode_time_for_every_system(tiny_dirs, draf
     assert parts["specter"]["draft"] > 0 and parts["on-demand"]["draft"] == 0 and parts["resident"]["draft"] == 0
     assert parts["naive"]["stall on copies"] > parts["resident"]["stall on copies"] == 0
     assert all(parts[s]["host compute"] == 0 for s in parts if s != "fiddler")  # only Fiddler computes on the host
+
+
+def test_memory_table_charges_a_separate_draft_its_own_weights_and_kv(tiny_dirs, drafts, tmp_path):
+    """The paper's Table 2 from run records: Specter's self-draft is its INT4 experts alone; SpecMoEOff's separate
+    draft adds a copy of the non-expert weights and its own KV; a system without a draft keeps none; the parts sum to
+    the total."""
+    from specter.report.tables import memory_table
+
+    records = []
+    for system in ("specter", "specmoeoff", "on-demand"):
+        records += [r.as_dict() for r in _run(tiny_dirs, drafts, "mixtral", system, tmp_path)]
+    table = memory_table(records).set_index("system")
+    parts = ["non_expert_gb", "draft_gb", "kv_gb", "workspace_gb", "expert_slot_gb"]
+    assert (table[parts].sum(axis=1) - table["total_gb"]).abs().max() < 1e-9
+    assert table.loc["on-demand", "draft_gb"] == 0 < table.loc["specter", "draft_gb"]
+    separate = table.loc["specmoeoff", "draft_gb"] - table.loc["specter", "draft_gb"]
+    assert separate == pytest.approx(table.loc["specter", "non_expert_gb"], rel=1e-9)  # its own copy of the weights
+    assert table.loc["specmoeoff", "kv_gb"] > table.loc["specter", "kv_gb"]  # and its own KV
+    assert set(table["slots_per_layer"]) == {2} and len(table) == 3  # one row per run, not per prompt

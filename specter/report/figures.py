@@ -357,7 +357,43 @@ def _plot_breakdown(figure, table: pd.DataFrame, out, timing: str) -> None:
     _finish(fig, f"{figure.title} ({timing})", out)
 
 
+def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Stacked bars per system (same slots): the parts of its device memory in GB, the device's memory as a line."""
+    parts = ("non_expert_gb", "draft_gb", "kv_gb", "workspace_gb", "expert_slot_gb")
+    names = ("non-expert weights (FP16)", "draft", "KV", "workspace", "expert slots")
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#bbbbbb", "#8172b3"]
+    same = table[table["memory"] == "same slots"] if "same slots" in set(table["memory"]) else table
+    fig, panels = _panels(same.drop_duplicates(["model", "cost_as", "system"]).assign(dataset="every"), width=6.2,
+                          height=3.8)
+    for ax, sub, title in panels:
+        sub = sub.set_index("system").loc[_ordered(sub["system"])]
+        left = pd.Series(0.0, index=sub.index)
+        for part, name, color in zip(parts, names, colors):
+            ax.barh(sub.index, sub[part], left=left, color=color, label=name, edgecolor="white")
+            left = left + sub[part]
+        for i, total in enumerate(sub["total_gb"]):
+            ax.text(total, i, f" {total:.1f}", va="center", fontsize=7)
+        device = sub["device_gb"].dropna()
+        top = float(sub["total_gb"].max()) * 1.3
+        on_scale = len(device) and float(device.iloc[0]) <= 2 * top  # a far larger device would flatten the bars
+        if on_scale:
+            ax.axvline(float(device.iloc[0]), color="black", linestyle="--", linewidth=1,
+                       label=f"device ({float(device.iloc[0]):g} GB)")
+            top = max(top, float(device.iloc[0]) * 1.1)
+        for label in ax.get_yticklabels():
+            if label.get_text() == "specter":
+                label.set_fontweight("bold")
+        ax.invert_yaxis()
+        ax.set_xlim(0, top)
+        ax.set_xlabel("device memory (GB)")
+        slots = int(sub["slots_per_layer"].min())
+        off = f"; device {float(device.iloc[0]):g} GB, off scale" if len(device) and not on_scale else ""
+        ax.set_title(f"{title.removesuffix(', every prompts')}\nsame slots: {slots} per layer{off}", fontsize=9)
+        ax.legend(fontsize=6, loc="lower right")
+    _finish(fig, f"{figure.title} (profile: {', '.join(sorted(same['hardware'].unique()))})", out)
+
+
 KINDS = {"system_bars": _plot_system_bars, "paper_check": _plot_paper_check, "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
          "working_set": _plot_working_set, "fidelity": _plot_fidelity, "hit_rate": _plot_hit_rate,
-         "breakdown": _plot_breakdown}
+         "breakdown": _plot_breakdown, "memory": _plot_memory}

@@ -19,7 +19,7 @@ from specter.io import atomic_write
 from specter.runspec import Budget
 
 #: the table kinds an experiment's registry entry can name
-KINDS = ("stats", "routing", "breakdown", "paper_check", "fidelity")
+KINDS = ("stats", "routing", "breakdown", "memory", "paper_check", "fidelity")
 
 _STATS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
             "window_working_set", "stall_ms", "hit_rate"]
@@ -92,6 +92,8 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
         return routing_table(records)
     if spec.kind == "breakdown":
         return breakdown_table(records)
+    if spec.kind == "memory":
+        return memory_table(records)
     if spec.kind == "paper_check":
         from specter.report.paper import paper_check_table
 
@@ -140,6 +142,39 @@ def breakdown_table(records: list[dict]) -> pd.DataFrame:
     out = df.groupby(keys, dropna=False, sort=True).agg(
         {"tpot_ms": "mean", **dict.fromkeys(BREAKDOWN, "mean"), "system": "size"})
     return out.rename(columns={"system": "n"}).reset_index()
+
+
+#: the parts of a run's device memory, as its memory plan records them (bytes), in the order they are drawn
+MEMORY_PARTS = ("non_expert_bytes", "draft_bytes", "kv_bytes", "workspace_bytes", "expert_slot_bytes")
+
+
+def memory_table(records: list[dict]) -> pd.DataFrame:
+    """Per (case, prompt set, comparison, system): the device memory of its run, part by part, in GB (the paper's
+    Table 2 counts): the target's non-expert weights (FP16), the draft (the self-draft's INT4 experts, which share the
+    target's other weights and KV; a separate draft adds its own copy of those), KV for the run's context (twice for a
+    draft with its own KV), the workspace of staging buffers, and the expert slots; their sum, the budget and the
+    device. Every prompt of a run has the same plan: one row per run. A system with fixed slots (resident: every
+    expert) keeps no plan and has no row."""
+    rows = []
+    for r in records:
+        cfg = r["config"]
+        plan = cfg.get("memory")
+        if not isinstance(plan, dict):
+            continue
+        gb = {part.removesuffix("_bytes") + "_gb": plan[part] / 1e9 for part in MEMORY_PARTS}
+        rows.append(dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "",
+                         dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"], simulated=r["simulated"],
+                         memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
+                         system=r["system"], k=r["k"], slots_per_layer=plan["slots_per_layer"], **gb,
+                         total_gb=(plan["resident_bytes"] + plan["expert_slot_bytes"]) / 1e9,
+                         budget_gb=plan["budget_bytes"] / 1e9 if plan.get("budget_bytes") is not None else None,
+                         device_gb=plan["device_bytes"] / 1e9 if plan.get("device_bytes") is not None else None,
+                         fits_device=plan.get("fits_device")))
+    if not rows:
+        raise SpecterError("the memory table needs run records with config.memory (records of this suite's version, "
+                           "from systems that plan their memory); run the experiment again")
+    keys = [*experiments.SCOPE, "memory", "system", "k", "slots_per_layer"]
+    return pd.DataFrame(rows).drop_duplicates(keys).sort_values(keys).reset_index(drop=True)
 
 
 def routing_table(records: list[dict]) -> pd.DataFrame:
