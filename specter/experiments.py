@@ -7,15 +7,16 @@ and system options with theirs), and every setting it does not vary takes the ma
 one entry here (with a table and figure kind that exists) plus its config; nothing else changes.
 
 Sources: `sweep` (its own `specter sweep` over its axes, in each of its cases and on the first prompt set, or on
-every prompt set and in every case for `main`), `fidelity` (the drafts' fidelity reports), or another experiment's name
-(its records, read differently). A case (the config's `cases:`) is a regime: the model whose numerics drive the runs,
+every prompt set and in every case for `main`), `fidelity` (the drafts' fidelity reports), `memo` (the main recordings
+of every case on every prompt set: the target's routes), or another experiment's name (its records, read
+differently). A case (the config's `cases:`) is a regime: the model whose numerics drive the runs,
 the architecture whose shapes price them (`cost_as`), the slots per layer and K. An experiment that varies what the
 model computes (`NUMERICS_AXES`) records its own numerics; the others replay the main recording.
 
 Table kinds (`specter/report/tables.py`): `stats` (per setting, means over prompts of times and rates with TPOT's
-median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `memory`, `paper_check`, `fidelity`.
-Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`, `lines`, `k_sweep`, `routing`,
-`working_set`, `fidelity`, `hit_rate`, `breakdown`, `memory`, `paper_check`.
+median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `memory`, `routing_entropy`, `paper_check`,
+`fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`, `lines`, `k_sweep`,
+`routing`, `working_set`, `fidelity`, `hit_rate`, `breakdown`, `memory`, `routing_entropy`, `paper_check`.
 
 This module imports nothing heavy (the workflow imports it to plan jobs).
 """
@@ -234,6 +235,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "the link, target compute with copies overlapped, stalls on copies (no compute, a copy on the link), host "
         "compute (Fiddler's experts on the CPU) and the rest (the host reading routes, launch gaps). The parts sum "
         "to the TPOT (mean over prompts); ``results/tables/breakdown.csv`` also has the same-memory comparison."),
+    Experiment(
+        "routing_entropy", "memo",
+        Table(kind="routing_entropy"),
+        Figure("routing_entropy", "Routing entropy and expert use (the paper's Fig 5)"),
+        "How evenly each model's router spreads tokens over its experts, from the main recordings (the target's own "
+        "routes for every token of every prompt it decoded, prompt and decode steps): left, each MoE layer's entropy "
+        "of expert use as a share of its maximum, log2 of the experts per layer (1: every expert used equally often, "
+        "so no small set of experts can be kept resident to catch most tokens); right, the share of the layer's "
+        "routed slots each expert took, for the first model and prompt set. The proxies' routing is what drives "
+        "every run priced at a real architecture's shapes; the real model's may be more skewed."),
     Experiment(
         "memory", "main",
         Table(kind="memory"),

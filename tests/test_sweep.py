@@ -119,3 +119,27 @@ def test_sweep_cli_writes_one_jsonl_and_checks_every_run_first(tiny_dirs, draft,
     bad = tmp_path / "bad.jsonl"
     proc = subprocess.run(base + ["--systems", "specter,nonesuch", "--out", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown system 'nonesuch'" in proc.stderr and not bad.exists()
+
+
+def test_routing_entropy_reads_the_evaluation_prompts_routes_from_a_memo(tiny_dirs, draft, tmp_path):
+    """The paper's Fig 5 table from a recording: every evaluation token's routes (prompt and decode steps), none of
+    the calibration prompts a governor or a warm-up decoded; each layer's uses sum to tokens x top-k; the entropy is
+    between 0 and log2(experts)."""
+    import math
+
+    from specter.models.loading import load_moe_model
+    from specter.report.tables import routing_entropy_table
+
+    memo = tmp_path / "memo" / "tiny" / "code-p16-k4.json.gz"
+    sweep([_req(tiny_dirs, draft, system="moe-infinity", k=None), _req(tiny_dirs, draft, k="auto")], out=None,
+          memo_out=memo, progress=False)
+    table = routing_entropy_table([memo])
+    moe = load_moe_model(tiny_dirs[ARCH])
+    top_k, experts = moe.moe_layers[0].top_k, moe.moe_layers[0].num_experts
+    assert set(table["model"]) == {"tiny"} and set(table["dataset"]) == {"code"}
+    assert set(table["tokens"]) == {2 * (16 + 20 - 1)}  # 2 prompts of 16 tokens, 19 decode steps: no calibration one
+    per_layer = table.groupby("layer")
+    assert (per_layer["uses"].sum() == 2 * (16 + 20 - 1) * top_k).all()
+    assert len(table) == len(moe.moe_layers) * experts
+    assert table["entropy_bits"].between(0, math.log2(experts) + 1e-9).all()
+    assert per_layer["use_share"].sum().sub(1).abs().max() < 1e-9

@@ -221,7 +221,8 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     proc = _snakemake(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     experiments = ["main", "k_sweep", "prefix_sweep", "routing", "working_set", "prefetch_policy", "ablation",
-                   "oracle", "hit_rate", "budget", "hardware", "breakdown", "memory", "paper_check", "fidelity"]
+                   "oracle", "hit_rate", "budget", "hardware", "breakdown", "routing_entropy", "memory", "paper_check",
+                   "fidelity"]
     for name in experiments:
         table = pd.read_csv(tmp_path / "results" / "tables" / f"{name}.csv")
         assert len(table) > 0, name

@@ -118,6 +118,7 @@ class PromptTrace:
     step_routes: list[TokenRoutes]  # routes of decode step j (input seq[P + j - 1]), j = 1 .. N - 1
     extras: dict[str, list] = field(default_factory=dict)  # a recorder's values per decode step, by recorder name
     windows: dict[tuple[str, int], DraftWindow] = field(default_factory=dict)  # by (draft, rebase point)
+    calibration: bool = False  # a prompt of the calibration split (a governor's or a warm-up's), not an evaluation one
     _cache: object = None  # target KV over seq[:-1]; never saved (memos rebuild it when a window needs it)
     _draft_caches: dict = field(default_factory=dict)  # a draft's own KV over seq[:-1] (separate-KV drafts)
     _derived: dict = field(default_factory=dict)  # what systems derive from the trace alone; never saved
@@ -149,9 +150,10 @@ class ForwardService:
         for r in recorders:
             self.recorders.setdefault(r.name, r)
 
-    def trace(self, prompt: list[int], max_new_tokens: int) -> PromptTrace:
+    def trace(self, prompt: list[int], max_new_tokens: int, calibration: bool = False) -> PromptTrace:
         """The target's greedy decode of `prompt`: tokens and routes at every committed position, and the values of
-        every required recorder."""
+        every required recorder. `calibration`: the prompt is a calibration one (the memo says so, and statistics
+        over the evaluation prompts leave it out)."""
         key = (tuple(prompt), max_new_tokens)
         trace = self.traces.get(key)
         missing = tuple(r for name, r in self.recorders.items() if trace is None or name not in trace.extras)
@@ -159,6 +161,7 @@ class ForwardService:
             return trace
         fresh = self._decode(prompt, max_new_tokens, missing)
         if trace is None:
+            fresh.calibration = calibration
             self.traces[key] = fresh
             return fresh
         if fresh.tokens != trace.tokens or fresh.step_routes != trace.step_routes:

@@ -46,15 +46,19 @@ def _trace_out(key: tuple, trace: PromptTrace) -> dict:
     windows = [{"draft": draft, "t": t, "draft_tokens": w.draft_tokens, "draft_routes": _routes_out(w.draft_routes),
                 "verify_argmax": w.verify_argmax, "verify_routes": _routes_out(w.verify_routes)}
                for (draft, t), w in trace.windows.items()]
-    return {"key": [list(key[0]), *key[1:]], "prompt": trace.prompt, "tokens": trace.tokens,
+    line = {"key": [list(key[0]), *key[1:]], "prompt": trace.prompt, "tokens": trace.tokens,
             "prefill_routes": _routes_out(trace.prefill_routes), "step_routes": _routes_out(trace.step_routes),
             "extras": trace.extras, "windows": windows}
+    if trace.calibration:
+        line["calibration"] = True
+    return line
 
 
 def _trace_in(line: dict) -> tuple[tuple, PromptTrace]:
     key = (tuple(line["key"][0]), *line["key"][1:])
     trace = PromptTrace(list(line["prompt"]), list(line["tokens"]), _routes_in(line["prefill_routes"]),
-                        _routes_in(line["step_routes"]), dict(line["extras"]))
+                        _routes_in(line["step_routes"]), dict(line["extras"]),
+                        calibration=bool(line.get("calibration")))
     for w in line["windows"]:
         trace.windows[(w["draft"], int(w["t"]))] = DraftWindow(
             int(w["t"]), list(w["draft_tokens"]), _routes_in(w["draft_routes"]), list(w["verify_argmax"]),
@@ -94,6 +98,27 @@ def _lines(path: Path, model_hash: str):
                                "on this model")
         for line in f:
             yield json.loads(line)
+
+
+def memo_routes(path: str | Path) -> list[list[dict[int, tuple[int, ...]]]]:
+    """The target's routes of every token each evaluation trace of a memo processed (its prompt, then each decode
+    step; calibration and warm-up traces left out), read for statistics only: no model is loaded and nothing is
+    replayed, so the model hash is not checked."""
+    path = Path(path)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            header = json.loads(f.readline())
+            if not isinstance(header, dict) or header.get("format") != FORMAT:
+                raise ValueError(f"not a {FORMAT} file")
+            out = []
+            for line in f:
+                trace = json.loads(line)
+                if not trace.get("calibration"):
+                    out.append(_routes_in(trace["prefill_routes"]) + _routes_in(trace["step_routes"]))
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise SpecterError(f"{str(path)!r} is not a memo from `specter sweep --memo-out` or is damaged "
+                           f"({type(err).__name__}: {err}); record it again") from None
+    return out
 
 
 def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:

@@ -36,8 +36,8 @@ class MappedService:
     def require(self, recorders) -> None:
         self.inner.require(recorders)
 
-    def trace(self, prompt: list[int], max_new_tokens: int) -> PromptTrace:
-        return self._map_trace(self.inner.trace(prompt, max_new_tokens))
+    def trace(self, prompt: list[int], max_new_tokens: int, calibration: bool = False) -> PromptTrace:
+        return self._map_trace(self.inner.trace(prompt, max_new_tokens, calibration))
 
     def sampled_trace(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> PromptTrace:
         return self._map_trace(self.inner.sampled_trace(prompt, max_new_tokens, temperature, seed))

@@ -393,7 +393,33 @@ def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:
     _finish(fig, f"{figure.title} (profile: {', '.join(sorted(same['hardware'].unique()))})", out)
 
 
+def _plot_routing_entropy(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Left: each layer's entropy of expert use (share of its maximum) per model and prompt set; right: the heatmap of
+    expert use per layer of the first model and prompt set."""
+    layers = table.drop_duplicates(["model", "dataset", "layer"])
+    first = sorted(table[["model", "dataset"]].drop_duplicates().itertuples(index=False, name=None))[0]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.4), gridspec_kw={"width_ratios": [1, 1.25]})
+    for (model, dataset), sub in layers.groupby(["model", "dataset"], sort=True):
+        experts = int(sub["experts_per_layer"].iloc[0])
+        left.plot(sub["layer"], sub["entropy_share"], marker="o", markersize=3,
+                  label=f"{model} ({experts} experts), {dataset}")
+    left.set_ylim(0, 1.05)
+    left.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    left.set_xlabel("MoE layer")
+    left.set_ylabel("entropy of expert use / log2(experts)")
+    left.set_title("per-layer routing entropy (1: every expert equally used)", fontsize=9)
+    left.legend(fontsize=7, loc="lower left")
+    sub = table[(table["model"] == first[0]) & (table["dataset"] == first[1])]
+    grid = sub.pivot(index="layer", columns="expert", values="use_share")
+    sns.heatmap(grid, ax=right, cmap="viridis", cbar_kws={"label": "share of the layer's routed slots"})
+    right.set_title(f"expert use per layer: {first[0]}, {first[1]} prompts", fontsize=9)
+    right.set_xlabel("expert")
+    right.set_ylabel("MoE layer")
+    _finish(fig, f"{figure.title} (the target's routes on the prompts it decoded)", out)
+
+
 KINDS = {"system_bars": _plot_system_bars, "paper_check": _plot_paper_check, "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
          "working_set": _plot_working_set, "fidelity": _plot_fidelity, "hit_rate": _plot_hit_rate,
-         "breakdown": _plot_breakdown, "memory": _plot_memory}
+         "breakdown": _plot_breakdown, "memory": _plot_memory,
+         "routing_entropy": _plot_routing_entropy}

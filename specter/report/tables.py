@@ -19,7 +19,7 @@ from specter.io import atomic_write
 from specter.runspec import Budget
 
 #: the table kinds an experiment's registry entry can name
-KINDS = ("stats", "routing", "breakdown", "memory", "paper_check", "fidelity")
+KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "paper_check", "fidelity")
 
 _STATS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
             "window_working_set", "stall_ms", "hit_rate"]
@@ -111,9 +111,13 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
 
 
 def build_table(name: str, inputs: list[str | Path]) -> pd.DataFrame:
-    """Experiment `name`'s table from its input files: fidelity summaries (.json) or run records (.jsonl)."""
-    if experiments.get(name).table.kind == "fidelity":
+    """Experiment `name`'s table from its input files: fidelity summaries (.json), memos (.json.gz) or run records
+    (.jsonl)."""
+    kind = experiments.get(name).table.kind
+    if kind == "fidelity":
         return fidelity_table(inputs)
+    if kind == "routing_entropy":
+        return routing_entropy_table(inputs)
     return experiment_table(name, read_records(inputs))
 
 
@@ -175,6 +179,50 @@ def memory_table(records: list[dict]) -> pd.DataFrame:
                            "from systems that plan their memory); run the experiment again")
     keys = [*experiments.SCOPE, "memory", "system", "k", "slots_per_layer"]
     return pd.DataFrame(rows).drop_duplicates(keys).sort_values(keys).reset_index(drop=True)
+
+
+def _memo_scope(path: Path) -> tuple[str, str]:
+    """(model, prompt set) of a main recording, from its path `memo/<model>/<set>-p<prefix>-k<K>.json.gz` (the
+    workflow's layout); another path gives its file name for both."""
+    stem = path.name.removesuffix(".json.gz")
+    if "-p" in stem:
+        return path.parent.name, stem.rsplit("-p", 1)[0]
+    return stem, stem
+
+
+def routing_entropy_table(paths: list[str | Path]) -> pd.DataFrame:
+    """Per (model, prompt set, MoE layer, expert): how often the target routed a token to that expert (`uses`, over
+    every token of every prompt: the prompt's and each decode step's), its share of the layer's routed slots, and the
+    layer's entropy of expert use in bits and as a share of log2(experts) (1: every expert equally used; the paper's
+    Fig 5), from the main recordings' routes."""
+    import math
+
+    from specter.numerics.memo import memo_routes
+
+    rows = []
+    for path in map(Path, paths):
+        model, dataset = _memo_scope(path)
+        counts: dict[int, dict[int, int]] = {}
+        tokens = 0
+        for trace in memo_routes(path):
+            tokens += len(trace)
+            for routes in trace:
+                for layer, experts in routes.items():
+                    layer_counts = counts.setdefault(layer, {})
+                    for e in experts:
+                        layer_counts[e] = layer_counts.get(e, 0) + 1
+        if not counts:
+            raise SpecterError(f"{str(path)!r} holds no routes; record it again")
+        experts = 1 + max(e for layer in counts.values() for e in layer)
+        for layer in sorted(counts):
+            total = sum(counts[layer].values())
+            probs = [counts[layer].get(e, 0) / total for e in range(experts)]
+            entropy = -sum(p * math.log2(p) for p in probs if p > 0)
+            for e, p in enumerate(probs):
+                rows.append(dict(model=model, dataset=dataset, layer=layer, expert=e, uses=counts[layer].get(e, 0),
+                                 use_share=p, entropy_bits=entropy, entropy_share=entropy / math.log2(experts),
+                                 experts_per_layer=experts, tokens=tokens))
+    return pd.DataFrame(rows).drop_duplicates(["model", "dataset", "layer", "expert"])
 
 
 def routing_table(records: list[dict]) -> pd.DataFrame:

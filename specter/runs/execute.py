@@ -179,7 +179,7 @@ def _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draf
     from specter.speculation.governor import PROFILE_PROMPTS, CycleModel, choose_k_auto, choose_k_profile
 
     prompts = calibration_token_ids(tokenizer, "code", PROFILE_PROMPTS, spec.prefix_tokens)
-    traces = [service.trace(p, spec.max_new_tokens) for p in prompts]
+    traces = [service.trace(p, spec.max_new_tokens, calibration=True) for p in prompts]
     if k_setting.governor in ("auto", "online"):
         model = CycleModel(work, cost, slots, draft_bytes, context=spec.prefix_tokens + spec.max_new_tokens // 2,
                            top_k=work.top_k, missable=slots < work.experts_per_layer)
@@ -205,7 +205,7 @@ def _warmup(tokenizer, spec: RunSpec, service) -> Callable[[], list]:
             from specter.data.corpus import calibration_token_ids
 
             for p in calibration_token_ids(tokenizer, "code", spec.warmup_prompts, spec.prefix_tokens):
-                warm.append(service.trace(p, spec.max_new_tokens))
+                warm.append(service.trace(p, spec.max_new_tokens, calibration=True))
         return warm
 
     return warmup
