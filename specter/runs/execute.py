@@ -176,9 +176,16 @@ def _window(spec, k_setting, system, tokenizer, service, work, cost, slots, draf
 def _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
     """Choose K on calibration prompts (never an evaluation prompt), each decoded for the run's own horizon."""
     from specter.data.corpus import calibration_token_ids
-    from specter.speculation.governor import PROFILE_PROMPTS, CycleModel, choose_k_auto, choose_k_profile
+    from specter.speculation.governor import (
+        CALIBRATION_PROMPTS,
+        PROFILE_PROMPTS,
+        CycleModel,
+        choose_k_auto,
+        choose_k_profile,
+    )
 
-    prompts = calibration_token_ids(tokenizer, "code", PROFILE_PROMPTS, spec.prefix_tokens)
+    count = PROFILE_PROMPTS if k_setting.governor == "profile" else CALIBRATION_PROMPTS
+    prompts = calibration_token_ids(tokenizer, "code", count, spec.prefix_tokens)
     traces = [service.trace(p, spec.max_new_tokens, calibration=True) for p in prompts]
     if k_setting.governor in ("auto", "online"):
         model = CycleModel(work, cost, slots, draft_bytes, context=spec.prefix_tokens + spec.max_new_tokens // 2,

@@ -1,8 +1,9 @@
 """The governor: choosing the draft window K.
 
-Every governor profiles on calibration prompts (`PROFILE_PROMPTS` of the calibration split, never an evaluation
-prompt), each decoded for as many tokens as the run commits: the run's finite horizon matters, since a run of N tokens
-pays for ceil((N - 1) / committed(K)) whole cycles, and a long window at the end is partly wasted.
+Every governor profiles on prompts of the calibration split, never an evaluation prompt (`CALIBRATION_PROMPTS` for
+the amortization model, `PROFILE_PROMPTS` for the empirical profiler), each decoded for as many
+tokens as the run commits: the run's finite horizon matters, since a run of N tokens pays for ceil((N - 1) /
+committed(K)) whole cycles, and a long window at the end is partly wasted.
 
 - `auto` (the paper's amortization model, Eqs. 2-5): K minimizing the predicted TPOT
   ceil((N - 1) / committed(K)) x T_cycle(K) / (N - 1), with T_cycle = max(T_draft(K), T_pcie_init(K)) + T_pcie_new(K)
@@ -44,9 +45,14 @@ def default_k(architecture: str | None) -> tuple[int, str]:
     if architecture in ARTIFACT_KS:
         return ARTIFACT_KS[architecture], f"the artifact's K for {architecture} (no --k given)"
     return DEFAULT_K, f"the suite's default K = {DEFAULT_K} (no --k given, no artifact K for this model)"
-#: calibration prompts each governor profiles on: the artifact's depth sweep profiles K on 3 inputs (protocol.json,
-#: supporting_sweeps: "inputs": 3); here they come from the calibration split, never from an evaluation set
+#: calibration prompts the empirical profiler schedules at every K: the artifact's depth sweep profiles K on 3 inputs
+#: (protocol.json, supporting_sweeps: "inputs": 3); here they come from the calibration split, never an evaluation set
 PROFILE_PROMPTS = 3
+#: calibration prompts the amortization model (`auto`, and `online`'s start) reads its windows from: it estimates
+#: acceptance and copies from non-overlapping windows of the largest K, one or two per prompt at the run's horizon, so
+#: it needs more prompts than the profiler (with 3 it had 3 windows, and picked K = 2 at Phi-3.5-MoE shapes: 1.86x the
+#: best fixed K, measured; with 8, 0.97x); both sets are windows at an even stride over the calibration stream
+CALIBRATION_PROMPTS = 8
 EMA_OLD = 0.75
 
 
