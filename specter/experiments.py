@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from specter.errors import SpecterError
 
+#: where an experiment's records come from, besides another experiment's name (see the module docstring)
+SOURCES = ("sweep", "fidelity", "memo")
 #: axes that change the numerics (which windows the draft proposes, which prompts): such an experiment records its own
 NUMERICS_AXES = ("k", "prefix_tokens")
 #: the columns that say where a time comes from; every table keeps them

@@ -94,7 +94,7 @@ def test_every_registered_experiment_has_a_known_table_and_figure_kind():
         assert e.figure.kind in KINDS, e.name
         assert e.table.kind in TABLE_KINDS, e.name
         assert e.caption.strip(), e.name
-        assert e.source in ("runs", "sweep", "fidelity") or e.source in experiments.EXPERIMENTS, e.name
+        assert e.source in experiments.SOURCES or e.source in experiments.EXPERIMENTS, e.name
 
 
 def test_a_wheel_install_has_every_hardware_preset(tmp_path):
