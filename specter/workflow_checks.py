@@ -127,7 +127,7 @@ def _check_same_memory(config: dict) -> None:
             work = works[case["cost_as"]]
             model = config["models"][case["model"]]
             draft = (model.get("drafts") or config["drafts"])[0]
-            ks = [k for k in axes.get("k") or [case["k"]]]
+            ks = axes.get("k") or [case["k"]]
             window = max(int(k) if str(k).isdigit() else max(PROFILE_KS) for k in ks)
             prefix = max(axes.get("prefix_tokens") or [protocol["prefix_tokens"]])
             resident = specter_resident_bytes(work, work.quantized_expert_bytes(draft["bits"], draft["group_size"]),

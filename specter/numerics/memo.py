@@ -102,8 +102,8 @@ def _lines(path: Path, model_hash: str):
 
 def memo_routes(path: str | Path) -> list[list[dict[int, tuple[int, ...]]]]:
     """The target's routes of every token each evaluation trace of a memo processed (its prompt, then each decode
-    step; calibration and warm-up traces left out), read for statistics only: no model is loaded and nothing is
-    replayed, so the model hash is not checked."""
+    step; calibration and warm-up traces left out: memos written before traces were marked count them too), read
+    for statistics only: no model is loaded and nothing is replayed, so the model hash is not checked."""
     path = Path(path)
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
