@@ -372,7 +372,7 @@ def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:
             ax.barh(sub.index, sub[part], left=left, color=color, label=name, edgecolor="white")
             left = left + sub[part]
         for i, total in enumerate(sub["total_gb"]):
-            ax.text(total, i, f" {total:.1f}", va="center", fontsize=7)
+            ax.text(total, i, f" {total:.3g}", va="center", fontsize=7)
         device = sub["device_gb"].dropna()
         top = float(sub["total_gb"].max()) * 1.3
         on_scale = len(device) and float(device.iloc[0]) <= 2 * top  # a far larger device would flatten the bars
