@@ -318,13 +318,78 @@ def _prompt_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-tokens", type=_count(1, 1 << 20), default=16, help="prompt length in tokens (default 16)")
 
 
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a batch scheduler sets), not the machine's."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _threads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=_count(1, 1024), default=2, help="torch threads for the numerics (default 2)")
+    p.add_argument("--threads", type=_count(1, 1024), default=_cores(), metavar="N",
+                   help="torch threads for the numerics (default: the cores available, here %(default)s); part of "
+                        "the numerics, so records and model cards state it and the workflow fixes it")
+
+
+class _SystemNames:
+    """The registered systems' names as argparse `choices`, looked up when first needed: the registry imports torch,
+    which `specter --help` and the torch-free commands should not wait for."""
+
+    def _names(self) -> list[str]:
+        from specter.systems import registry
+
+        return sorted(registry())
+
+    def __contains__(self, name) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+
+def _system_list(text: str) -> str:
+    """An argparse type for --systems: comma-separated registered names (the message names the first unknown one)."""
+    names = _SystemNames()._names()
+    for name in (n.strip() for n in text.split(",")):
+        if name not in names:
+            raise argparse.ArgumentTypeError(f"unknown system {name!r}: give comma-separated names from "
+                                             f"{', '.join(names)}")
+    return text
+
+
+#: one worked example per subcommand, shown at the end of its --help (paths as the workflow lays them out)
+EXAMPLES = {
+    "models": "specter models",
+    "systems": "specter systems",
+    "architectures": "specter architectures mixtral-8x7b",
+    "inspect": "specter inspect results/models/smollm2-moe --json",
+    "build-model": "specter build-model smollm2-moe --out results/models/smollm2-moe --threads 2\n"
+                   "specter build-model tiny-mixtral --out /tmp/tiny-mixtral",
+    "quantize": "specter quantize --model results/models/smollm2-moe --method gptq --bits 4 --group-size 128 "
+                "--out results/drafts/smollm2-moe/gptq-int4-g128",
+    "fidelity": "specter fidelity --model results/models/smollm2-moe "
+                "--draft results/drafts/smollm2-moe/gptq-int4-g128 --out /tmp/fidelity.csv",
+    "run": "specter run --system specter --model results/models/smollm2-moe "
+           "--draft results/drafts/smollm2-moe/gptq-int4-g128 --dataset humaneval --hardware a100-40gb-pcie4 "
+           "--resident-fraction 0.25 --out /tmp/specter.jsonl",
+    "compare": "specter compare --systems on-demand,specter --model results/models/smollm2-moe "
+               "--draft results/drafts/smollm2-moe/gptq-int4-g128 --dataset humaneval --hardware a100-40gb-pcie4 "
+               "--resident-per-layer 2 --out /tmp/compare",
+    "sweep": "specter sweep --systems on-demand,specter --k 2,4,8,auto --model results/models/smollm2-moe "
+             "--draft results/drafts/smollm2-moe/gptq-int4-g128 --dataset humaneval --hardware a100-40gb-pcie4 "
+             "--resident-per-layer 2 --out /tmp/sweep.jsonl",
+    "aggregate": "specter aggregate main results/experiments/main/*/*.jsonl --out /tmp/main.csv --figure /tmp/main.png",
+    "plot": "specter plot main --table results/tables/main.csv --out /tmp/main.png",
+    "summary": "specter summary results --out /tmp/summary.md",
+    "diff": "specter diff results /tmp/other-results --ignore config.memo",
+    "hardware": "specter hardware a100-40gb-pcie4 my-profile.yaml",
+    "profile-bandwidth": "specter profile-bandwidth --out /tmp/bandwidth --max-bytes 268435456",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specter",
-                                     description="Offloaded mixture-of-experts inference benchmark suite.")
+    parser = _Parser(prog="specter", description="Offloaded mixture-of-experts inference benchmark suite.",
+                     epilog="`specter COMMAND --help` shows a command's options and an example.")
     parser.add_argument("--version", action="version", version=f"specter {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -332,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     _run_commands(sub)
     _report_commands(sub)
     _hardware_commands(sub)
+    for name, p in sub.choices.items():
+        p.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the example's lines as written
+        p.epilog = "example:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name].split("\n"))
     return parser
 
 
@@ -365,9 +433,12 @@ def _model_commands(sub) -> None:
     _threads(p)
     p.set_defaults(func=cmd_build_model)
 
+    from specter.quant.meta import METHODS
+
     p = sub.add_parser("quantize", help="quantize the routed experts into a draft (GPTQ via GPTQModel, or RTN)")
     _model_flag(p)
-    p.add_argument("--method", default="gptq", help="gptq (GPTQModel, calibrated) or rtn (round-to-nearest)")
+    p.add_argument("--method", default="gptq", choices=METHODS,
+                   help="gptq (GPTQModel, calibrated) or rtn (round-to-nearest); default gptq")
     p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="bits per weight (default 4)")
     p.add_argument("--group-size", type=_count(1, 1 << 20), default=128,
                    help="inputs per quantization group (default 128)")
@@ -399,16 +470,19 @@ def _model_commands(sub) -> None:
 #: run, compare and sweep: their own flags; every run setting comes from `specter.runspec.add_cli_args`
 _RUN_COMMANDS = {
     "run": ("run one system over a prompt set and write one JSON record per prompt", cmd_run, [
-        ("--system", dict(required=True, help="a registered system (see the error for the list)")),
+        ("--system", dict(required=True, metavar="NAME", choices=_SystemNames(),
+                          help="one of %(choices)s (`specter systems` says what each does)")),
         ("--out", dict(required=True, metavar="FILE.jsonl", type=_out(".jsonl"),
                         help="the records, one JSON line per prompt"))]),
     "compare": ("run several systems on the same prompts and print a table", cmd_compare, [
-        ("--systems", dict(required=True, help="comma-separated system names")),
+        ("--systems", dict(required=True, metavar="A,B,...", type=_system_list,
+                           help="comma-separated names from `specter systems`")),
         ("--out", dict(required=True, metavar="DIR", type=_out(directory=True),
                         help="directory for one JSONL per system"))]),
     "sweep": ("run a grid of systems and settings in one process (numerics computed once); list-valued options take "
               "comma-separated values", cmd_sweep, [
-        ("--systems", dict(required=True, help="comma-separated system names")),
+        ("--systems", dict(required=True, metavar="A,B,...", type=_system_list,
+                           help="comma-separated names from `specter systems`")),
         ("--out", dict(metavar="FILE.jsonl", type=_out(".jsonl"), help="every run's records in one JSONL")),
         ("--memo-out", dict(metavar="FILE.json.gz", type=_out(".json.gz"),
                              help="save the numerics the runs used, for later `--memo`"))]),

@@ -91,3 +91,61 @@ def test_systems_lists_every_registered_system_with_its_options(capsys):
         for option in cls.options:
             assert f"--system-option {option}=" in out, (name, option)
     assert "resident: Every expert on the device" in out and "[speculative, own draft and KV]" in out
+
+
+def _subcommands():
+    from specter.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    return sub.choices
+
+
+def test_every_subcommand_help_ends_with_an_example_that_parses(capsys):
+    """The example each --help shows is a command line the parser accepts (a renamed flag fails this)."""
+    import shlex
+
+    from specter.cli import EXAMPLES, build_parser
+
+    commands = _subcommands()
+    assert set(EXAMPLES) == set(commands)
+    for name, p in commands.items():
+        text = p.format_help()
+        assert "\nexample:\n  specter " + name in text, name
+        for line in EXAMPLES[name].split("\n"):
+            args = build_parser().parse_args(shlex.split(line)[1:])
+            assert args.command == name, line
+
+
+def test_system_choices_come_from_the_registry_and_bad_names_are_named(capsys):
+    from specter.cli import build_parser
+    from specter.systems import registry
+
+    text = _subcommands()["run"].format_help()
+    flat = " ".join(text.split())
+    assert "one of " + ", ".join(sorted(registry())) in flat
+    for argv, bad in ((["run", "--system", "specterr"], "specterr"),
+                      (["compare", "--systems", "on-demand,nope"], "'nope'"),
+                      (["sweep", "--systems", "naive, fidler"], "'fidler'")):
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert bad in err and "specter-oracle" in err, err  # the bad value and the names to choose from
+
+
+def test_threads_default_to_the_cores_available():
+    import os
+
+    from specter.cli import build_parser
+
+    args = build_parser().parse_args(["build-model", "tiny-mixtral", "--out", "/tmp/specter-threads-check"])
+    assert args.threads == len(os.sched_getaffinity(0))
+
+
+def test_help_needs_no_torch():
+    """`specter --help` and the torch-free commands start without importing torch (the system names load lazily)."""
+    code = ("import sys; from specter.cli import build_parser; build_parser().format_help(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from specter.errors import SpecterError
 
+METHODS = ("gptq", "rtn")  # GPTQ (GPTQModel, calibrated) and round-to-nearest
+
 META_FILE = "meta.json"
 
 

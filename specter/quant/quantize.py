@@ -29,11 +29,10 @@ from specter.errors import SpecterError
 from specter.io import atomic_dir
 from specter.models.loading import load_moe_model, read_model_config
 from specter.numerics import determinism
-from specter.quant.meta import DraftMeta, model_hash, versions
+from specter.quant.meta import METHODS, DraftMeta, model_hash, versions
 from specter.quant.packing import SUPPORTED_BITS, PackedLinear, pack
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-METHODS = ("gptq", "rtn")
 DEFAULT_CALIBRATION = dict(corpus="code", num_sequences=64, seq_len=256)
 
 
