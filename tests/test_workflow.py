@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -228,6 +229,8 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
         assert len(table) > 0, name
         png = (tmp_path / "results" / "figures" / f"{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n", name
+        page = (tmp_path / "results" / "tables" / f"{name}.html").read_text()
+        assert page.count("<tr>") == len(table) + 1, name  # the header and every row
     main = pd.read_csv(tmp_path / "results" / "tables" / "main.csv")
     assert set(main["system"]) == {"resident", "on-demand", "naive", "mixtral-offloading", "moe-infinity", "fiddler",
                                    "sp-moe", "specmoeoff", "specter"}
@@ -235,6 +238,11 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     assert set(main["memory"]) == {"same slots", "same memory"}  # both of the paper's comparisons
     priced = main[main["cost_as"] == "mixtral-8x7b"]
     assert len(priced) and (priced["tpot_ms"] > 10).all()  # Mixtral-8x7B's shapes: the paper's regime
+    logs = [p for p in (tmp_path / "results" / "logs").rglob("*.log") if not p.name.endswith(".gptqmodel.log")]
+    for path in logs:  # plain progress lines in Snakemake's logs (GPTQModel's own output has logs of its own)
+        assert "\r" not in path.read_text(), path
+    quantize_logs = [p.read_text() for p in logs if p.parent.parent.name == "quantize" and p.name.startswith("gptq-")]
+    assert quantize_logs and all("GPTQ: quantizing, layer by layer" in text for text in quantize_logs)
     for path in (tmp_path / "results" / "runs").rglob("*.jsonl"):  # the runs replayed the recorded numerics
         assert all(json.loads(line)["extra"]["live_forwards"] == 0 for line in path.read_text().splitlines()), path
 
@@ -264,3 +272,6 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     html = (tmp_path / "report.html").read_text()
     assert "simulated" in html and "Belady" in html  # the captions made it in
+    embedded = {base64.b64decode(m) for m in re.findall(r"data:text/html[^,\"]*;base64,([A-Za-z0-9+/=]+)", html)}
+    for name in experiments:  # every experiment's table page is in the report, byte for byte
+        assert (tmp_path / "results" / "tables" / f"{name}.html").read_bytes() in embedded, name

@@ -16,19 +16,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from specter.errors import SpecterError  # noqa: E402
-
-
-def _timing_label(df: pd.DataFrame) -> str:
-    """'simulated on a100-40gb-pcie4' (or several profiles / measured), for titles."""
-    if "hardware" not in df:
-        return ""
-    kinds = []
-    for simulated, part in df.groupby("simulated"):
-        names = sorted(part["hardware"].unique())
-        hw = ", ".join(names) if len(names) <= 2 else "each profile shown"
-        kinds.append(f"{'simulated' if bool(simulated) else 'measured'} on {hw}")
-    return "; ".join(kinds)
-
+from specter.report.tables import timing_note  # noqa: E402
 
 #: the order systems appear in, in every figure (Specter's bars are marked)
 SYSTEM_ORDER = ("resident", "specter", "specter-oracle", "sp-moe", "specmoeoff", "on-demand", "mixtral-offloading",
@@ -109,7 +97,7 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
         raise SpecterError(f"the {name} table has no rows; aggregate the experiment's records again")
     sns.set_theme(style="whitegrid", context="paper")
     try:
-        KINDS[figure.kind](figure, table, out, _timing_label(table))
+        KINDS[figure.kind](figure, table, out, timing_note(table))
     except KeyError as err:
         raise SpecterError(f"the table lacks columns the {name} figure draws (missing: {err.args[0]}); give the "
                            f"table `specter aggregate {name}` wrote") from None

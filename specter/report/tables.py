@@ -26,6 +26,19 @@ _STATS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "windo
 _SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
 
 
+def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
+    """What a table's times are, from its simulated and hardware columns: 'simulated on a100-40gb-pcie4' (`many` for
+    more than two profiles; 'measured on' for CUDA runs; both kinds joined by '; '), or '' for a table without times."""
+    if "hardware" not in table or "simulated" not in table:
+        return ""
+    kinds = []
+    for simulated, part in table.groupby("simulated"):
+        names = sorted(part["hardware"].dropna().astype(str).unique())
+        hw = ", ".join(names) if len(names) <= 2 else many
+        kinds.append(f"{'simulated' if str(simulated) == 'True' else 'measured'} on {hw}")
+    return "; ".join(kinds)
+
+
 def read_records(paths: list[str | Path]) -> list[dict]:
     from specter.runs.records import read_jsonl
 

@@ -1,5 +1,6 @@
-# Each experiment's tidy table (pandas) and figure (seaborn), in one job, as its registry entry defines them;
-# `snakemake --report results/report.html` collects the figures with their captions.
+# Each experiment's tidy table (pandas), the same table as an HTML page (units in the headers, sortable) and its figure
+# (seaborn), in one job, as its registry entry defines them; `snakemake --report results/report.html` collects each
+# figure and its table with the experiment's caption (the CSV stays out: the report would only offer it as a download).
 
 
 rule aggregate:
@@ -7,6 +8,12 @@ rule aggregate:
         experiment_inputs,
     output:
         table="results/tables/{experiment}.csv",
+        page=report(
+            "results/tables/{experiment}.html",
+            caption="../report/table.rst",
+            category="Experiments",
+            subcategory="{experiment}",
+        ),
         figure=report(
             "results/figures/{experiment}.png",
             caption="../report/figure.rst",
@@ -23,7 +30,7 @@ rule aggregate:
         caption=lambda wc: REGISTRY[wc.experiment].caption,
     shell:
         "python -m specter aggregate {wildcards.experiment:q} {input:q} --out {output.table:q} "
-        "--figure {output.figure:q} > {log:q} 2>&1"
+        "--figure {output.figure:q} --html {output.page:q} > {log:q} 2>&1"
 
 
 # The headline numbers, from the tables and the models' and drafts' files (hashes, no wall-clock times): what the README
