@@ -48,8 +48,11 @@ def build_model(name: str, out: str | Path, seed: int = 0, overrides: dict[str, 
     known = builders()
     if name not in known:
         raise SpecterError(f"unknown model {name!r}; buildable: {', '.join(known)}")
+    from transformers.utils import logging as hf_logging
+
     from specter.io import atomic_dir
 
+    hf_logging.disable_progress_bar()  # transformers' shard-writing bar: one shard, and carriage returns in logs
     out = Path(out)
     if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in _MODEL_FILES):
         raise SpecterError(f"{str(out)!r} is a non-empty directory that holds no model; choose another --out (a "

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from specter.errors import SpecterError
+from specter.progress import phase, steps
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ROUTER_SPREAD = 1e-3
@@ -263,10 +263,12 @@ def _block(config, fit: dict):
     return block
 
 
-def perplexity(model, ids: torch.Tensor, batch: int = 8) -> float:
+def perplexity(model, ids: torch.Tensor, batch: int = 8, desc: str | None = None) -> float:
+    """exp(mean next-token NLL) over the windows `ids`, `batch` at a time; `desc` names the loop in the progress."""
     total, count = 0.0, 0
+    starts = range(0, len(ids), batch)
     with torch.no_grad():
-        for i in range(0, len(ids), batch):
+        for i in steps(starts, desc, unit="batch") if desc else starts:
             x = ids[i : i + batch]
             logits = model(input_ids=x).logits[:, :-1]
             nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
@@ -279,10 +281,12 @@ def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
     """Dense source -> (MoE Llama hybrid used during the build, tokenizer, dense model, statistics)."""
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
-    dense, tok = load_dense()
+    with phase("loading SmolLM2-135M-Instruct from its GGUF"):
+        dense, tok = load_dense()
     half = cfg.calibration_sequences // 2
-    calib = torch.cat([token_windows(tok, "prose", "calibration", half, cfg.seq_len),
-                       token_windows(tok, "code", "calibration", cfg.calibration_sequences - half, cfg.seq_len)])
+    with phase(f"calibration windows ({cfg.calibration_sequences} x {cfg.seq_len} tokens, prose and code)"):
+        calib = torch.cat([token_windows(tok, "prose", "calibration", half, cfg.seq_len),
+                           token_windows(tok, "code", "calibration", cfg.calibration_sequences - half, cfg.seq_len)])
     layers = cfg.layers or dense.config.num_hidden_layers
     import copy
 
@@ -296,7 +300,7 @@ def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
     moe_h = [h.clone() for h in dense_h]
     hidden = dense.config.hidden_size
     loads = []
-    for layer in tqdm(range(layers), desc="moefy layers", disable=not progress):
+    for layer in steps(range(layers), "per-layer fitting", unit="layer") if progress else range(layers):
         dense_h, _, _ = _run_layer(dense.model.layers[layer], dense_h, kwargs, capture=False)  # residual after layer
         _, u, mid = _run_layer(hybrid.model.layers[layer], moe_h, kwargs, capture=True)
         target = torch.cat([h.reshape(-1, hidden) for h in dense_h])
@@ -323,7 +327,7 @@ def distill(hybrid, dense, calib: torch.Tensor, cfg: MoefyConfig, progress: bool
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     losses = []
     hybrid.train()
-    for _ in tqdm(range(cfg.distill_steps), desc="distill", disable=not progress):
+    for _ in steps(range(cfg.distill_steps), "distillation", unit="step") if progress else range(cfg.distill_steps):
         x = calib[torch.randint(0, len(calib), (cfg.distill_batch,), generator=generator), : cfg.distill_seq_len]
         with torch.no_grad():
             teacher = F.log_softmax(dense(input_ids=x).logits, dim=-1)

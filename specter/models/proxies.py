@@ -25,6 +25,7 @@ from pathlib import Path
 
 from specter.errors import SpecterError
 from specter.models.moefy import GGUF_FILE, MoefyConfig
+from specter.progress import phase, steps
 
 #: name -> (experts, top-k, shared neurons, the architecture it stands in for)
 PROXIES: dict[str, tuple[int, int, int, str]] = {
@@ -68,15 +69,19 @@ def build_proxy(name: str, out: str | Path, seed: int = 0, overrides: dict[str, 
     cfg = proxy_config(name, seed, overrides)
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    hybrid, tok, dense, moe_config, calib, _ = convert(cfg, progress)
-    losses = distill(hybrid, dense, calib, cfg, progress)
+    with phase(f"conversion of SmolLM2-135M into {name}"):
+        hybrid, tok, dense, moe_config, calib, _ = convert(cfg, progress)
+    with phase(f"distillation ({cfg.distill_steps} steps)"):
+        losses = distill(hybrid, dense, calib, cfg, progress)
     model = to_stock(hybrid, moe_config)
     out = Path(out)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    with phase("saving the checkpoint"):
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
     windows = max(1, cfg.eval_tokens // cfg.seq_len // 2)
     held_out = {c: token_windows(tok, c, "held_out", windows, cfg.seq_len) for c in ("prose", "code")}
-    card = _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, perplexity)
+    with phase("model card: perplexities, routing statistics, samples"):
+        card = _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, perplexity)
     card["build_seconds"] = round(time.perf_counter() - t0, 1)
     from specter.quant.meta import model_hash
 
@@ -90,8 +95,8 @@ def _samples(model, tok) -> list[dict]:
     import torch
 
     out = []
-    for prompt in ("It is a truth universally acknowledged that", "The king said to his daughter:",
-                   "Once upon a time, in a small village,"):
+    for prompt in steps(("It is a truth universally acknowledged that", "The king said to his daughter:",
+                         "Once upon a time, in a small village,"), "sample generation (40 tokens each)", unit="sample"):
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
             gen = model.generate(ids, max_new_tokens=40, do_sample=False)
@@ -110,8 +115,8 @@ def _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, per
     from specter.models.routing_stats import routing_statistics
     from specter.numerics import determinism
 
-    dense_ppl = {c: perplexity(dense, ids) for c, ids in held_out.items()}
-    moe_ppl = {c: perplexity(model, ids) for c, ids in held_out.items()}
+    dense_ppl = {c: perplexity(dense, ids, desc=f"perplexity, dense, {c}") for c, ids in held_out.items()}
+    moe_ppl = {c: perplexity(model, ids, desc=f"perplexity, MoE, {c}") for c, ids in held_out.items()}
     mixed = torch.cat([held_out["prose"][:4], held_out["code"][:4]])
     experts, top_k, shared, stands_in_for = PROXIES[name]
     expert_neurons = (moe_config.intermediate_size if not shared else moe_config.moe_intermediate_size)

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from specter.io import atomic_write, atomic_write_text
 from specter.metrics import acceptance_rate, window_utilization
 from specter.models.adapter import MoEModel
+from specter.progress import steps
 
 MAX_K = 16
 
@@ -97,7 +97,7 @@ def fidelity(target: MoEModel, draft: MoEModel, prompts: list[list[int]], new_to
     rows: list[dict] = []
     top1_hits = top1_total = 0
     accepted_by_window: list[int] = []
-    for p_idx, prompt in enumerate(tqdm(prompts, desc="fidelity", disable=not progress)):
+    for p_idx, prompt in enumerate(steps(prompts, "fidelity", unit="prompt") if progress else prompts):
         ids = torch.tensor([prompt])
         with torch.no_grad():
             seq = target.model.generate(ids, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens,

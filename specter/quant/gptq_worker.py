@@ -29,27 +29,62 @@ def die_with_parent(parent: int) -> None:
         sys.exit(1)
 
 
+def _progress_writer(fd: int | None):
+    """The parent's progress pipe: one line per event (`phase TEXT`, `layers N`, `layer I`)."""
+    stream = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+
+    def emit(kind: str, text) -> None:
+        if stream is not None:
+            stream.write(f"{kind} {text}\n")
+    return emit
+
+
+def _follow_layers(model, emit) -> None:
+    """Say when GPTQModel first runs each decoder layer (it quantizes layer by layer, in order). A model whose layers
+    are not where transformers' causal LMs keep them gets phases only."""
+    hf = getattr(model, "model", None)
+    layers = getattr(getattr(hf, "model", None), "layers", None)
+    if layers is None:
+        return
+    emit("layers", len(layers))
+    for i, layer in enumerate(layers):
+        def first_call(module, args, kwargs, i=i):
+            emit("layer", i)
+            handle = getattr(module, "_specter_progress", None)
+            if handle is not None:
+                handle.remove()
+        layer._specter_progress = layer.register_forward_pre_hook(first_call, with_kwargs=True)
+
+
 def main(request: dict) -> None:
     die_with_parent(request["parent_pid"])
+    emit = _progress_writer(request.get("progress_fd"))
     from specter.numerics import determinism
 
     determinism.use(request["threads"])  # the parent's thread count (the environment's pins come from the parent)
     # GPTQModel's CPU device pool must hold at least the 2 workers its model loader asks for, even where the caller
     # (e.g. a 1-thread Snakemake job) limits torch to one thread.
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, torch.get_num_threads())))
+    emit("phase", "importing GPTQModel")
     from gptqmodel import GPTQModel, QuantizeConfig
     from transformers import AutoTokenizer
 
     from specter.data.corpus import calibration_token_ids
 
+    emit("phase", f"calibration data ({request['num_sequences']} x {request['seq_len']} tokens of "
+                  f"{request['corpus']})")
     tokenizer = AutoTokenizer.from_pretrained(request["model_dir"], local_files_only=True)
     ids = calibration_token_ids(tokenizer, request["corpus"], request["num_sequences"], request["seq_len"])
     samples = [{"input_ids": x, "attention_mask": [1] * len(x)} for x in ids]
     # Quantize only per-expert linears (`...experts.<e>.<proj>`): the negative rule skips every other module.
     qcfg = QuantizeConfig(bits=request["bits"], group_size=request["group_size"], sym=True, desc_act=False,
                           dynamic={r"-:^(?!.*\.experts\.\d+\.).*": {}})
+    emit("phase", "loading the model into GPTQModel")
     model = GPTQModel.load(request["model_dir"], qcfg, device="cpu")
+    emit("phase", "quantizing, layer by layer")
+    _follow_layers(model, emit)
     model.quantize(samples, batch_size=1)
+    emit("phase", "saving GPTQModel's checkpoint")
     model.save(request["out_dir"])
 
 

@@ -81,9 +81,11 @@ def _gcd(xs: list[int]) -> int:
 
 
 def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gptq", bits: int = 4,
-                   group_size: int = 128, calibration: dict | None = None, progress: bool = True) -> DraftMeta:
+                   group_size: int = 128, calibration: dict | None = None, progress: bool = True,
+                   third_party_log: str | Path | None = None) -> DraftMeta:
     """Quantize the routed experts of `model_dir` into `out_dir`; returns the sidecar written there. A draft already
-    there is replaced, atomically, once the new one is complete; any other non-empty directory is refused."""
+    there is replaced, atomically, once the new one is complete; any other non-empty directory is refused. GPTQModel's
+    own output goes to `third_party_log` (default: `gptq_log_path(out_dir)`, beside the draft)."""
     check_request(model_dir, method, bits, group_size)
     out = Path(out_dir)
     draft_files = ("meta.json", "experts.safetensors")  # a directory with one of these holds a draft
@@ -96,7 +98,8 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         packed = _quantize_rtn(model_dir, bits, group_size)
         calibration_used = None
     else:
-        packed = _quantize_gptq(model_dir, bits, group_size, calibration, progress)
+        log_path = Path(third_party_log) if third_party_log else gptq_log_path(out)
+        packed = _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path)
         calibration_used = calibration
     tensors = {}
     per_expert: dict[str, int] = {}
@@ -144,22 +147,68 @@ def _quantize_rtn(model_dir, bits, group_size) -> dict:
 _EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)$")
 
 
-def _run_worker(argv: list[str], cwd: Path, progress: bool) -> tuple[int, str]:
-    """Run the GPTQ worker in its own process group; if this process is interrupted or terminated meanwhile, the whole
-    group is killed before the exception goes on (and the worker dies with us if we are killed outright)."""
-    pipe = None if progress else subprocess.PIPE
-    with subprocess.Popen(argv, cwd=cwd, stdout=pipe, stderr=pipe, text=True, start_new_session=True) as proc:
+def gptq_log_path(out_dir: str | Path) -> Path:
+    """Where GPTQModel's own output goes by default: beside the draft directory, `<out>.gptqmodel.log`."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".gptqmodel.log")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+
+
+def _log_tail(path: Path, chars: int = 1500) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " ".join(_ANSI.sub(" ", text[-4 * chars:]).split())[-chars:]
+
+
+def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> int:
+    """Run the GPTQ worker in its own process group, its output (GPTQModel's) into `log_path`, and follow the progress
+    lines it writes to a pipe of its own: phases, then one line per layer. If this process is interrupted or
+    terminated meanwhile, the whole group is killed before the exception goes on (and the worker dies with us if we
+    are killed outright)."""
+    from specter.progress import Progress, log
+
+    read_end, write_end = os.pipe()
+    request = json.loads(argv[-1])
+    argv = [*argv[:-1], json.dumps({**request, "progress_fd": write_end})]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    bar = None
+    with open(log_path, "w") as log_file, subprocess.Popen(
+            argv, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_end,),
+            start_new_session=True) as proc:
+        os.close(write_end)
         try:
-            _, stderr = proc.communicate()
+            with os.fdopen(read_end) as lines:
+                for line in lines:
+                    kind, _, rest = line.strip().partition(" ")
+                    if not progress:
+                        continue
+                    if kind == "phase":
+                        if bar is not None:  # the layers are done once the worker moves on
+                            bar.update(bar.total - bar.done)
+                            bar.close()
+                            bar = None
+                        log.info("GPTQ: %s", rest)
+                    elif kind == "layers":
+                        bar = Progress("GPTQ layers", int(rest), unit="layer")
+                    elif kind == "layer" and bar is not None:  # layer I started: layers 0..I-1 are done
+                        bar.update(int(rest) - bar.done)
+            proc.wait()
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
-    return proc.returncode, stderr or ""
+        finally:
+            if bar is not None:
+                bar.close()
+    return proc.returncode
 
 
-def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
+def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path: Path) -> dict:
     """GPTQ through GPTQModel in a child process, restricted to routed experts; reads back its checkpoint.
 
     A child process because importing GPTQModel patches transformers' MoE block classes process-wide (its defuser),
@@ -169,11 +218,11 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress) -> dict:
     try:
         request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(tmp), bits=bits, group_size=group_size,
                        threads=torch.get_num_threads(), parent_pid=os.getpid(), **calibration)
-        returncode, stderr = _run_worker(
-            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], tmp, progress)
+        returncode = _run_worker(
+            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], tmp, log_path, progress)
         if returncode != 0:
-            tail = stderr[-2000:] if not progress else "(see the output above)"
-            raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}): {tail}")
+            raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}); its log {str(log_path)!r} "
+                               f"ends: {_log_tail(log_path)}")
         packed: dict = {}
         fields: dict = {}
         for path in sorted(tmp.glob("*.safetensors")):

@@ -8,18 +8,16 @@ service (shared by every run in the process), so a second system on the same pro
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tqdm import tqdm
-
 from specter import timing
 from specter.metrics import RunRecord, tpot_seconds
 from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
+from specter.progress import log, steps
 from specter.runs import device as on_device
 from specter.runs.records import record_of, run_fields, write_records
 from specter.runspec import RunSpec, Window
@@ -65,7 +63,7 @@ def execute(spec: RunSpec, session: Session | None = None, progress: bool = True
     """Run `spec`; returns its records (one per prompt) without writing them."""
     prepared = prepare(spec, session or Session())
     return [run_prompt(prepared, index, prompt) for index, prompt in
-            enumerate(tqdm(prepared.prompts, desc=spec.system, disable=not progress))]
+            enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)]
 
 
 def prepare(spec: RunSpec, session: Session) -> PreparedRun:
@@ -261,7 +259,7 @@ def _bound(p: PreparedRun, index: int, result, trace) -> LowerBound:
         if p.spec.engine == "sim":  # the simulator executes at least the work the bound counts
             raise RuntimeError(f"{p.spec.system} prompt {index}: simulated TPOT {tpot} s below its lower bound {lb} s; "
                                "the bound or the schedule is wrong, please report this")
-        print(f"warning: {p.spec.system} prompt {index}: measured TPOT {tpot * 1e3:.4f} ms is below the lower bound "
-              f"{lb * 1e3:.4f} ms of profile {p.profile.name!r}, which is slower than this device; measure one "
-              "with `specter profile-bandwidth` and pass its profile.yaml as --hardware", file=sys.stderr)
+        log.warning(f"warning: {p.spec.system} prompt {index}: measured TPOT {tpot * 1e3:.4f} ms is below the lower "
+                    f"bound {lb * 1e3:.4f} ms of profile {p.profile.name!r}, which is slower than this device; "
+                    "measure one with `specter profile-bandwidth` and pass its profile.yaml as --hardware")
     return bound

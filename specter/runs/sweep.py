@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from specter.errors import BudgetError, SpecterError
 from specter.metrics import RunRecord
+from specter.progress import log, phase
 from specter.runs.execute import execute, run
 from specter.runs.records import write_records
 from specter.runspec import SWEEP_AXES, RunSpec, Window
@@ -60,13 +60,14 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     records: list[RunRecord] = []
     for i, spec in enumerate(specs):
         if progress:
-            print(f"[{i + 1}/{len(specs)}] {spec.describe()}", flush=True)
+            log.info("run %d/%d: %s", i + 1, len(specs), spec.describe())
         try:
             records += execute(spec, session, progress)
         except BudgetError as err:  # this system cannot run in this budget: no record, and the log says why
-            print(f"skipped: {spec.system} does not fit {spec.budget.describe()}: {err}", file=sys.stderr, flush=True)
+            log.warning("skipped: %s does not fit %s: %s", spec.system, spec.budget.describe(), err)
     if memo_out is not None and specs:
-        save_memo(session.service(specs[0].model), memo_out, session.model_hash(specs[0].model))
+        with phase(f"saving the numerics to {memo_out}"):
+            save_memo(session.service(specs[0].model), memo_out, session.model_hash(specs[0].model))
     if out is not None:
         write_records(records, out)
     return records

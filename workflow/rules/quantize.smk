@@ -9,17 +9,19 @@ rule quantize:
     conda:
         ENV
     log:
-        "results/logs/quantize/{model}/{method}-int{bits}-g{group}.log",
+        main="results/logs/quantize/{model}/{method}-int{bits}-g{group}.log",
+        gptqmodel="results/logs/quantize/{model}/{method}-int{bits}-g{group}.gptqmodel.log",  # its own output
     benchmark:
         "results/benchmarks/quantize/{model}/{method}-int{bits}-g{group}.tsv"
     params:
         args=lambda wc, output: join([
             "--model", model_dir(wc.model), "--method", wc.method, "--bits", wc.bits, "--group-size", wc.group,
             "--calibration-sequences", config["calibration"]["num_sequences"],
-            "--calibration-length", config["calibration"]["seq_len"], "--out", str(Path(output.meta).parent)]),
+            "--calibration-length", config["calibration"]["seq_len"], "--out", str(Path(output.meta).parent),
+            "--gptq-log", f"results/logs/quantize/{wc.model}/{wc.method}-int{wc.bits}-g{wc.group}.gptqmodel.log"]),
     threads: 1
     shell:
-        "python -m specter quantize --threads 1 {params.args} > {log:q} 2>&1"
+        "python -m specter quantize --threads 1 {params.args} > {log.main:q} 2>&1"
 
 
 rule fidelity:
