@@ -112,7 +112,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     _threads_set(args)
     calibration = {"num_sequences": args.calibration_sequences, "seq_len": args.calibration_length}
     meta = quantize_draft(args.model, args.out, method=args.method, bits=args.bits, group_size=args.group_size,
-                          calibration=calibration, progress=not args.quiet)
+                          calibration=calibration, third_party_log=args.gptq_log)
     print(f"wrote {meta.method} INT{meta.bits} draft (group {meta.group_size}) of {meta.source_model} to {args.out}: "
           f"{meta.quantized_bytes_per_expert} bytes per expert, {meta.seconds:.1f} s")
     return 0
@@ -211,11 +211,20 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     table = build_table(args.experiment, args.inputs)
     write_table(table, args.out)
     print(f"{args.experiment}: {len(table)} rows from {len(args.inputs)} files; wrote {args.out}")
+    if args.figure or args.html:
+        written = read_table(args.out)  # figure and page drawn from the table as written
     if args.figure:
         from specter.report.figures import plot
 
-        plot(args.experiment, read_table(args.out), args.figure)  # drawn from the table as written
+        plot(args.experiment, written, args.figure)
         print(f"wrote {args.figure}")
+    if args.html:
+        from specter.experiments import EXPERIMENTS
+        from specter.report.html import write_table_html
+
+        entry = EXPERIMENTS[args.experiment]
+        write_table_html(written, args.html, f"{args.experiment}: {entry.figure.title}", entry.caption)
+        print(f"wrote {args.html}")
     return 0
 
 
@@ -378,7 +387,8 @@ EXAMPLES = {
     "sweep": "specter sweep --systems on-demand,specter --k 2,4,8,auto --model results/models/smollm2-moe "
              "--draft results/drafts/smollm2-moe/gptq-int4-g128 --dataset humaneval --hardware a100-40gb-pcie4 "
              "--resident-per-layer 2 --out /tmp/sweep.jsonl",
-    "aggregate": "specter aggregate main results/experiments/main/*/*.jsonl --out /tmp/main.csv --figure /tmp/main.png",
+    "aggregate": "specter aggregate main results/experiments/main/*/*.jsonl --out /tmp/main.csv "
+                 "--figure /tmp/main.png --html /tmp/main.html",
     "plot": "specter plot main --table results/tables/main.csv --out /tmp/main.png",
     "summary": "specter summary results --out /tmp/summary.md",
     "diff": "specter diff results /tmp/other-results --ignore config.memo",
@@ -398,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     _report_commands(sub)
     _hardware_commands(sub)
     for name, p in sub.choices.items():
+        noise = p.add_mutually_exclusive_group()
+        noise.add_argument("-q", "--quiet", action="store_const", dest="verbosity", const=-1, default=0,
+                           help="warnings and errors only: no phases or progress")
+        noise.add_argument("-v", "--verbose", action="store_const", dest="verbosity", const=1,
+                           help="debug lines too")
         p.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the example's lines as written
         p.epilog = "example:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name].split("\n"))
     return parser
@@ -449,7 +464,9 @@ def _model_commands(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", type=_out(directory=True),
                    help="output directory for experts.safetensors and meta.json; a draft already there is replaced "
                         "once the new one is complete")
-    p.add_argument("--quiet", action="store_true", help="hide GPTQModel's own output")
+    p.add_argument("--gptq-log", metavar="FILE", type=_out(),
+                   help="where GPTQModel's own output goes (default: beside the draft, OUT.gptqmodel.log); the "
+                        "console shows phases and one line per layer")
     _threads(p)
     p.set_defaults(func=cmd_quantize)
 
@@ -510,6 +527,8 @@ def _report_commands(sub) -> None:
     p.add_argument("--out", required=True, metavar="FILE.csv", type=_out(".csv"), help="the table")
     p.add_argument("--figure", metavar="FILE.png", type=_out(".png"),
                    help="also draw the experiment's figure from the table")
+    p.add_argument("--html", metavar="FILE.html", type=_out(".html"),
+                   help="also write the table as an HTML page (units in the headers, sortable; for the report)")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("plot", help="one experiment's figure (PNG) from its table")
@@ -572,6 +591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         pin_environment()  # before torch computes anything: the same bits on any AVX2 CPU (see determinism.py)
         signal.signal(signal.SIGTERM, _terminated)
         args = build_parser().parse_args(argv)
+        from specter import progress
+
+        progress.configure(args.verbosity)  # phases and progress on stderr (see specter/progress.py)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except SpecterError as err:

@@ -109,7 +109,7 @@ def _quantize_cli(*args):
         (["--model", "{missing}", "--method", "rtn"], "does not exist"),
         (["--model", "{mixtral}", "--method", "rtn", "--bits", "5"], "--bits: invalid choice: 5"),
         (["--model", "{mixtral}", "--method", "rtn", "--group-size", "48"], "--group-size 48 does not divide"),
-        (["--model", "{mixtral}", "--method", "awq"], "unknown method 'awq'"),
+        (["--model", "{mixtral}", "--method", "awq"], "--method: invalid choice: 'awq'"),
     ],
 )
 def test_bad_quantize_input_is_one_line_exit_2(args, message, tiny_dirs, tmp_path):
