@@ -8,9 +8,9 @@ FROM python:3.11-slim-bookworm
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 GPTQMODEL_CPU_WORKERS=2
 RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
 WORKDIR /suite
-COPY pyproject.toml requirements-nodeps.txt README.md ./
+COPY pyproject.toml constraints.txt requirements-nodeps.txt README.md ./
 COPY specter/ specter/
 COPY baselines/ baselines/
-RUN python -m pip install -e ".[test]" && python -m pip install --no-deps -r requirements-nodeps.txt
+RUN python -m pip install -c constraints.txt -e ".[test]" && python -m pip install --no-deps -r requirements-nodeps.txt
 COPY . .
 CMD ["snakemake", "--cores", "all"]

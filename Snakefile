@@ -20,6 +20,12 @@ if workflow.overwrite_configfiles:
 report: "workflow/report/workflow.rst"
 
 
+# The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise): the Dockerfile's,
+# built with `docker build -t specter-suite .` (apptainer reads it from the local Docker daemon), or wherever you
+# pushed it (`--config container=docker://REGISTRY/specter-suite:TAG`), or an apptainer .sif file.
+container: config.get("container", "docker-daemon://specter-suite:latest")
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/quantize.smk"

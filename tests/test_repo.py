@@ -29,33 +29,74 @@ def test_ci_runs_the_readme_test_line_verbatim():
     assert "set -euo pipefail" in ci, "pytest's exit 5 (no tests collected) must fail CI"
 
 
-def test_environment_yml_installs_this_package_with_its_python():
+def _constraints() -> dict[str, str]:
+    """{normalized name: exact version} of constraints.txt."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.strip().split("==")
+            pins[_normal(name)] = version
+    return pins
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared() -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["dependencies"] + project["optional-dependencies"]["test"]
+
+
+def test_environment_yml_installs_this_package_with_its_python_and_the_tested_set():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert project["requires-python"] == ">=" + python.split("=")[1]
     pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
-    assert pip == ["-e .[test]"]
+    assert pip == ["-c constraints.txt", "-e .[test]"]
 
 
-def test_key_dependencies_are_pinned_exactly():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    for name in ("torch", "transformers", "gptqmodel", "snakemake", "pandas", "seaborn"):
-        (spec,) = [d for d in deps if re.split(r"[=<>!~ ]", d)[0] == name]
-        assert "==" in spec, spec
+def test_dependencies_are_ranges_and_the_tested_set_satisfies_them():
+    """pyproject.toml: a lower and an upper bound on every dependency (ruff exact: its rules change); constraints.txt
+    pins each at a version inside its range, and pins nothing twice."""
+    from packaging.requirements import Requirement
+
+    pins = _constraints()
+    lines = [ln for ln in (ROOT / "constraints.txt").read_text().splitlines() if ln.strip() and ln[0] != "#"]
+    assert len(lines) == len(pins)
+    for text in _declared():
+        req = Requirement(text)
+        ops = {s.operator for s in req.specifier}
+        assert ops == {">=", "<"} or (req.name == "ruff" and ops == {"=="}), text
+        assert _normal(req.name) in pins, f"{req.name} is not in constraints.txt"
+        assert req.specifier.contains(pins[_normal(req.name)]), (text, pins[_normal(req.name)])
+    nodeps = [ln for ln in (ROOT / "requirements-nodeps.txt").read_text().splitlines() if ln.strip() and ln[0] != "#"]
+    assert not {_normal(ln.split("==")[0]) for ln in nodeps} & set(pins)  # those come from their own file
 
 
-def test_rule_environment_pins_equal_the_package_pins():
+def test_rule_environment_pins_equal_the_tested_set():
     env = yaml.safe_load((ROOT / "workflow" / "envs" / "specter.yaml").read_text())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
-    assert pip == project["dependencies"]
+    pins = _constraints()
+    from packaging.requirements import Requirement
+
+    expected = [f"{Requirement(d).name}=={pins[_normal(Requirement(d).name)]}" for d in project["dependencies"]]
+    assert sorted(pip) == sorted(expected)
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert project["requires-python"] == ">=" + python.split("=")[1]
     nodeps = [line.strip() for line in (ROOT / "requirements-nodeps.txt").read_text().splitlines()
               if line.strip() and not line.startswith("#")]
     post = (ROOT / "workflow" / "envs" / "specter.post-deploy.sh").read_text()
     assert f"pip install --no-deps {' '.join(nodeps)}" in post
+
+
+def test_the_quick_start_and_the_image_install_the_tested_set():
+    for line in _quick_start_lines():
+        assert line.startswith("python -m pip install -c constraints.txt -e "), line
+    docker = (ROOT / "Dockerfile").read_text()
+    assert 'pip install -c constraints.txt -e ".[test]"' in docker and "constraints.txt" in docker.split("COPY")[1]
 
 
 def test_every_workflow_rule_declares_log_and_environment_and_calls_the_cli():

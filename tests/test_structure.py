@@ -4,7 +4,9 @@ that carries its own data."""
 from __future__ import annotations
 
 import ast
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,9 +99,24 @@ def test_every_registered_experiment_has_a_known_table_and_figure_kind():
         assert e.source in experiments.SOURCES or e.source in experiments.EXPERIMENTS, e.name
 
 
-def test_a_wheel_install_has_every_hardware_preset(tmp_path):
-    """`pip install .` (not editable) into a fresh venv: `specter hardware` lists every preset, read from inside the
-    installed package."""
+#: the commands a new user's first session runs, in a fresh venv with the suite installed as a wheel
+WHEEL_SMOKE = (
+    ["hardware"],
+    ["systems"],
+    ["build-model", "tiny-mixtral", "--out", "model"],
+    ["quantize", "--model", "model", "--method", "gptq", "--group-size", "32", "--calibration-sequences", "4",
+     "--calibration-length", "32", "--out", "draft"],
+    ["run", "--system", "specter", "--model", "model", "--draft", "draft", "--dataset", "code", "--hardware",
+     "a100-40gb-pcie4", "--resident-per-layer", "2", "--num-prompts", "1", "--max-new-tokens", "8", "--out",
+     "specter.jsonl"],
+)
+
+
+def test_a_wheel_install_runs_a_first_session(tmp_path):
+    """`pip install .` (not editable) into a fresh venv, then, outside the checkout: `specter hardware` (every preset,
+    read from inside the installed package), `specter systems`, a tiny build, a GPTQ quantize and a run. The venv sees
+    this environment's packages (the dependencies and the README's data line), not the checkout. With `-s`, prints
+    each command's output (the closing note quotes it)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -107,14 +124,28 @@ def test_a_wheel_install_has_every_hardware_preset(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run([str(python), "-c", "import specter; print(specter.__file__)"], cwd=tmp_path,
+    work = tmp_path / "work"
+    work.mkdir()
+    where = subprocess.run([str(python), "-c", "import specter; print(specter.__file__)"], cwd=work,
                            capture_output=True, text=True, env=env)
     assert str(venv) in where.stdout, where.stdout + where.stderr  # the installed copy, not this checkout
-    proc = subprocess.run([str(venv / "bin" / "specter"), "hardware"], cwd=tmp_path, capture_output=True, text=True,
-                          env=env)
-    assert proc.returncode == 0, proc.stderr
+    outputs, errors = {}, {}
+    for argv in WHEEL_SMOKE:
+        proc = subprocess.run([str(venv / "bin" / "specter"), *argv], cwd=work, capture_output=True, text=True,
+                              env=env)
+        print(f"$ specter {' '.join(argv)}\n{proc.stderr}{proc.stdout}", end="")
+        assert proc.returncode == 0, f"specter {' '.join(argv)}: {proc.stderr[-3000:]}"
+        outputs[argv[0]], errors[argv[0]] = proc.stdout, proc.stderr
     names = sorted(p.stem for p in (ROOT / "specter" / "presets" / "hardware").glob("*.yaml"))
-    assert len(names) >= 6 and all(f"{name}:" in proc.stdout for name in names), proc.stdout
+    assert len(names) >= 6 and all(f"{name}:" in outputs["hardware"] for name in names), outputs["hardware"]
+    assert "specter: " in outputs["systems"] and "on-demand: " in outputs["systems"]
+    assert "wrote gptq INT4 draft" in outputs["quantize"]
+    # not a terminal: plain progress lines, GPTQModel's own output in the log beside the draft
+    assert "\r" not in errors["quantize"] and "GPTQ: quantizing, layer by layer" in errors["quantize"]
+    assert re.search(r"GPTQ layers: 2 layers done in [0-9.]+ s", errors["quantize"]), errors["quantize"]
+    assert len(errors["quantize"]) < 4000 and (work / "draft.gptqmodel.log").stat().st_size > len(errors["quantize"])
+    record = json.loads((work / "specter.jsonl").read_text().splitlines()[0])
+    assert record["system"] == "specter" and record["simulated"] and record["tpot_ms"] > 0
 
 
 def test_paper_check_figure_draws_rows_without_a_comparison(tmp_path):
