@@ -112,7 +112,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     _threads_set(args)
     calibration = {"num_sequences": args.calibration_sequences, "seq_len": args.calibration_length}
     meta = quantize_draft(args.model, args.out, method=args.method, bits=args.bits, group_size=args.group_size,
-                          calibration=calibration, third_party_log=args.gptq_log)
+                          calibration=calibration, third_party_log=args.gptq_log, device=args.device,
+                          dtype=args.dtype)
     print(f"wrote {meta.method} INT{meta.bits} draft (group {meta.group_size}) of {meta.source_model} to {args.out}: "
           f"{meta.quantized_bytes_per_expert} bytes per expert, {meta.seconds:.1f} s")
     return 0
@@ -128,14 +129,15 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from specter.quant.fidelity import fidelity, write_fidelity
 
     _threads_set(args)
-    target = load_moe_model(args.model, dtype=torch.float32)
+    target = load_moe_model(args.model, dtype=getattr(torch, args.dtype))
     draft = load_draft(target, args.draft)
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     prompts = load_prompts(args.dataset, tokenizer, args.num_prompts, args.prefix_tokens)
     summary, rows = fidelity(target, draft.moe, prompts, new_tokens=args.new_tokens, stride=args.stride)
     meta = {"model": str(args.model), "draft": str(args.draft), "method": draft.meta.method, "bits": draft.meta.bits,
             "group_size": draft.meta.group_size, "dataset": args.dataset, "num_prompts": args.num_prompts,
-            "prefix_tokens": args.prefix_tokens, "new_tokens": args.new_tokens, "stride": args.stride}
+            "prefix_tokens": args.prefix_tokens, "new_tokens": args.new_tokens, "stride": args.stride,
+            "dtype": args.dtype}
     json_path = write_fidelity(summary, rows, args.out, meta)
     a8 = summary.acceptance[7]
     print(f"experts hard {summary.expert_hard:.1%} + soft {summary.expert_soft:.1%} (mismatch "
@@ -449,6 +451,7 @@ def _model_commands(sub) -> None:
     p.set_defaults(func=cmd_build_model)
 
     from specter.quant.meta import METHODS
+    from specter.runspec import DTYPES
 
     p = sub.add_parser("quantize", help="quantize the routed experts into a draft (GPTQ via GPTQModel, or RTN)")
     _model_flag(p)
@@ -464,6 +467,11 @@ def _model_commands(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", type=_out(directory=True),
                    help="output directory for experts.safetensors and meta.json; a draft already there is replaced "
                         "once the new one is complete")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where GPTQModel calibrates (default auto: CUDA where there is a GPU, else the CPU)")
+    p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
+                   help="precision of GPTQ's calibration forwards (default auto: GPTQModel's choice, bfloat16 on the "
+                        "CPU); the draft's meta.json records both")
     p.add_argument("--gptq-log", metavar="FILE", type=_out(),
                    help="where GPTQModel's own output goes (default: beside the draft, OUT.gptqmodel.log); the "
                         "console shows phases and one line per layer")
@@ -478,6 +486,8 @@ def _model_commands(sub) -> None:
                    help="tokens the target generates per prompt (default 64)")
     p.add_argument("--stride", type=_count(1, 1 << 20), default=4,
                    help="speculate from every STRIDE-th position (default 4)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="precision of the target's and the draft's forwards (default float32)")
     _threads(p)
     p.add_argument("--out", required=True, metavar="FILE.csv", type=_out(".csv"),
                    help="tidy CSV; the JSON summary goes beside it")

@@ -26,6 +26,7 @@ GOVERNORS = ("auto", "profile", "online")
 ENGINES = ("sim", "cuda")
 PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
 DRAFT_KERNELS = ("fused", "unfused")
+DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and the draft's forwards
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.runs.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
@@ -166,6 +167,11 @@ class RunSpec:
         "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
                     "slots, copies and kernels; --hardware then costs the lower bound and the planners)",
         choices=ENGINES))
+    dtype: str = setting(default="float32", metadata=_flag(
+        "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
+                   "float32 is what every committed result used; bfloat16 or float16 halve the memory of a large "
+                   "checkpoint, and near-ties may then decode other tokens (records and memos state it; a memo of "
+                   "another precision is refused)", choices=DTYPES))
     cost_as: str | None = setting(default=None, metadata=_flag(
         "--cost-as", "price every op at this architecture's published shapes (`specter architectures`, or a "
                      "config.json); tokens and routes stay the model's, which must route the same way (experts per "

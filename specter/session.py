@@ -19,10 +19,10 @@ def _key(path: str | Path) -> str:
 
 class Session:
     def __init__(self) -> None:
-        self._targets: dict[str, tuple[object, object]] = {}  # model dir -> (MoEModel, ForwardService)
-        self._drafts: dict[str, tuple[object, str]] = {}  # draft dir -> (Draft, its content key)
+        self._targets: dict[tuple[str, str], tuple[object, object]] = {}  # (model dir, dtype) -> (MoEModel, service)
+        self._drafts: dict[tuple[str, str], tuple[object, str]] = {}  # (draft dir, dtype) -> (Draft, content key)
         self._hashes: dict[str, str] = {}
-        self._memos: set[tuple[str, str]] = set()  # (model dir, memo file) already read
+        self._memos: set[tuple[str, str, str]] = set()  # (model dir, dtype, memo file) already read
         self._stores: dict[str, object] = {}  # model dir -> ExpertStore
         self._architectures: dict[str, tuple[object, object]] = {}  # --cost-as -> (Architecture, its ModelWork)
 
@@ -35,27 +35,28 @@ class Session:
             self._hashes[key] = model_hash(model_dir)
         return self._hashes[key]
 
-    def numerics(self, model_dir: str | Path, draft_dir: str | Path | None = None, memos: tuple[str, ...] = ()):
-        """(target, draft or None, ForwardService) for this model: the target loaded once, its service memoizing the
-        target's numerics for every system and each draft's windows separately (keyed by the draft's content),
-        starting from the recorded `memos`. The service's current draft becomes `draft_dir`'s."""
+    def numerics(self, model_dir: str | Path, draft_dir: str | Path | None = None, memos: tuple[str, ...] = (),
+                 dtype: str = "float32"):
+        """(target, draft or None, ForwardService) for this model at `dtype`: the target loaded once per dtype, its
+        service memoizing the target's numerics for every system and each draft's windows separately (keyed by the
+        draft's content), starting from the recorded `memos`. The service's current draft becomes `draft_dir`'s."""
         from specter.models.loading import load_moe_model
         from specter.numerics.forward import ForwardService
         from specter.numerics.memo import draft_key, load_memo
         from specter.quant.draft import load_draft
 
         key = _key(model_dir)
-        if key not in self._targets:
-            target = load_moe_model(model_dir, dtype=torch.float32)
-            self._targets[key] = (target, ForwardService(target))
-        target, service = self._targets[key]
+        if (key, dtype) not in self._targets:
+            target = load_moe_model(model_dir, dtype=getattr(torch, dtype))
+            self._targets[key, dtype] = (target, ForwardService(target))
+        target, service = self._targets[key, dtype]
         for memo in memos:
-            if (key, _key(memo)) not in self._memos:
+            if (key, dtype, _key(memo)) not in self._memos:
                 load_memo(service, memo, self.model_hash(model_dir))
-                self._memos.add((key, _key(memo)))
+                self._memos.add((key, dtype, _key(memo)))
         draft = None
         if draft_dir is not None:
-            path = _key(draft_dir)
+            path = (_key(draft_dir), dtype)  # dequantized to the target's dtype
             if path not in self._drafts:
                 loaded = load_draft(target, draft_dir, target_hash=self.model_hash(model_dir))
                 self._drafts[path] = (loaded, draft_key(draft_dir))
@@ -63,9 +64,9 @@ class Session:
             service.draft, service.draft_key = draft.moe, content_key
         return target, draft, service
 
-    def service(self, model_dir: str | Path):
+    def service(self, model_dir: str | Path, dtype: str = "float32"):
         """The forward service of a model loaded in this session."""
-        return self.numerics(model_dir)[2]
+        return self.numerics(model_dir, dtype=dtype)[2]
 
     def architecture(self, name_or_path: str):
         """(Architecture, its ModelWork) of a `--cost-as` value, built once (on the meta device)."""

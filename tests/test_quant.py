@@ -110,6 +110,10 @@ def _quantize_cli(*args):
         (["--model", "{mixtral}", "--method", "rtn", "--bits", "5"], "--bits: invalid choice: 5"),
         (["--model", "{mixtral}", "--method", "rtn", "--group-size", "48"], "--group-size 48 does not divide"),
         (["--model", "{mixtral}", "--method", "awq"], "--method: invalid choice: 'awq'"),
+        pytest.param(["--model", "{mixtral}", "--method", "gptq", "--group-size", "32", "--device", "cuda"],
+                     "--device cuda, but torch sees no CUDA device here",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")),
+        (["--model", "{mixtral}", "--method", "gptq", "--dtype", "float64"], "--dtype: invalid choice: 'float64'"),
     ],
 )
 def test_bad_quantize_input_is_one_line_exit_2(args, message, tiny_dirs, tmp_path):

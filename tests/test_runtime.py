@@ -207,3 +207,43 @@ def test_the_memory_plan_reserves_kv_for_the_window_each_system_runs(tiny_dirs, 
         copies = 2 if system == "specmoeoff" else 1  # its draft keeps its own KV
         positions[system] = r.config["memory"]["kv_bytes"] // (copies * kv_per_position)
     assert positions == {"on-demand": 16 + 8, "specter": 16 + 8 + 6, "specmoeoff": 16 + 8 + 3}
+
+
+def test_bfloat16_numerics_commit_fp32s_tokens_up_to_a_near_tie(tiny_dirs, rtn_drafts, tmp_path):
+    """The same tiny model in bfloat16 and float32 on the CPU. Within each precision Specter stays lossless (its
+    verification checks every committed token against that precision's own greedy decode). Across them the tokens
+    agree up to the first position where float32's top two logits are closer than bfloat16 resolves (8 bits of
+    mantissa: about 0.4% of the logit), and may differ after it: that near-tie is where they legitimately part."""
+    records = {dtype: run(_request(tiny_dirs, rtn_drafts, "mixtral", "specter", tmp_path / f"{dtype}.jsonl",
+                                   num_prompts=3, dtype=dtype), Session(), progress=False)
+               for dtype in ("float32", "bfloat16")}
+    for dtype, rs in records.items():
+        assert all(r.config["dtype"] == dtype for r in rs)  # the record states its precision
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    parted = 0
+    for a, b in zip(records["float32"], records["bfloat16"]):
+        assert a.prompt_token_ids == b.prompt_token_ids
+        first = next((j for j, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids)) if x != y), None)
+        if first is None:
+            continue
+        parted += 1
+        ids = torch.tensor([a.prompt_token_ids + a.output_token_ids[:first]])
+        with torch.no_grad():
+            logits = target.model(ids).logits[0, -1]
+        mine, theirs = a.output_token_ids[first], b.output_token_ids[first]
+        assert int(logits.argmax()) == mine
+        margin = float(logits[mine] - logits[theirs])
+        assert 0 <= margin < 0.01 * float(logits[mine].abs()), (first, margin, float(logits[mine]))
+    print(f"bfloat16 parted from float32 in {parted} of {len(records['float32'])} prompts, each at a near-tie")
+
+
+def test_a_memo_of_another_precision_is_refused(tiny_dirs, rtn_drafts, tmp_path):
+    from specter.errors import SpecterError
+    from specter.runs import sweep
+
+    memo = tmp_path / "fp32.json.gz"
+    sweep([_request(tiny_dirs, rtn_drafts, "olmoe", "on-demand", "", num_prompts=1, max_new_tokens=4)], None, memo,
+          Session(), progress=False)
+    with pytest.raises(SpecterError, match=r"recorded in float32, and this run computes in bfloat16; record it again"):
+        run(_request(tiny_dirs, rtn_drafts, "olmoe", "on-demand", tmp_path / "b.jsonl", num_prompts=1,
+                     max_new_tokens=4, dtype="bfloat16", memo=(str(memo),)), Session(), progress=False)

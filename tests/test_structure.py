@@ -112,6 +112,12 @@ WHEEL_SMOKE = (
 )
 
 
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def test_a_wheel_install_runs_a_first_session(tmp_path):
     """`pip install .` (not editable) into a fresh venv, then, outside the checkout: `specter hardware` (every preset,
     read from inside the installed package), `specter systems`, a tiny build, a GPTQ quantize and a run. The venv sees
@@ -140,6 +146,9 @@ def test_a_wheel_install_runs_a_first_session(tmp_path):
     assert len(names) >= 6 and all(f"{name}:" in outputs["hardware"] for name in names), outputs["hardware"]
     assert "specter: " in outputs["systems"] and "on-demand: " in outputs["systems"]
     assert "wrote gptq INT4 draft" in outputs["quantize"]
+    numerics = json.loads((work / "draft" / "meta.json").read_text())["numerics"]  # where GPTQ calibrated, and how
+    assert numerics["calibration_device"] == ("cuda" if torch_cuda() else "cpu")
+    assert numerics["calibration_dtype"] in ("float32", "bfloat16", "float16")
     # not a terminal: plain progress lines, GPTQModel's own output in the log beside the draft
     assert "\r" not in errors["quantize"] and "GPTQ: quantizing, layer by layer" in errors["quantize"]
     assert re.search(r"GPTQ layers: 2 layers done in [0-9.]+ s", errors["quantize"]), errors["quantize"]

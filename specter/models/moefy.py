@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +71,27 @@ def load_dense():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d = smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(str(d), gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(str(d), gguf_file=GGUF_FILE, dtype=torch.float32)
+    with _gguf_progress():
+        tok = AutoTokenizer.from_pretrained(str(d), gguf_file=GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(str(d), gguf_file=GGUF_FILE, dtype=torch.float32)
     return model.eval(), tok
+
+
+@contextmanager
+def _gguf_progress():
+    """transformers' GGUF reader shows a tqdm bar of its own (carriage returns in a Snakemake log, whatever its logging
+    settings): while the GGUF loads, its loop goes through the suite's progress instead."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:  # another transformers: nothing to reroute
+        yield
+        return
+    gguf_utils.tqdm = lambda items, desc=None, **_: steps(items, "GGUF tensors", unit="tensor")
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def token_windows(tok, corpus: str, split: str, count: int, seq_len: int) -> torch.Tensor:

@@ -68,7 +68,7 @@ def _trace_in(line: dict) -> tuple[tuple, PromptTrace]:
 
 def save_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:
     """Write the service's traces (with their windows) atomically; returns the number of traces."""
-    header = {"format": FORMAT, "model_hash": model_hash, "traces": len(service.traces)}
+    header = {"format": FORMAT, "model_hash": model_hash, "dtype": _dtype(service), "traces": len(service.traces)}
 
     def write(f) -> None:
         with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as z:  # mtime 0: the same memo gives the same bytes
@@ -80,8 +80,13 @@ def save_memo(service: ForwardService, path: str | Path, model_hash: str) -> int
     return len(service.traces)
 
 
-def _lines(path: Path, model_hash: str):
-    """The memo's trace lines, after its header was checked."""
+def _dtype(service: ForwardService) -> str:
+    """The precision the service's target computes in (`float32`, `bfloat16`, ...)."""
+    return str(next(service.target.model.parameters()).dtype).removeprefix("torch.")
+
+
+def _lines(path: Path, model_hash: str, dtype: str):
+    """The memo's trace lines, after its header was checked (a memo without a dtype was recorded in float32)."""
     with path.open("rb") as raw:
         if raw.read(1) == _FIRST_FORMAT:
             raise SpecterError(f"--memo {str(path)!r} is a memo of the first format (serialized Python objects, "
@@ -96,6 +101,10 @@ def _lines(path: Path, model_hash: str):
             raise SpecterError(f"--memo {str(path)!r} was recorded on another model (hash "
                                f"{str(header.get('model_hash'))[:12]}, this one {model_hash[:12]}); record it again "
                                "on this model")
+        if header.get("dtype", "float32") != dtype:
+            raise SpecterError(f"--memo {str(path)!r} was recorded in {header.get('dtype', 'float32')}, and this run "
+                               f"computes in {dtype}; record it again with this --dtype, or run with "
+                               f"--dtype {header.get('dtype', 'float32')}")
         for line in f:
             yield json.loads(line)
 
@@ -127,7 +136,7 @@ def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int
     if not path.is_file():
         raise SpecterError(f"--memo {str(path)!r} does not exist; record it with `specter sweep --memo-out`")
     try:
-        traces = [_trace_in(line) for line in _lines(path, model_hash)]
+        traces = [_trace_in(line) for line in _lines(path, model_hash, _dtype(service))]
     except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError) as err:  # gzip, JSON or layout
         raise SpecterError(f"--memo {str(path)!r} is not a memo from `specter sweep --memo-out` or is damaged "
                            f"({type(err).__name__}: {err}); record it again") from None

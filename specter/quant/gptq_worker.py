@@ -79,8 +79,15 @@ def main(request: dict) -> None:
     # Quantize only per-expert linears (`...experts.<e>.<proj>`): the negative rule skips every other module.
     qcfg = QuantizeConfig(bits=request["bits"], group_size=request["group_size"], sym=True, desc_act=False,
                           dynamic={r"-:^(?!.*\.experts\.\d+\.).*": {}})
-    emit("phase", "loading the model into GPTQModel")
-    model = GPTQModel.load(request["model_dir"], qcfg, device="cpu")
+    device = request.get("device", "auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = request.get("dtype", "auto")
+    emit("phase", f"loading the model into GPTQModel (device {device}, dtype {dtype})")
+    model = GPTQModel.load(request["model_dir"], qcfg, device=device,
+                           dtype=dtype if dtype == "auto" else getattr(torch, dtype))
+    # the device asked for (GPTQModel keeps layers on the meta device until it processes them) and the dtype it loaded
+    emit("numerics", f"{device} {str(next(model.model.parameters()).dtype).removeprefix('torch.')}")
     emit("phase", "quantizing, layer by layer")
     _follow_layers(model, emit)
     model.quantize(samples, batch_size=1)

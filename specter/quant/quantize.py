@@ -82,11 +82,16 @@ def _gcd(xs: list[int]) -> int:
 
 def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gptq", bits: int = 4,
                    group_size: int = 128, calibration: dict | None = None, progress: bool = True,
-                   third_party_log: str | Path | None = None) -> DraftMeta:
+                   third_party_log: str | Path | None = None, device: str = "auto", dtype: str = "auto") -> DraftMeta:
     """Quantize the routed experts of `model_dir` into `out_dir`; returns the sidecar written there. A draft already
     there is replaced, atomically, once the new one is complete; any other non-empty directory is refused. GPTQModel's
-    own output goes to `third_party_log` (default: `gptq_log_path(out_dir)`, beside the draft)."""
+    own output goes to `third_party_log` (default: `gptq_log_path(out_dir)`, beside the draft). GPTQ calibrates on
+    `device` (auto: CUDA where there is a GPU, else the CPU) at `dtype` (auto: GPTQModel's choice, bfloat16 on the CPU);
+    the sidecar's `numerics` records both. RTN needs neither: it rounds the float32 weights."""
     check_request(model_dir, method, bits, group_size)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecterError("--device cuda, but torch sees no CUDA device here (torch.cuda.is_available() is false); "
+                           "give --device cpu or auto")
     out = Path(out_dir)
     draft_files = ("meta.json", "experts.safetensors")  # a directory with one of these holds a draft
     if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in draft_files):
@@ -96,10 +101,11 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
     t0 = time.perf_counter()
     if method == "rtn":
         packed = _quantize_rtn(model_dir, bits, group_size)
-        calibration_used = None
+        calibration_used, calibration_numerics = None, {}
     else:
         log_path = Path(third_party_log) if third_party_log else gptq_log_path(out)
-        packed = _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path)
+        packed, calibration_numerics = _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path,
+                                                      device, dtype)
         calibration_used = calibration
     tensors = {}
     per_expert: dict[str, int] = {}
@@ -124,7 +130,7 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         quantized_bytes_per_expert=max(sizes),
         seconds=round(time.perf_counter() - t0, 3),
         versions=versions(),
-        numerics=determinism.settings(),
+        numerics={**determinism.settings(), **calibration_numerics},
     )
     with atomic_dir(out) as tmp:  # a killed quantize leaves nothing that looks like a draft
         save_file(tensors, str(tmp / "experts.safetensors"))
@@ -164,7 +170,7 @@ def _log_tail(path: Path, chars: int = 1500) -> str:
     return " ".join(_ANSI.sub(" ", text[-4 * chars:]).split())[-chars:]
 
 
-def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> int:
+def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> tuple[int, dict]:
     """Run the GPTQ worker in its own process group, its output (GPTQModel's) into `log_path`, and follow the progress
     lines it writes to a pipe of its own: phases, then one line per layer. If this process is interrupted or
     terminated meanwhile, the whole group is killed before the exception goes on (and the worker dies with us if we
@@ -175,7 +181,7 @@ def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> i
     request = json.loads(argv[-1])
     argv = [*argv[:-1], json.dumps({**request, "progress_fd": write_end})]
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    bar = None
+    bar, numerics = None, {}
     with open(log_path, "w") as log_file, subprocess.Popen(
             argv, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_end,),
             start_new_session=True) as proc:
@@ -184,6 +190,9 @@ def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> i
             with os.fdopen(read_end) as lines:
                 for line in lines:
                     kind, _, rest = line.strip().partition(" ")
+                    if kind == "numerics":  # where and at what precision GPTQModel calibrated
+                        device_used, dtype_used = rest.split()
+                        numerics = {"calibration_device": device_used, "calibration_dtype": dtype_used}
                     if not progress:
                         continue
                     if kind == "phase":
@@ -205,10 +214,11 @@ def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> i
         finally:
             if bar is not None:
                 bar.close()
-    return proc.returncode
+    return proc.returncode, numerics
 
 
-def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path: Path) -> dict:
+def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path: Path, device: str,
+                   dtype: str) -> tuple[dict, dict]:
     """GPTQ through GPTQModel in a child process, restricted to routed experts; reads back its checkpoint.
 
     A child process because importing GPTQModel patches transformers' MoE block classes process-wide (its defuser),
@@ -217,8 +227,9 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path:
     tmp = Path(tempfile.mkdtemp(prefix="specter-gptq-"))
     try:
         request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(tmp), bits=bits, group_size=group_size,
-                       threads=torch.get_num_threads(), parent_pid=os.getpid(), **calibration)
-        returncode = _run_worker(
+                       threads=torch.get_num_threads(), parent_pid=os.getpid(), device=device, dtype=dtype,
+                       **calibration)
+        returncode, numerics = _run_worker(
             [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], tmp, log_path, progress)
         if returncode != 0:
             raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}); its log {str(log_path)!r} "
@@ -237,6 +248,6 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path:
             if "qweight" not in f:
                 raise SpecterError(f"GPTQModel left expert {k} unquantized; report this with the model's config")
             packed[k] = (PackedLinear(f["qweight"], f["qzeros"], f["scales"], f["g_idx"], bits), f.get("bias"))
-        return packed
+        return packed, numerics
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

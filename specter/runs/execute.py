@@ -74,7 +74,8 @@ def prepare(spec: RunSpec, session: Session) -> PreparedRun:
     system, profile = spec.validate()
     tokenizer = AutoTokenizer.from_pretrained(spec.model, local_files_only=True)
     prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)
-    target, draft, service = session.numerics(spec.model, spec.draft if system.speculative else None, spec.memo)
+    target, draft, service = session.numerics(spec.model, spec.draft if system.speculative else None, spec.memo,
+                                              spec.dtype)
     service.require(system.trace_recorders)
     work = ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0

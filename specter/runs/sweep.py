@@ -67,7 +67,7 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
             log.warning("skipped: %s does not fit %s: %s", spec.system, spec.budget.describe(), err)
     if memo_out is not None and specs:
         with phase(f"saving the numerics to {memo_out}"):
-            save_memo(session.service(specs[0].model), memo_out, session.model_hash(specs[0].model))
+            save_memo(session.service(specs[0].model, specs[0].dtype), memo_out, session.model_hash(specs[0].model))
     if out is not None:
         write_records(records, out)
     return records
