@@ -18,10 +18,13 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specter.errors import SpecterError
 from specter.io import atomic_write
-from specter.numerics.forward import DraftWindow, ForwardService, PromptTrace
+
+if TYPE_CHECKING:  # reading a memo's routes for statistics (`memo_routes`) needs no torch
+    from specter.numerics.forward import ForwardService, PromptTrace
 
 FORMAT = "specter-memo-2"
 _FIRST_FORMAT = b"\x80"  # the first byte of the first format's files (a protocol-5 object stream)
@@ -55,6 +58,8 @@ def _trace_out(key: tuple, trace: PromptTrace) -> dict:
 
 
 def _trace_in(line: dict) -> tuple[tuple, PromptTrace]:
+    from specter.numerics.forward import DraftWindow, PromptTrace
+
     key = (tuple(line["key"][0]), *line["key"][1:])
     trace = PromptTrace(list(line["prompt"]), list(line["tokens"]), _routes_in(line["prefill_routes"]),
                         _routes_in(line["step_routes"]), dict(line["extras"]),
