@@ -28,7 +28,7 @@ PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
 DRAFT_KERNELS = ("fused", "unfused")
 DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and the draft's forwards
 MODES = ("run", "compare", "sweep")
-#: what a record's `config` adds to the spec: what the run resolved from it (`specter.runs.records.run_fields`)
+#: what a record's `config` adds to the spec: what the run resolved from it (`specter.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
                            "device", "numerics", "cost", "k_source"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)

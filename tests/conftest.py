@@ -6,6 +6,17 @@ from specter.numerics.determinism import pin_environment
 
 pin_environment()  # as the CLI does, before torch computes anything
 
+import atexit  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+# The converted GGUF of the default model's builder (specter/models/moefy.py) is cached: one cache for this session and
+# the processes its tests start, not the user's, so the first test that loads it converts it (about 25 s) and the rest
+# read the cache (about 1 s); test_conversion_is_deterministic holds a build from the cache to one without it.
+os.environ["SPECTER_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="specter-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -155,8 +155,7 @@ def test_tables_figures_and_pages_need_no_torch():
     """`specter aggregate` and `plot` (16 jobs of every workflow run) read records, memos' routes and tables without
     importing torch or transformers: seconds saved per job."""
     code = ("import sys; import specter.report.tables, specter.report.figures, specter.report.html, "
-            "specter.runs.records, specter.report.summary; from specter.numerics.memo import memo_routes; "
-            "from specter.runs import records; "
+            "specter.records, specter.report.summary; from specter.numerics.memo import memo_routes; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -53,13 +53,22 @@ def test_reduced_model_goes_through_the_adapter(reduced):
     assert (layer.compose(x) - out_block).abs().max() < 1e-5
 
 
-def test_conversion_is_deterministic():
-    from specter.models.moefy import MoefyConfig, convert
+def test_conversion_is_deterministic_and_the_cached_gguf_changes_nothing(monkeypatch):
+    """Two conversions give the same tensors, bit for bit: one reading the GGUF itself (no cache), one reading the
+    session's cache of the converted GGUF (written by whichever test loaded it first, or by this one)."""
+    from specter.models.moefy import MoefyConfig, convert, dense_cache_dir, load_dense, smollm2_dir
 
     cfg = MoefyConfig(**{**SMALL, "layers": 1, "distill_steps": 0})
-    first = convert(cfg, progress=False)[0].state_dict()
-    second = convert(cfg, progress=False)[0].state_dict()
+    load_dense()  # fills the cache if no test has yet
+    assert (dense_cache_dir(smollm2_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf") / "model.safetensors").is_file()
+    cached = convert(cfg, progress=False)
+    monkeypatch.setenv("SPECTER_CACHE_DIR", "")  # no cache: from the GGUF
+    fresh = convert(cfg, progress=False)
+    first, second = cached[0].state_dict(), fresh[0].state_dict()
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert cached[3].to_dict() == fresh[3].to_dict()  # the MoE config the checkpoint is saved with
+    text = "def parse(text: str) -> int:\n    return len(text)  # Now is the winter of our discontent"
+    assert cached[1](text).input_ids == fresh[1](text).input_ids
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_SIZES))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specter.runs.records import read_jsonl
+from specter.records import read_jsonl
 
 
 def _argv(*args: str) -> list[str]:
@@ -164,8 +164,15 @@ def test_two_builds_in_separate_processes_with_different_environments_give_the_s
     for i, env in enumerate([{}, {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "PYTHONHASHSEED": "123",
                                   "OMP_NUM_THREADS": "1"}]):
         out = tmp_path / f"build{i}"
-        _run(_argv("build-model", "smollm2-moe", *SMALL_BUILD, "--threads", "2", "--out", str(out)),
-             env={**os.environ, **env})
+        proc = subprocess.run(_argv("build-model", "smollm2-moe", *SMALL_BUILD, "--threads", "2", "--out", str(out)),
+                              capture_output=True, text=True, env={**os.environ, **env})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # stderr is not a terminal here, as in a Snakemake log: plain lines, each phase with its duration
+        assert "\r" not in proc.stderr, proc.stderr[-2000:]
+        for done in ("conversion of SmolLM2-135M into smollm2-moe: done in", "per-layer fitting: 1 layer done in",
+                     "distillation (2 steps): done in", "saving the checkpoint: done in",
+                     "model card: perplexities, routing statistics, samples: done in"):
+            assert done in proc.stderr, (done, proc.stderr[-2000:])
         hashes.append(_model_result(out)[0])
         card = json.loads((out / "model_card.json").read_text())
         assert card["numerics"]["cpu_capability"] == "AVX2" and card["numerics"]["threads"] == 2

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from specter.errors import SpecterError
-from specter.progress import phase, steps
+from specter.progress import log, phase, steps
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ROUTER_SPREAD = 1e-3
@@ -67,14 +67,71 @@ def smollm2_dir() -> Path:
 
 
 def load_dense():
-    """(LlamaForCausalLM in float32, tokenizer) from the shipped GGUF, offline."""
+    """(LlamaForCausalLM in float32, tokenizer) from the shipped GGUF, offline.
+
+    Reading the GGUF (its metadata three times, then dequantizing every tensor) takes about 25 s on 2 cores; its
+    result is kept as a plain checkpoint in the cache (`dense_cache_dir`), keyed by the GGUF's bytes and the versions
+    that convert it, so every later build loads it in about a second. The cached tensors are the converted ones, bit
+    for bit (float32 in safetensors), so a build from the cache gives the same model bytes as one without it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d = smollm2_dir()
-    with _gguf_progress():
+    cache = dense_cache_dir(d / GGUF_FILE)
+    if cache is not None and (cache / "model.safetensors").is_file():
+        with phase(f"loading SmolLM2-135M-Instruct, converted from its GGUF earlier ({cache})"):
+            tok = AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(str(cache), dtype=torch.float32, local_files_only=True)
+        return model.eval(), tok
+    with phase("loading SmolLM2-135M-Instruct from its GGUF"), _gguf_progress():
         tok = AutoTokenizer.from_pretrained(str(d), gguf_file=GGUF_FILE)
         model = AutoModelForCausalLM.from_pretrained(str(d), gguf_file=GGUF_FILE, dtype=torch.float32)
+    if cache is not None:
+        from specter.io import atomic_dir
+
+        try:
+            with atomic_dir(cache) as tmp:
+                _save_converted(model, tmp)
+                tok.save_pretrained(tmp)
+        except OSError as err:  # a cache that cannot be written costs the next build 25 s, nothing else
+            log.warning("could not keep the converted GGUF in %s (%s); set SPECTER_CACHE_DIR to a writable "
+                        "directory", cache, err)
     return model.eval(), tok
+
+
+def _save_converted(model, out: Path) -> None:
+    """The GGUF-loaded model as a plain float32 checkpoint. transformers will not `save_pretrained` a model it loaded
+    from a GGUF (it counts as quantized, though its tensors are dequantized): the tensors go through safetensors (tied
+    ones once) and the config without its GGUF quantization entry."""
+    import json
+
+    from safetensors.torch import save_model
+
+    save_model(model, str(out / "model.safetensors"))
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def dense_cache_dir(gguf: Path) -> Path | None:
+    """Where the converted GGUF is kept: `$SPECTER_CACHE_DIR` (default `$XDG_CACHE_HOME/specter`, else
+    `~/.cache/specter`), under a key of the GGUF's sha256 and the torch, transformers and gguf versions; None when
+    `SPECTER_CACHE_DIR` is empty (no cache)."""
+    import hashlib
+    import os
+    from importlib.metadata import version
+
+    root = os.environ.get("SPECTER_CACHE_DIR")
+    if root == "":
+        return None
+    if root is None:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specter")
+    h = hashlib.sha256()
+    with gguf.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    key = "-".join([h.hexdigest()[:16], f"torch{version('torch')}", f"transformers{version('transformers')}",
+                    f"gguf{version('gguf')}"])
+    return Path(root) / "smollm2-dense" / key.replace("+", "_")
 
 
 @contextmanager
@@ -300,8 +357,7 @@ def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
     """Dense source -> (MoE Llama hybrid used during the build, tokenizer, dense model, statistics)."""
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
-    with phase("loading SmolLM2-135M-Instruct from its GGUF"):
-        dense, tok = load_dense()
+    dense, tok = load_dense()
     half = cfg.calibration_sequences // 2
     with phase(f"calibration windows ({cfg.calibration_sequences} x {cfg.seq_len} tokens, prose and code)"):
         calib = torch.cat([token_windows(tok, "prose", "calibration", half, cfg.seq_len),

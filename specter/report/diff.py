@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specter.errors import SpecterError
-from specter.runs.records import read_jsonl
+from specter.records import read_jsonl
 
 DEFAULT_IGNORED = ("wall_s", "versions", "git_commit")
 RECORD_DIRS = ("runs", "experiments")

@@ -40,7 +40,7 @@ def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
 
 
 def read_records(paths: list[str | Path]) -> list[dict]:
-    from specter.runs.records import read_jsonl
+    from specter.records import read_jsonl
 
     records = []
     for path in paths:

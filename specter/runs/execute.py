@@ -18,8 +18,8 @@ from specter.metrics import RunRecord, tpot_seconds
 from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
 from specter.progress import log, steps
+from specter.records import record_of, run_fields, write_records
 from specter.runs import device as on_device
-from specter.runs.records import record_of, run_fields, write_records
 from specter.runspec import RunSpec, Window
 from specter.session import Session
 from specter.speculation.governor import OnlineGovernor

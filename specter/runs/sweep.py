@@ -11,8 +11,8 @@ from pathlib import Path
 from specter.errors import BudgetError, SpecterError
 from specter.metrics import RunRecord
 from specter.progress import log, phase
+from specter.records import write_records
 from specter.runs.execute import execute, run
-from specter.runs.records import write_records
 from specter.runspec import SWEEP_AXES, RunSpec, Window
 from specter.session import Session
 from specter.systems import get_system
