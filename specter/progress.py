@@ -30,11 +30,25 @@ class _Elapsed(logging.Formatter):
         return f"specter [{record.created - _WALL_START:7.1f} s] {record.getMessage()}"
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever `sys.stderr` is when a line is written (a test's capture, or a redirected stream, may
+    replace it after `configure`)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure(verbosity: int = NORMAL, stream=None) -> None:
-    """Send the suite's progress and messages to `stream` (stderr): QUIET shows warnings only, VERBOSE debug lines."""
+    """Send the suite's progress and messages to `stream` (default: stderr, as it is at each line): QUIET shows
+    warnings only, VERBOSE debug lines."""
     global _WALL_START
     _WALL_START = time.time()
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else _Stderr()
     handler.setFormatter(_Elapsed())
     log.handlers[:] = [handler]
     log.propagate = False
@@ -63,6 +77,13 @@ def phase(name: str) -> Iterator[None]:
     log.info("%s: done in %s", name, fmt_seconds(time.monotonic() - started))
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def _plural(unit: str, n: int) -> str:
     return unit if n == 1 else unit + "s"
 
@@ -84,7 +105,7 @@ class Progress:
         if not enabled():
             return
         handler_stream = getattr(log.handlers[0], "stream", None) if log.handlers else None
-        if handler_stream is not None and hasattr(handler_stream, "isatty") and handler_stream.isatty():
+        if _is_terminal(handler_stream):
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=handler_stream, dynamic_ncols=True)

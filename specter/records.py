@@ -26,15 +26,17 @@ def git_commit() -> str:
 
 
 def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict | None = None,
-               k_source: str | None = None) -> dict:
+               k_source: str | None = None, numerics_device: str = "cpu") -> dict:
     """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at;
-    `k_source`: where a speculative run's K came from)."""
+    `k_source`: where a speculative run's K came from; `numerics_device`: where the target's forwards ran, beside
+    their dtype in `config.dtype`)."""
     from specter.numerics import determinism
     from specter.quant.meta import versions
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
-                "initial_cache": "empty", "numerics": determinism.settings(), "cost": priced_at,
+                "initial_cache": "empty", "numerics": {**determinism.settings(), "device": numerics_device},
+                "cost": priced_at,
                 "k_source": k_source}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,

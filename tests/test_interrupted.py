@@ -21,6 +21,8 @@ import pytest
 
 from specter.records import read_jsonl
 
+pytestmark = pytest.mark.slow  # processes killed mid-build and mid-run, rerun: minutes (python -m pytest -m slow)
+
 
 def _argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "specter", *args]

@@ -68,3 +68,21 @@ def test_fmt_seconds():
     assert progress.fmt_seconds(12.34) == "12.3 s"
     assert progress.fmt_seconds(245) == "4 min 05 s"
     assert progress.fmt_seconds(3725) == "1 h 02 min"
+
+
+def test_the_default_stream_is_stderr_as_it_is_at_each_line(monkeypatch):
+    """configure() without a stream writes to whatever sys.stderr is when a line is logged: a stream closed since (a
+    finished test's capture) is never written to."""
+    try:
+        first = io.StringIO()
+        monkeypatch.setattr("sys.stderr", first)
+        progress.configure(progress.NORMAL)
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr("sys.stderr", second)
+        with progress.phase("fitting"):
+            list(progress.steps(range(2), "layers"))
+        assert "fitting: done in" in second.getvalue()
+    finally:
+        progress.log.handlers[:] = []
+        progress.log.setLevel(logging.NOTSET)

@@ -106,3 +106,13 @@ def test_every_workflow_rule_declares_log_and_environment_and_calls_the_cli():
             name = rule.split(":", 1)[0]
             assert "\n    log:" in rule and "\n    conda:" in rule, f"{smk.name}: {name}"
             assert "python -m specter " in rule and "\n    script:" not in rule, f"{smk.name}: {name}"
+
+
+def test_ci_runs_every_marker_the_default_run_leaves_out():
+    """The README's test line leaves the slow and SLURM tests out (addopts); CI runs each of them on its own."""
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    left_out = re.findall(r"not (\w+)", addopts)
+    assert set(left_out) == {"slow", "slurm"}, addopts
+    ci = (ROOT / ".ci" / "run").read_text()
+    for marker in left_out:
+        assert re.search(rf"python -m pytest -m {marker}\b", ci), marker

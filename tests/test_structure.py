@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from specter import experiments
 from specter.cli import main
@@ -118,6 +119,7 @@ def torch_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.mark.slow
 def test_a_wheel_install_runs_a_first_session(tmp_path):
     """`pip install .` (not editable) into a fresh venv, then, outside the checkout: `specter hardware` (every preset,
     read from inside the installed package), `specter systems`, a tiny build, a GPTQ quantize and a run. The venv sees

@@ -156,6 +156,7 @@ def test_unsafe_names_are_refused_before_any_job(name, edit, tmp_path):
     assert not (work / "PWNED").exists() and not (ROOT / "PWNED").exists()
 
 
+@pytest.mark.slow
 def test_shell_metacharacters_and_spaces_in_paths_reach_the_cli_as_one_argument(tiny_dirs, tmp_path):
     """A checkpoint and a prompt file at paths with spaces, `;`, `$(...)` and quotes: the dry run's shell commands
     carry each path as one argument, and a real job on them runs (and runs nothing else)."""
@@ -204,6 +205,7 @@ def _repository_copy(dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow
 def test_workflow_end_to_end_on_the_test_config(tmp_path):
     """One baseline alone as a target, then every experiment, then nothing to do, then the report (CI's end-to-end);
     from a copy of the repository at a path with a space, into a working directory with one too."""

@@ -89,7 +89,8 @@ def prepare(spec: RunSpec, session: Session) -> PreparedRun:
                                   profile)
     config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
                           spec.draft_kernel)
-    common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source)
+    common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
+                        next(target.model.parameters()).device.type)
     prepared = PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
                            governor, _warmup(tokenizer, spec, service), common, online=online)
     if spec.engine == "cuda":
