@@ -36,7 +36,7 @@ def cmd_systems(args: argparse.Namespace) -> int:
     for name, cls in sorted(registry().items()):
         own = cls.__dict__.get("__doc__")  # the class's own docstring (not System's), else its module's
         doc = inspect.cleandoc(own) if own else inspect.getdoc(inspect.getmodule(cls)) or ""
-        summary = " ".join(doc.split("\n\n")[0].split())
+        summary = " ".join(doc.split("\n\n")[0].split()).removeprefix(f"`{name}`: ")  # a module docstring names it
         kind = ("speculative" + (", own draft and KV" if cls.separate_draft else "")) if cls.speculative else \
             "one token a pass"
         print(f"{name}: {summary} [{kind}]")
@@ -323,7 +323,9 @@ def _model_flag(p: argparse.ArgumentParser) -> None:
 
 def _prompt_flags(p: argparse.ArgumentParser) -> None:
     """The held-out prompts of a fidelity report (the artifact's protocol: 5 prompts of 16 tokens)."""
-    p.add_argument("--dataset", default="code", help="a shipped prompt set (default: code)")
+    from specter.data.prompts import DATASETS
+
+    p.add_argument("--dataset", default="code", help=f"a shipped prompt set: {', '.join(DATASETS)} (default: code)")
     p.add_argument("--num-prompts", type=_count(1, 100_000), default=5,
                    help="prompts (default 5, the artifact's protocol)")
     p.add_argument("--prefix-tokens", type=_count(1, 1 << 20), default=16, help="prompt length in tokens (default 16)")
@@ -376,18 +378,18 @@ EXAMPLES = {
     "inspect": "specter inspect results/models/smollm2-moe --json",
     "build-model": "specter build-model smollm2-moe --out results/models/smollm2-moe --threads 2\n"
                    "specter build-model tiny-mixtral --out /tmp/tiny-mixtral",
-    "quantize": "specter quantize --model results/models/smollm2-moe --method gptq --bits 4 --group-size 128 "
-                "--out results/drafts/smollm2-moe/gptq-int4-g128",
+    "quantize": "specter quantize --model results/models/smollm2-moe --method gptq --bits 4 --group-size 64 "
+                "--out results/drafts/smollm2-moe/gptq-int4-g64",
     "fidelity": "specter fidelity --model results/models/smollm2-moe "
-                "--draft results/drafts/smollm2-moe/gptq-int4-g128 --out /tmp/fidelity.csv",
+                "--draft results/drafts/smollm2-moe/gptq-int4-g64 --out /tmp/fidelity.csv",
     "run": "specter run --system specter --model results/models/smollm2-moe "
-           "--draft results/drafts/smollm2-moe/gptq-int4-g128 --dataset humaneval --hardware a100-40gb-pcie4 "
+           "--draft results/drafts/smollm2-moe/gptq-int4-g64 --dataset humaneval --hardware a100-40gb-pcie4 "
            "--resident-fraction 0.25 --out /tmp/specter.jsonl",
     "compare": "specter compare --systems on-demand,specter --model results/models/smollm2-moe "
-               "--draft results/drafts/smollm2-moe/gptq-int4-g128 --dataset humaneval --hardware a100-40gb-pcie4 "
+               "--draft results/drafts/smollm2-moe/gptq-int4-g64 --dataset humaneval --hardware a100-40gb-pcie4 "
                "--resident-per-layer 2 --out /tmp/compare",
     "sweep": "specter sweep --systems on-demand,specter --k 2,4,8,auto --model results/models/smollm2-moe "
-             "--draft results/drafts/smollm2-moe/gptq-int4-g128 --dataset humaneval --hardware a100-40gb-pcie4 "
+             "--draft results/drafts/smollm2-moe/gptq-int4-g64 --dataset humaneval --hardware a100-40gb-pcie4 "
              "--resident-per-layer 2 --out /tmp/sweep.jsonl",
     "aggregate": "specter aggregate main results/experiments/main/*/*.jsonl --out /tmp/main.csv "
                  "--figure /tmp/main.png --html /tmp/main.html",
@@ -458,11 +460,11 @@ def _model_commands(sub) -> None:
     p.add_argument("--method", default="gptq", choices=METHODS,
                    help="gptq (GPTQModel, calibrated) or rtn (round-to-nearest); default gptq")
     p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="bits per weight (default 4)")
-    p.add_argument("--group-size", type=_count(1, 1 << 20), default=128,
-                   help="inputs per quantization group (default 128)")
-    p.add_argument("--calibration-sequences", type=_count(1, 100_000), default=64,
+    p.add_argument("--group-size", type=_count(1, 1 << 20), default=128, metavar="N",
+                   help="inputs per quantization group (default 128; it must divide the experts' input widths)")
+    p.add_argument("--calibration-sequences", type=_count(1, 100_000), default=64, metavar="N",
                    help="GPTQ calibration sequences (default 64)")
-    p.add_argument("--calibration-length", type=_count(2, 1 << 20), default=256,
+    p.add_argument("--calibration-length", type=_count(2, 1 << 20), default=256, metavar="N",
                    help="tokens per calibration sequence (default 256)")
     p.add_argument("--out", required=True, metavar="DIR", type=_out(directory=True),
                    help="output directory for experts.safetensors and meta.json; a draft already there is replaced "
@@ -474,7 +476,7 @@ def _model_commands(sub) -> None:
                         "CPU); the draft's meta.json records both")
     p.add_argument("--gptq-log", metavar="FILE", type=_out(),
                    help="where GPTQModel's own output goes (default: beside the draft, OUT.gptqmodel.log); the "
-                        "console shows phases and one line per layer")
+                        "console shows phases and the layers done with an ETA")
     _threads(p)
     p.set_defaults(func=cmd_quantize)
 

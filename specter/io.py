@@ -35,6 +35,16 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = F
     return path
 
 
+def _usual_permissions(root: Path) -> None:
+    """Give every file under `root` the permissions the umask gives a new file (safetensors' `save_file`, which
+    writes models and drafts, makes its files private: readable by their owner alone, unreadable on a shared
+    cluster)."""
+    mode = 0o666 & ~_umask()
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -56,6 +66,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes the directory private; outputs get the usual permissions
         yield tmp
+        _usual_permissions(tmp)
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))

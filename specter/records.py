@@ -18,7 +18,7 @@ from specter.metrics import RunRecord, acceptance_rate, breakdown, hit_rate, sha
 
 def git_commit() -> str:
     try:
-        root = Path(__file__).resolve().parents[2]
+        root = Path(__file__).resolve().parents[1]  # the checkout: specter/records.py is one level down
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):

@@ -20,6 +20,7 @@ from dataclasses import MISSING, dataclass, fields
 from dataclasses import field as setting  # RunSpec has a field named `field`
 from typing import Any
 
+from specter.data.prompts import DATASETS
 from specter.errors import SpecterError
 
 GOVERNORS = ("auto", "profile", "online")
@@ -136,8 +137,9 @@ class RunSpec:
 
     system: str
     model: str = setting(metadata=_flag("--model", "the target checkpoint", required=True, metavar="DIR"))
-    dataset: str = setting(metadata=_flag("--dataset", "a shipped prompt set (code) or a JSONL/JSON/CSV/Parquet file",
-                                        required=True, metavar="NAME|FILE"))
+    dataset: str = setting(metadata=_flag(
+        "--dataset", f"a shipped prompt set ({', '.join(DATASETS)}) or a JSONL/JSON/CSV/Parquet file", required=True,
+        metavar="NAME|FILE"))
     hardware: str = setting(metadata=_flag("--hardware", "a preset name or a profile YAML (see `specter hardware`)",
                                          required=True, sweep=True, metavar="PRESET|FILE"))
     budget: Budget  # its three mutually exclusive flags are built by `add_cli_args`

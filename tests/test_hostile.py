@@ -351,3 +351,31 @@ def test_sigint_exits_130_without_a_traceback(tiny_dirs, tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
     assert not (tmp_path / "m").exists()
+
+
+def test_models_and_drafts_are_readable_as_the_umask_says(tiny_dirs, tmp_path):
+    """safetensors writes its files private (0600); a built model and a quantized draft get the umask's permissions
+    like every other output, so that others on a shared cluster can read them."""
+    from specter.models.builders import build_model
+
+    old = os.umask(0o022)
+    try:
+        model = build_model("tiny-mixtral", tmp_path / "model")
+        quantize_draft(model, tmp_path / "draft", method="rtn", bits=4, group_size=32, progress=False)
+    finally:
+        os.umask(old)
+    for path in [*(tmp_path / "model").iterdir(), *(tmp_path / "draft").iterdir()]:
+        assert path.stat().st_mode & 0o777 == 0o644, (path, oct(path.stat().st_mode))
+
+
+def test_records_carry_the_checkouts_commit():
+    """Run records name the commit of the checkout the suite runs from (not of a folder above it)."""
+    import subprocess
+
+    from specter.records import git_commit
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert git_commit() == head.stdout.strip()

@@ -181,6 +181,8 @@ def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> t
     request = json.loads(argv[-1])
     argv = [*argv[:-1], json.dumps({**request, "progress_fd": write_end})]
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if progress:
+        log.info("GPTQ: GPTQModel's own output goes to %s", log_path)
     bar, numerics = None, {}
     with open(log_path, "w") as log_file, subprocess.Popen(
             argv, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_end,),
