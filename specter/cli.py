@@ -194,13 +194,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from specter.errors import SpecterError
     from specter.runs import grid, sweep
-    from specter.runspec import split_list, sweep_from_args
+    from specter.runspec import Arm, split_list, sweep_from_args
 
     _threads_set(args)
     if args.out is None and args.memo_out is None:
         raise SpecterError("give --out FILE.jsonl (the records), --memo-out FILE (the numerics), or both")
     base, axes, options = sweep_from_args(args, split_list(args.systems, str, "--systems"), args.out or "")
-    specs = grid(base, axes, options)
+    specs = grid(base, axes, options, [Arm.parse(text) for text in args.arm or ()])
     records = sweep(specs, args.out, args.memo_out)
     print(f"{len(specs)} runs, {len(records)} records"
           + (f"; wrote {args.out}" if args.out else "") + (f"; wrote {args.memo_out}" if args.memo_out else ""))
@@ -514,7 +514,11 @@ _RUN_COMMANDS = {
                            help="comma-separated names from `specter systems`")),
         ("--out", dict(metavar="FILE.jsonl", type=_out(".jsonl"), help="every run's records in one JSONL")),
         ("--memo-out", dict(metavar="FILE.json.gz", type=_out(".json.gz"),
-                             help="save the numerics the runs used, for later `--memo`"))]),
+                             help="save the numerics the runs used, for later `--memo`")),
+        ("--arm", dict(action="append", metavar="NAME[:SETTING=VALUE,...]",
+                       help="a named set of settings every point of the grid also runs in (prefetch, draft_kernel "
+                            "or system options), e.g. 'no prefetch:prefetch=none'; records name their arm "
+                            "(config.arm); repeatable, run in order"))]),
 }
 
 

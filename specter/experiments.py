@@ -2,9 +2,10 @@
 
 An experiment says where its records come from (`source`), how its tidy table is made (`Table`), how its figure is
 drawn (`Figure`) and what the report's caption says. What it runs is configuration: the workflow's `experiments:`
-block gives each experiment `{systems, axes, options}` (the systems, the run settings it varies with their values,
-and system options with theirs), and every setting it does not vary takes the main value. So adding an experiment is
-one entry here (with a table and figure kind that exists) plus its config; nothing else changes.
+block gives each experiment `{systems, axes, options, arms}` (the systems, the run settings it varies with their
+values, system options with theirs, and named sets of settings every point also runs in), and every setting it does
+not vary takes the main value. So adding an experiment is one entry here (with a table and figure kind that exists)
+plus its config; nothing else changes.
 
 Sources: `sweep` (its own `specter sweep` over its axes, in each of its cases and on the first prompt set, or on
 every prompt set and in every case for `main`), `fidelity` (the drafts' fidelity reports), `memo` (the main recordings
@@ -73,18 +74,19 @@ class Experiment:
     reads: tuple[str, ...] = ()  # other experiments whose records its table also reads, where they are configured
 
 
-def _ablation_variant(df):
-    """Specter with parts removed, from its prefetch policy and the serialize-demand option."""
-    def label(prefetch: str, serialize: str) -> str:
-        serial = str(serialize).lower() in ("true", "1", "yes")
-        if prefetch != "none" and not serial:
-            return "full"
-        if prefetch == "none" and not serial:
-            return "no prefetch"
-        if prefetch != "none":
-            return "serialized demand"
-        return "no prefetch, serialized demand"
-    return df.assign(variant=[label(p, s) for p, s in zip(df["prefetch"], df["serialize_demand"])])
+def _ablation_arm(df):
+    """Each run's arm (its name in the config's `arms`, else what its settings remove from Specter) and `arm_index`,
+    the arm's place in the order the records list them (the config's order)."""
+    def removed(prefetch: str, kernel: str, kv: str, serialize: str) -> str:
+        parts = [part for part, gone in (("no prefetch", prefetch == "none"), ("unfused draft kernel", kernel ==
+                                         "unfused"), ("copied KV", kv == "copied"),
+                                         ("serialized demand", str(serialize).lower() in ("true", "1", "yes")))
+                 if gone]
+        return ", ".join(parts) or "full"
+    arms = [arm or removed(p, k, kv, s) for arm, p, k, kv, s in
+            zip(df["arm"], df["prefetch"], df["draft_kernel"], df["draft_kv"], df["serialize_demand"])]
+    order = {arm: i for i, arm in enumerate(dict.fromkeys(arms))}
+    return df.assign(arm=arms, arm_index=[order[a] for a in arms])
 
 
 def _memory_label(df):
@@ -190,11 +192,17 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "Black ticks: the lower bound."),
     Experiment(
         "ablation", "sweep",
-        Table(keys=("system", "k", "variant", "slots_per_layer"), derive=_ablation_variant),
-        Figure("bars", "Ablation", x="variant", xlabel="variant"),
-        "Specter with parts removed: ``full``; ``no prefetch`` (the draft still speculates, nothing is copied "
-        "ahead); ``serialized demand`` (each demand copy waits for the compute issued before it, so hot-first "
-        f"overlap is gone); and both. TPOT is the mean over prompts; {_BOUND}"),
+        Table(keys=("system", "k", "arm_index", "arm", "prefetch", "draft_kernel", "draft_kv", "serialize_demand",
+                    "slots_per_layer"), derive=_ablation_arm),
+        Figure("bars", "Ablation", x="arm", xlabel="arm (in the config's order)",
+               sort="arm_index"),
+        "Specter with its parts removed, in the config's order (the artifact's cumulative arms): ``full``; ``no "
+        "fused kernel`` (the draft's experts priced one kernel group each instead of one fused INT4 MoE kernel per "
+        "layer); ``no prefetch`` (the draft still speculates, nothing is copied ahead); ``+ copied KV`` (also, the "
+        "draft keeps a KV cache of its own, the target's KV copied into it after every verification: a second KV on "
+        "the device and a copy per cycle); ``+ serialized demand`` (also, each demand copy waits for the compute "
+        "issued before it, so hot-first overlap is gone). The table lists each arm's settings. TPOT is the mean over "
+        f"prompts; {_BOUND}"),
     Experiment(
         "oracle", "sweep",
         Table(keys=("system", "forecast", "noise", "k", "slots_per_layer"), derive=_oracle_forecast),
@@ -215,6 +223,18 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "step), ``single prefetch later`` (one plan over the whole window just before verification) and "
         "``speculative`` (Specter's adaptive plans). The table keeps each run's TPOT and slots per layer."),
     Experiment(
+        "sensitivity", "sweep",
+        Table(keys=("temperature", "system", "k", "slots_per_layer"), speedups=("temperature",)),
+        Figure("grouped_bars", "TPOT vs sampling temperature", x="temperature",
+               xlabel="sampling temperature (0: greedy)"),
+        "TPOT (mean over prompts) at greedy decoding and when sampling at each temperature, per system, on every "
+        "prompt set (each its own domain: code, chat): speculative systems sample with rejection sampling (a draft "
+        "token is kept with probability min(1, p/q), else a token is drawn from the residual), which keeps the "
+        "target's distribution but accepts fewer proposals as the distributions flatten. Sampled runs are drawn "
+        "live with the run's seed, so each system decodes its own sequence; ``results/tables/sensitivity.csv`` has "
+        "the acceptance rate beside each TPOT.",
+        all_datasets=True),
+    Experiment(
         "budget", "sweep",
         Table(keys=("resident_share", "slots_per_layer", "system", "k"), speedups=("resident_share",)),
         Figure("lines", "TPOT vs device budget", x="resident_share",
@@ -223,8 +243,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "fit in device slots, for the listed systems at the main hardware profile and K."),
     Experiment(
         "hardware", "sweep",
-        Table(keys=("system", "k", "slots_per_layer"), speedups=()),
-        Figure("grouped_bars", "TPOT on each hardware profile", x="hardware", xlabel="hardware profile"),
+        Table(keys=("link", "link_gbps", "system", "k", "slots_per_layer"), speedups=()),
+        Figure("grouped_bars", "TPOT on each hardware profile", x="hardware",
+               xlabel="hardware profile (by link generation)"),
         "The same recorded runs scheduled on every configured hardware profile (PCIe 3.0, 4.0 and 5.0 links and "
         "their GPUs' compute; ``specter hardware`` lists each preset's numbers and their sources), per system: TPOT "
         "is the mean over prompts, simulated."),
@@ -235,8 +256,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "Each system's time per output token in the main comparison at the same slots, split by what the device was "
         "doing at each instant between the first and the last commit: draft steps, target compute with no copy on "
         "the link, target compute with copies overlapped, stalls on copies (no compute, a copy on the link), host "
-        "compute (Fiddler's experts on the CPU) and the rest (the host reading routes, launch gaps). The parts sum "
-        "to the TPOT (mean over prompts); ``results/tables/breakdown.csv`` also has the same-memory comparison."),
+        "compute (Fiddler's experts on the CPU) and the rest (the host reading routes, launch gaps), drawn as shares "
+        "of each system's TPOT (mean over prompts, written beside its bar). ``results/tables/breakdown.csv`` gives "
+        "the parts in ms per token (they sum to the TPOT) and also the same-memory comparison."),
     Experiment(
         "routing_entropy", "memo",
         Table(kind="routing_entropy"),
@@ -309,9 +331,10 @@ def own_numerics(entry: dict) -> bool:
 
 def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: tuple[str, ...] = ()) -> list[str]:
     """The `specter sweep` arguments of an experiment's config entry: its systems, its axes (every setting it does not
-    vary at its case's `main` value: `k`, `hardware`, `prefix_tokens`, `slots` per layer, `engine`, `cost_as`) and its
-    options. The pseudo-axis `memory` takes `same_slots` (the case's slots for every system) and `same_memory`
-    (Specter's device memory at those slots for every system).
+    vary at its case's `main` value: `k`, `hardware`, `prefix_tokens`, `slots` per layer, `engine`, `cost_as`), its
+    options and its arms (named settings every point also runs in, in order). The pseudo-axis `memory` takes
+    `same_slots` (the case's slots for every system) and `same_memory` (Specter's device memory at those slots for
+    every system).
 
     `numerics_only`: only the axes that change the numerics, simulated, without options (the experiment's own
     recording). `measured`: profiles that join a `hardware` axis (this machine's, where it was measured). An
@@ -339,4 +362,7 @@ def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: 
     args += ["--engine", "sim" if numerics_only or "hardware" in axes else main["engine"]]
     for option, vals in ({} if numerics_only else entry.get("options") or {}).items():
         args += ["--system-option", f"{option}={csv(vals)}"]
+    for name, settings in ({} if numerics_only else entry.get("arms") or {}).items():
+        items = [f"{key}={csv([value])}" for key, value in (settings or {}).items()]
+        args += ["--arm", f"{name}:{','.join(items)}" if items else name]
     return args

@@ -10,13 +10,16 @@
   distinct experts one verification uses per MoE layer, mean over windows and layers.
 - breakdown: [first commit, last commit] partitioned by what the device was doing (`breakdown`); its parts sum to
   TPOT x (N - 1).
-- tables: the mean over prompts of every time and rate (the paper reports means), with the median, p90 and p99 of
-  TPOT and n (the prompts) beside; a speedup is a ratio of means (`specter.report.tables`).
+- tables: the mean over prompts of every time and rate (the paper reports means), with the median, p90, p99,
+  fastest and slowest of TPOT and n (the runs: prompts x timed repeats) beside; a speedup is a ratio of means
+  (`specter.report.tables`).
 - hit rate = demand hits / (demand hits + demand misses): the share of the experts the target's passes needed that were
   already in a slot (the paper's Table 3 measure).
 - lower bound: max(the run's passes at roofline after the first commit, Belady's fewest expert loads over the link,
   per pass for speculative systems and per committed token for the others) / (N - 1); see `specter.timing.bounds`.
-Field names carry their units.
+Field names carry their units. A record keeps the raw values these are computed from (`extra.commit_ms`, every
+commit's time, and `extra.counts`: proposals, checked, accepted, window hits and needs), so any table can be
+recomputed from its records through these definitions.
 """
 
 from __future__ import annotations

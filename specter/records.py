@@ -81,6 +81,10 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
                "lower_bound_kind": lower_bound.kind, "lower_bound_per_pass_ms": lower_bound.per_pass * 1e3,
                "lower_bound_per_token_ms": lower_bound.per_token * 1e3,
                "link_bytes_activations": stats.link_bytes_activations, "live_forwards": live_forwards,
+               "commit_ms": [t * 1e3 for t in result.commit_times],
+               "counts": {"proposed": result.proposed, "checked": result.checked, "accepted": result.accepted,
+                          "window_hits": result.window_hits, "window_needed": result.window_needed,
+                          "window_layers": result.window_layers},
                "breakdown_ms": {part: seconds * 1e3 for part, seconds in breakdown(
                    timeline.spans, result.commit_times[0], result.commit_times[-1]).items()}, **measured},
     )

@@ -33,7 +33,9 @@ MODES = ("run", "compare", "sweep")
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
                            "device", "numerics", "cost", "k_source"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
-SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "hardware", "prefix_tokens", "budget")
+SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "prefix_tokens", "budget")
+#: the RunSpec fields a sweep arm may set (besides system options): none changes what the model computes
+ARM_SETTINGS = ("prefetch", "draft_kernel")
 
 
 # Budgets ------------------------------------------------------------------------------------------------------------
@@ -84,6 +86,54 @@ class Budget:
         return {"fraction": f"{self.value:g} of experts", "slots": f"{int(self.value)} slots/layer",
                 "gb": f"{self.value} GB",
                 "same_memory": f"Specter's memory at {int(self.value)} slots/layer"}[self.kind]
+
+
+# Sweep arms ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arm:
+    """A named set of settings a sweep runs at every point of its grid (`specter sweep --arm`), for comparisons that
+    are not a grid, such as an ablation's cumulative arms: run settings of `ARM_SETTINGS` and system options (applied
+    to the systems that have them). Its name goes into every record (`config.arm`)."""
+
+    name: str = ""
+    settings: tuple[tuple[str, Any], ...] = ()
+    options: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Arm:
+        """`NAME` or `NAME:SETTING=VALUE,SETTING=VALUE` (a setting of ARM_SETTINGS, or a system option)."""
+        name, _, rest = str(text).partition(":")
+        name = name.strip()
+        if not name:
+            raise SpecterError(f"--arm {text!r} has no name; give NAME:SETTING=VALUE,... (e.g. 'no prefetch:"
+                               "prefetch=none')")
+        settings, options = {}, {}
+        for item in (i.strip() for i in rest.split(",")):
+            if not item:
+                continue
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key or not value:
+                raise SpecterError(f"--arm {text!r}: {item!r} must look like SETTING=VALUE")
+            if key in settings or key in options:
+                raise SpecterError(f"--arm {text!r} sets {key} twice")
+            if key in ARM_SETTINGS:
+                f = next(f for f in fields(RunSpec) if f.name == key)
+                choices = f.metadata["choices"]
+                if choices and value not in choices:
+                    raise SpecterError(f"--arm {text!r}: {key}={value!r} is not one of {', '.join(choices)}")
+                settings[key] = f.metadata["parse"](value)
+            elif key.replace("-", "_") in {f.name for f in fields(RunSpec)}:
+                raise SpecterError(f"--arm {text!r}: an arm cannot set {key} (arms set {', '.join(ARM_SETTINGS)} "
+                                   "and system options; sweep the others as axes)")
+            else:
+                options[key] = value
+        return cls(name, tuple(settings.items()), tuple(options.items()))
+
+    def flag(self) -> str:
+        """This arm as `--arm` takes it."""
+        items = [f"{k}={v}" for k, v in (*self.settings, *self.options)]
+        return f"{self.name}:{','.join(items)}" if items else self.name
 
 
 # Draft windows ------------------------------------------------------------------------------------------------------
@@ -163,8 +213,15 @@ class RunSpec:
         "--draft-kernel", "how the draft's routed experts are priced: fused (one INT4 MoE kernel per layer and "
                           "step, as the paper's) or unfused (one kernel group per expert)", sweep=True,
         choices=DRAFT_KERNELS))
-    temperature: float = setting(default=0.0, metadata=_flag("--temperature", "0 = greedy", float, metavar="T"))
+    temperature: float = setting(default=0.0, metadata=_flag(
+        "--temperature", "0 = greedy; above 0, sampling at this temperature with rejection sampling (drawn live, "
+                         "not replayed from a memo)", float, sweep=True, metavar="T"))
     seed: int = setting(default=42, metadata=_flag("--seed", "seed (the artifact's is 42)", int, metavar="S"))
+    repeats: int = setting(default=1, metadata=_flag(
+        "--repeats", "timed runs of each prompt (the artifact's protocol: 3): with --engine cuda each repeat is "
+                     "timed from the same cache state and recorded (extra.repeat); under --engine sim every repeat "
+                     "would be identical, so each prompt runs once and its record says so (extra.repeats)", int,
+        metavar="R"))
     engine: str = setting(default="sim", metadata=_flag(
         "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
                     "slots, copies and kernels; --hardware then costs the lower bound and the planners)",
@@ -179,6 +236,7 @@ class RunSpec:
                      "config.json); tokens and routes stay the model's, which must route the same way (experts per "
                      "layer, top-k)", metavar="NAME|FILE"))
     system_options: tuple[tuple[str, str], ...] = ()
+    arm: str = ""  # the sweep arm this run belongs to (`specter sweep --arm`), or empty
     warmup_prompts: int = setting(default=8, metadata=_flag(
         "--warmup-prompts", "calibration-split prompts for systems that learn from history (MoE-Infinity, Fiddler)",
         int, metavar="N"))
@@ -222,7 +280,7 @@ class RunSpec:
         """Every number finite and in range, before anything is loaded."""
         ints = {"--num-prompts": (self.num_prompts, 1, 100_000), "--prefix-tokens": (self.prefix_tokens, 1, 1 << 20),
                 "--max-new-tokens": (self.max_new_tokens, 2, 1 << 20), "--seed": (self.seed, 0, 2**63 - 1),
-                "--warmup-prompts": (self.warmup_prompts, 0, 1000)}
+                "--warmup-prompts": (self.warmup_prompts, 0, 1000), "--repeats": (self.repeats, 1, 100)}
         for flag, (value, low, high) in ints.items():
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 hint = " (TPOT needs two tokens)" if flag == "--max-new-tokens" else ""
@@ -266,8 +324,10 @@ class RunSpec:
         opts = "".join(f" {a}={b}" for a, b in self.system_options)
         policy = self.prefetch if self.k.value is not None else ""
         shapes = f" at {self.cost_as} shapes" if self.cost_as else ""
+        temperature = f" T={self.temperature:g}" if self.temperature else ""
+        arm = f" [{self.arm}]" if self.arm else ""
         return (f"{self.system}{k} {policy} {self.hardware}{shapes} {self.budget.describe()} prefix "
-                f"{self.prefix_tokens}{opts}")
+                f"{self.prefix_tokens}{temperature}{opts}{arm}")
 
     # checks
     # ------------------------------------------------------------------------------------------------------------

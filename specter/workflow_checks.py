@@ -144,6 +144,30 @@ def _check_same_memory(config: dict) -> None:
                         "on a device with more memory")
 
 
+def _check_arms(name: str, entry: dict, systems: dict) -> None:
+    """An experiment's arms, as `specter sweep` would refuse them, before any job runs."""
+    from specter.errors import SpecterError
+    from specter.runspec import Arm
+
+    listed = [systems[s] for s in entry.get("systems") or [] if s in systems]
+    for arm, settings in (entry.get("arms") or {}).items():
+        where = f"config experiments.{name}.arms.{arm}"
+        if ":" in arm or not arm.strip():
+            raise ConfigError(f"{where}: an arm's name cannot be empty or hold ':'; rename it")
+        items = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (settings or {}).items()]
+        try:
+            parsed = Arm.parse(f"{arm}:{','.join(items)}")
+            for option, value in parsed.options:
+                having = [cls for cls in listed if option in cls.options]
+                if not having:
+                    raise SpecterError(f"no system of the experiment has option {option!r}; systems: "
+                                       f"{', '.join(entry.get('systems') or [])}")
+                for cls in having:
+                    cls(**{option: value})
+        except (SpecterError, ValueError) as err:
+            raise ConfigError(f"{where}: {err}") from None
+
+
 def check_config(config: dict) -> None:
     """Every check the schema cannot make; raises ConfigError naming the first problem."""
     from specter.errors import SpecterError
@@ -170,6 +194,7 @@ def check_config(config: dict) -> None:
             if system not in systems:
                 raise ConfigError(f"config experiments.{name}.systems: unknown system {system!r}; known: "
                                   f"{', '.join(sorted(systems))}")
+        _check_arms(name, entry, systems)
         for case in entry.get("cases") or []:
             if case not in config["cases"]:
                 raise ConfigError(f"config experiments.{name}.cases: {case!r} is not a configured case; cases: "

@@ -217,5 +217,15 @@ def test_run_engine_cuda_path_on_the_cpu(tiny_dirs, tmp_path, monkeypatch):
             assert c.output_token_ids == s.output_token_ids and c.engine == "cuda" and not c.simulated
             assert c.hardware == "stand-in" and c.config["device"]["name"] == "stand-in"
             assert c.extra["simulated_tpot_ms"] == s.tpot_ms and c.extra["simulated_on"] == "a100-40gb-pcie4"
+    made.clear()  # repeats: each prompt timed twice from the same state, the warm-up once
+    repeated = execute(spec(system="specter", engine="cuda", repeats=2, **request), progress=False)
+    assert made == ["sim", "cuda", "cuda", "sim", "cuda", "sim", "cuda", "sim", "cuda"], made
+    assert [(r.prompt_index, r.extra["repeat"]) for r in repeated] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r.extra["repeats"] == {"asked": 2, "timed": 2} for r in repeated)
+    # the copied-KV arm on the device buffers: the draft's own KV, copied from the target's
+    copied = execute(spec(system="specter", engine="cuda", system_options=(("draft-kv", "copied"),), **request),
+                     progress=False)
+    assert [c.output_token_ids for c in copied] == [s.output_token_ids for s in execute(
+        spec(system="specter", **request), progress=False)]
     with pytest.raises(Exception, match="--temperature 0.7 samples live"):
         execute(spec(system="specter", engine="cuda", temperature=0.7, **request), progress=False)

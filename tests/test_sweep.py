@@ -143,3 +143,72 @@ def test_routing_entropy_reads_the_evaluation_prompts_routes_from_a_memo(tiny_di
     assert len(table) == len(moe.moe_layers) * experts
     assert table["entropy_bits"].between(0, math.log2(experts) + 1e-9).all()
     assert per_layer["use_share"].sum().sub(1).abs().max() < 1e-9
+
+
+def test_copied_kv_keeps_the_tokens_and_pays_a_second_kv_and_a_copy_a_cycle(tiny_dirs, draft):
+    session = Session()
+    shared = execute(_req(tiny_dirs, draft, device_memory_gb=None, resident_fraction=0.25), session, progress=False)
+    copied = execute(_req(tiny_dirs, draft, system_options=(("draft-kv", "copied"),)), session, progress=False)
+    assert [r.output_token_ids for r in copied] == [r.output_token_ids for r in shared]  # the copy equals the KV read
+    assert all(c.tpot_ms > s.tpot_ms for c, s in zip(copied, shared))  # every cycle pays its copy
+    for c, s in zip(copied, shared):
+        assert c.config["memory"]["kv_bytes"] == 2 * s.config["memory"]["kv_bytes"]
+        assert c.extra["breakdown_ms"]["draft"] > s.extra["breakdown_ms"]["draft"]  # the copies are the draft's
+    with pytest.raises(SpecterError, match="option draft-kv='own' is not one of shared, copied"):
+        execute(_req(tiny_dirs, draft, system_options=(("draft-kv", "own"),)), session, progress=False)
+
+
+def test_arms_run_in_order_at_every_point_and_name_their_records(tiny_dirs, draft, tmp_path):
+    from specter.runspec import Arm
+
+    arms = [Arm.parse(t) for t in ("full", "no prefetch:prefetch=none",
+                                   "+ copied KV:prefetch=none,draft-kv=copied")]
+    assert arms[2].settings == (("prefetch", "none"),) and arms[2].options == (("draft-kv", "copied"),)
+    assert [Arm.parse(a.flag()) for a in arms] == arms
+    specs = grid(_req(tiny_dirs, draft), {"system": ["on-demand", "specter"], "k": [2, 4]}, arms=arms)
+    specter = [(s.k.value, s.arm, s.prefetch, s.system_options) for s in specs if s.system == "specter"]
+    assert specter == [(k, a.name, p, o) for k in (2, 4) for a, p, o in (
+        (arms[0], "adaptive", ()), (arms[1], "none", ()), (arms[2], "none", (("draft-kv", "copied"),)))]
+    # on-demand has neither K, prefetch nor draft-kv: each arm is the same run under its own name
+    assert [s.arm for s in specs if s.system == "on-demand"] == ["full", "no prefetch", "+ copied KV"]
+    records = sweep([s for s in specs if s.system == "specter" and s.k.value == 2], tmp_path / "a.jsonl",
+                    progress=False)
+    assert [r.config["arm"] for r in records] == [a.name for a in arms for _ in range(2)]
+    for bad, message in (("no name:", None), (":prefetch=none", "has no name"),
+                         ("x:prefetch=never", "prefetch='never' is not one of"),
+                         ("x:k=4", "an arm cannot set k"), ("x:prefetch", "must look like SETTING=VALUE"),
+                         ("x:prefetch=none,prefetch=late", "sets prefetch twice")):
+        if message is None:
+            assert Arm.parse(bad).name == "no name"
+            continue
+        with pytest.raises(SpecterError, match=message):
+            Arm.parse(bad)
+    with pytest.raises(SpecterError, match="two arms have the same name"):
+        grid(_req(tiny_dirs, draft), {}, arms=[arms[0], arms[0]])
+    with pytest.raises(SpecterError, match="arm 'no prefetch' sets prefetch, which the sweep also varies"):
+        grid(_req(tiny_dirs, draft), {"prefetch": ["adaptive", "late"]}, arms=arms[:2])
+    with pytest.raises(SpecterError, match="no swept system has option 'depth'"):
+        grid(_req(tiny_dirs, draft), {}, arms=[Arm.parse("d:depth=2")])
+
+
+def test_sampled_runs_sweep_beside_greedy(tiny_dirs, draft):
+    specs = grid(_req(tiny_dirs, draft, num_prompts=1, max_new_tokens=12),
+                 {"system": ["on-demand", "specter"], "temperature": [0.0, 1.0]})
+    records = sweep(specs, None, progress=False)
+    by = {(r.system, r.config["temperature"]): r for r in records}
+    assert set(by) == {(s, t) for s in ("on-demand", "specter") for t in (0.0, 1.0)}
+    assert by["specter", 0.0].output_token_ids == by["on-demand", 0.0].output_token_ids  # greedy: lossless
+    assert by["specter", 1.0].extra["live_forwards"] > 0 and by["specter", 0.0].acceptance_rate is not None
+    assert all(len(r.output_token_ids) == 12 for r in records)
+
+
+def test_simulated_repeats_run_once_and_say_so(tiny_dirs, draft):
+    session = Session()
+    once = execute(_req(tiny_dirs, draft, num_prompts=1), session, progress=False)
+    thrice = execute(_req(tiny_dirs, draft, num_prompts=1, repeats=3), session, progress=False)
+    assert len(thrice) == 1 and _strip(thrice) == _strip(once)
+    assert once[0].extra["repeats"] == {"asked": 1, "timed": 1}
+    assert thrice[0].extra["repeats"]["timed"] == 1 and "deterministic" in thrice[0].extra["repeats"]["collapsed"]
+    assert thrice[0].config["repeats"] == 3
+    with pytest.raises(SpecterError, match="--repeats must be a whole number from 1 to 100, got 0"):
+        execute(_req(tiny_dirs, draft, repeats=0), session, progress=False)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = __import__("specter.experiments", fromlist=["EXPERIMENTS"]).EXPERIMENTS
 
 
 def _snakemake(*args):
@@ -85,6 +86,35 @@ def test_a_same_memory_budget_past_the_device_fails_before_any_job(tmp_path):
     want = "config experiments.hit_rate in case phi_high: the same-memory budget at 3 slots per layer"
     assert want in out, out[-2000:]
     assert "more than a100-40gb-pcie4's 40 GB" in out and "use fewer slots" in out
+
+
+@pytest.mark.parametrize("arms, message", [
+    ({"x": {"draft-kv": "own"}}, "config experiments.ablation.arms.x: option draft-kv='own' is not one of shared"),
+    ({"x": {"depth": 2}}, "config experiments.ablation.arms.x: no system of the experiment has option 'depth'"),
+    ({"x": {"k": 4}}, "an arm cannot set k"),
+    ({"a:b": {}}, "an arm's name cannot be empty or hold ':'"),
+])
+def test_a_bad_arm_is_refused_with_the_config(arms, message):
+    from specter.workflow_checks import ConfigError, check_config
+
+    config = yaml.safe_load((ROOT / ".test" / "config.yaml").read_text())
+    config["experiments"]["ablation"]["arms"] = arms
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(config)
+
+
+def test_the_ablation_arms_reach_the_sweep_as_flags():
+    from specter.experiments import sweep_flags
+    from specter.runspec import Arm
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    entry = config["experiments"]["ablation"]
+    main = {"k": 16, "hardware": "a100-40gb-pcie4", "prefix_tokens": 16, "slots": 2, "engine": "sim"}
+    flags = sweep_flags(entry, main)
+    arms = [Arm.parse(flags[i + 1]) for i, flag in enumerate(flags) if flag == "--arm"]
+    assert [a.name for a in arms] == list(entry["arms"])
+    assert arms[-1].options == (("draft-kv", "copied"), ("serialize-demand", "true"))
+    assert arms[1].settings == (("draft_kernel", "unfused"),)
 
 
 def test_lint_is_clean():
@@ -223,9 +253,9 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
 
     proc = _snakemake(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    experiments = ["main", "k_sweep", "prefix_sweep", "routing", "working_set", "prefetch_policy", "ablation",
-                   "oracle", "hit_rate", "budget", "hardware", "breakdown", "routing_entropy", "memory", "paper_check",
-                   "fidelity"]
+    config = yaml.safe_load((ROOT / ".test" / "config.yaml").read_text())
+    experiments = list(config["experiments"])
+    assert set(experiments) == set(REGISTRY), "the .test config leaves an experiment out"
     for name in experiments:
         table = pd.read_csv(tmp_path / "results" / "tables" / f"{name}.csv")
         assert len(table) > 0, name
@@ -238,6 +268,10 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
                                    "sp-moe", "specmoeoff", "specter"}
     assert (main["tpot_ms"] >= main["lower_bound_tpot_ms"]).all() and main["simulated"].all()
     assert set(main["memory"]) == {"same slots", "same memory"}  # both of the paper's comparisons
+    ablation = pd.read_csv(tmp_path / "results" / "tables" / "ablation.csv").sort_values("arm_index")
+    assert list(dict.fromkeys(ablation["arm"])) == list(config["experiments"]["ablation"]["arms"])  # in order
+    sensitivity = pd.read_csv(tmp_path / "results" / "tables" / "sensitivity.csv")
+    assert set(sensitivity["temperature"]) == {0.0, 1.0} and set(sensitivity["dataset"]) == set(config["datasets"])
     priced = main[main["cost_as"] == "mixtral-8x7b"]
     assert len(priced) and (priced["tpot_ms"] > 10).all()  # Mixtral-8x7B's shapes: the paper's regime
     logs = [p for p in (tmp_path / "results" / "logs").rglob("*.log") if not p.name.endswith(".gptqmodel.log")]

@@ -187,7 +187,7 @@ class ForwardService:
         """A live sampled decode of `prompt` by the target with the current draft (rejection sampling)."""
         from specter.numerics.sampling import SamplingSession
 
-        return SamplingSession(self.target, self.draft, prompt, temperature, seed)
+        return SamplingSession(self.target, self.draft, prompt, temperature, seed, owner=self)
 
     def sampled_trace(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> PromptTrace:
         """The target's own sampled decode (live, not memoized across seeds): what non-speculative systems commit."""
@@ -196,11 +196,10 @@ class ForwardService:
         key = (tuple(prompt), max_new_tokens, temperature, seed)
         if key in self.traces:
             return self.traces[key]
-        session = SamplingSession(self.target, None, prompt, temperature, seed)
+        session = SamplingSession(self.target, None, prompt, temperature, seed, owner=self)
         recorders = tuple(self.recorders.values())
         extras: dict[str, list] = {r.name: [] for r in recorders}
         step_routes = [session.step(recorders, extras) for _ in range(max_new_tokens - 1)]
-        self.forward_calls += max_new_tokens
         trace = PromptTrace(list(prompt), session.seq[len(prompt) :], session.prefill_routes, step_routes, extras)
         self.traces[key] = trace
         return trace

@@ -38,20 +38,27 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, proposals: list[int],
 
 
 class SamplingSession:
-    """One sampled decode of a prompt, shared by the target and draft: the committed tokens and the target's KV."""
+    """One sampled decode of a prompt, shared by the target and draft: the committed tokens and the target's KV.
+    `owner`: the forward service whose `forward_calls` counts every forward this session runs (a record's
+    `extra.live_forwards`), or None."""
 
     def __init__(self, target: MoEModel, draft: MoEModel | None, prompt: list[int], temperature: float,
-                 seed: int) -> None:
-        self.target, self.draft, self.temperature = target, draft, temperature
+                 seed: int, owner=None) -> None:
+        self.target, self.draft, self.temperature, self.owner = target, draft, temperature, owner
         self.generator = torch.Generator().manual_seed(seed)
-        logits, self.prefill_routes, self.cache = _forward(target, prompt, None)
+        logits, self.prefill_routes, self.cache = self._forward(target, prompt, None)
         self.seq = list(prompt) + [sample(probabilities(logits[-1], temperature), self.generator)]
         self.prompt_len = len(prompt)
+
+    def _forward(self, model: MoEModel, tokens: list[int], cache, *recording):
+        if self.owner is not None:
+            self.owner.forward_calls += 1
+        return _forward(model, tokens, cache, *recording)
 
     def step(self, recorders=(), extras: dict | None = None) -> TokenRoutes:
         """The target alone: one token sampled from p; returns the routes of the token it read (and appends the
         recorders' values to `extras`)."""
-        logits, routes, self.cache = _forward(self.target, [self.seq[-1]], self.cache, recorders, extras)
+        logits, routes, self.cache = self._forward(self.target, [self.seq[-1]], self.cache, recorders, extras)
         self.seq.append(sample(probabilities(logits[-1], self.temperature), self.generator))
         return routes[0]
 
@@ -63,12 +70,12 @@ class SamplingSession:
         draft_cache = _crop(self.cache, t - 1)
         tokens, q, draft_routes, token = [], [], [], pending
         for _ in range(k):
-            logits, routes, draft_cache = _forward(self.draft, [token], draft_cache)
+            logits, routes, draft_cache = self._forward(self.draft, [token], draft_cache)
             draft_routes.append(routes[0])
             q.append(probabilities(logits[-1], self.temperature))
             token = sample(q[-1], self.generator)
             tokens.append(token)
-        logits, verify_routes, cache = _forward(self.target, [pending, *tokens], _crop(self.cache, t - 1))
+        logits, verify_routes, cache = self._forward(self.target, [pending, *tokens], _crop(self.cache, t - 1))
         p = probabilities(logits, self.temperature)
         accepted, last = rejection_sample(p, torch.stack(q), tokens, self.generator)
         committed = tokens[:accepted] + [last]

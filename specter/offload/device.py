@@ -108,6 +108,7 @@ class DeviceRuntime:
         self.kv = {i: ((torch.randn(1, work.kv_heads, max_context, work.qk_dim, generator=gen) * 0.02).to(dev, dt),
                        (torch.randn(1, work.kv_heads, max_context, work.v_dim, generator=gen) * 0.02).to(dev, dt))
                    for i in work.layers}
+        self.draft_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # a draft's own KV, on first copy
         self.max_tokens, self.max_context = max_tokens, max_context
         pin = self.device.type == "cuda"
         self.host_act = torch.zeros(max_tokens, work.hidden, dtype=dt, pin_memory=pin)
@@ -130,6 +131,21 @@ class DeviceRuntime:
         def fn() -> None:
             self.slots[layer][index].copy_(self.store.row(layer, expert), non_blocking=True)
             self.slot_holds[layer, index] = expert
+        return fn
+
+    def copy_kv(self, start: int, tokens: int) -> Callable[[], None]:
+        """Copy the target's KV of `tokens` positions from `start` into the draft's own cache (allocated here, when
+        the first copy is scheduled, outside any timed op)."""
+        if start + tokens > self.max_context:
+            raise ValueError(f"KV positions {start}..{start + tokens - 1} exceed the runtime's {self.max_context}")
+        if self.draft_kv is None:
+            self.draft_kv = {i: (torch.empty_like(k), torch.empty_like(v)) for i, (k, v) in self.kv.items()}
+
+        def fn() -> None:
+            for i, (k, v) in self.kv.items():
+                own_k, own_v = self.draft_kv[i]
+                own_k[:, :, start : start + tokens].copy_(k[:, :, start : start + tokens])
+                own_v[:, :, start : start + tokens].copy_(v[:, :, start : start + tokens])
         return fn
 
     def staging_rows(self, count: int) -> None:

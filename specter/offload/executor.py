@@ -164,6 +164,12 @@ class Executor:
     def _head(self, tokens: int, label: str) -> Op:
         return self._with(self.work.head_op(tokens, label), "lm_head", tokens)
 
+    def copy_kv(self, start: int, tokens: int, tag: str) -> Event:
+        """Copy the target's KV of positions `start` .. `start + tokens - 1` into the draft's own cache (a draft that
+        keeps its own KV), on the compute stream after the pass that wrote it; returns the copy's event."""
+        self._compute(self._with(self.work.kv_copy_op(tokens, f"{tag}.draft-kv-copy"), "copy_kv", start, tokens))
+        return self.engine.record(COMPUTE)
+
     def prefetch(self, layer: int, experts: list[int], keep: set[int] = frozenset()) -> int:
         """Copy those of `experts` that are not resident and fit (protected until `unprotect_all`), never evicting an
         expert in `keep`; returns how many."""

@@ -6,7 +6,10 @@ context of c tokens:
 - attention block (norms, projections, attention, router, shared experts or a dense MLP): FLOPs 2 n P_layer +
   4 n c d_attn, bytes P_layer x 2 + c x KV bytes per token; 8 kernels;
 - one routed expert on m tokens: FLOPs 2 m P_expert, bytes = the expert's stored size; 3 kernels;
-- LM head and final norm: FLOPs 2 n H V, bytes H V x 2; 2 kernels.
+- LM head and final norm: FLOPs 2 n H V, bytes H V x 2; 2 kernels;
+- a copy of n positions of KV into a draft's own cache (device to device): bytes 2 x n x KV bytes per token and layer x
+  layers (each byte read and written), no FLOPs; one copy per layer and tensor (K and V, or MLA's latent and rotary
+  key: two tensors a layer).
 These kernel counts and the attention FLOP formula are modelling choices, the same for every system. KV per token and
 layer is K and V of every KV head, or, for multi-head latent attention (DeepSeek's MLA), the compressed latent and the
 rotary key that DeepSeek's own inference caches (kv_lora_rank + qk_rope_head_dim values).
@@ -21,6 +24,7 @@ from specter.timing.engine import Op
 
 WEIGHT_BYTES = 2  # FP16/BF16 target weights
 ATTN_KERNELS, EXPERT_KERNELS, HEAD_KERNELS = 8, 3, 2
+KV_TENSORS = 2  # cached tensors per layer: K and V (MLA: the latent and the rotary key)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class ModelWork:
     def head_op(self, tokens: int, label: str) -> Op:
         return Op(label, flops=2.0 * tokens * self.head_params, bytes_read=self.head_params * WEIGHT_BYTES,
                   launches=HEAD_KERNELS)
+
+    def kv_copy_op(self, tokens: int, label: str) -> Op:
+        """`tokens` positions of every layer's KV copied on the device (into a draft's own cache)."""
+        return Op(label, bytes_read=2.0 * self.kv_bytes(tokens), launches=KV_TENSORS * len(self.layers))
 
     def copy_op(self, label: str, pinned: bool = True) -> Op:
         return Op(label, bytes_copied=self.expert_bytes, pinned=pinned)

@@ -6,6 +6,7 @@ Every panel is one (model, dataset); times are labelled with their unit and, whe
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -22,6 +23,32 @@ from specter.report.tables import timing_note  # noqa: E402
 SYSTEM_ORDER = ("resident", "specter", "specter-oracle", "sp-moe", "specmoeoff", "on-demand", "mixtral-offloading",
                 "moe-infinity", "fiddler", "naive")
 SPECTER_COLOR, OTHER_COLOR = "#c44e52", "#4c72b0"
+#: every other system's colour, by its place in SYSTEM_ORDER (the same in every figure; none is Specter's red)
+_OTHERS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+
+
+def _palette(systems) -> dict[str, str]:
+    """{system: colour}: Specter red, every other system its own fixed colour."""
+    out = {}
+    for s in _ordered(systems):
+        i = SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else len(SYSTEM_ORDER) + sorted(set(systems)).index(s)
+        out[s] = SPECTER_COLOR if s == "specter" else _OTHERS[i % len(_OTHERS)]
+    return out
+
+
+def _hardware_order(sub: pd.DataFrame) -> list[str]:
+    """The profiles in a panel by link generation (PCIe 3, 4, 5; a link the name does not date last), then by
+    pinned host-to-device bandwidth, then by name."""
+    import re
+
+    def key(row) -> tuple:
+        link = str(row.get("link") or "")
+        gen = re.search(r"PCIe\s*(\d+)", link, re.I)
+        gbps = row.get("link_gbps")
+        return (int(gen[1]) if gen else 99, float(gbps) if pd.notna(gbps) else float("inf"), str(row["hardware"]))
+
+    rows = sub.drop_duplicates("hardware").to_dict("records")
+    return [r["hardware"] for r in sorted(rows, key=key)]
 
 
 def _ordered(systems) -> list[str]:
@@ -48,7 +75,8 @@ def _panels(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: b
     out = []
     for ax, (model, cost_as, dataset) in zip(axes.flat, keys):
         sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)]
-        out.append((ax, sub, f"{_shapes(model, cost_as)}, {dataset} prompts"))
+        # wrapped to the panel's width (about 11 characters an inch at the panels' font size)
+        out.append((ax, sub, textwrap.fill(f"{_shapes(model, cost_as)}, {dataset} prompts", int(width * 11))))
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     return fig, out
@@ -104,26 +132,37 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
 
 
 def _plot_k_sweep(figure, table: pd.DataFrame, out, timing: str) -> None:
-    fig, panels = _panels(table)
+    """TPOT and its lower bound against fixed K, the acceptance rate on a second axis (green, right), and each
+    governor's run as one marker at its TPOT over all its prompts (the online governor's K is the mean of its
+    prompts' median windows); the legend sits below the axes, clear of the curves."""
+    fig, panels = _panels(table, height=4.6)
     for ax, sub, title in panels:
         fixed = sub[sub["k_setting"].str.fullmatch(r"\d+")].sort_values("k")
-        ax.plot(fixed["k"], fixed["tpot_ms"], marker="o", label="TPOT")
+        ax.plot(fixed["k"], fixed["tpot_ms"], marker="o", color=SPECTER_COLOR, label="TPOT at a fixed K")
         ax.plot(fixed["k"], fixed["lower_bound_tpot_ms"], ls="--", color="gray", label="lower bound")
-        styles = iter([("*", "crimson", 180), ("D", "darkorange", 70), ("P", "purple", 110)])
+        styles = {"auto": ("*", "black", 200), "profile": ("P", "purple", 120), "online": ("D", "darkorange", 80)}
         for setting, part in sub[~sub["k_setting"].str.fullmatch(r"\d+")].groupby("k_setting"):
-            marker, color, size = next(styles)
-            ax.scatter(part["k"], part["tpot_ms"], marker=marker, s=size, color=color, zorder=4,
-                       label=f"governor ({setting}): K = {int(part['k'].iloc[0])}")
-        ax.set_xlabel("draft window K (tokens)")
-        ax.set_ylabel("TPOT (ms, mean over prompts)")
+            marker, color, size = styles.get(setting, ("X", "teal", 100))
+            n = part["n"].astype(float)
+            k, tpot = float((part["k"] * n).sum() / n.sum()), float((part["tpot_ms"] * n).sum() / n.sum())
+            chose = (f"K = {int(part['k'].iloc[0])}" if len(part) == 1 else
+                     f"K = {', '.join(str(int(v)) for v in sorted(part['k']))} by prompt")
+            ax.scatter([k], [tpot], marker=marker, s=size, color=color, edgecolor="white", zorder=5,
+                       label=f"{setting} governor: {chose}, {tpot:.3g} ms")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(fixed["k"].unique()), [str(int(v)) for v in sorted(fixed["k"].unique())])
+        ax.set_xlabel("draft window K (tokens, log scale)")
+        ax.set_ylabel("TPOT (ms, mean over prompts)", color=SPECTER_COLOR)
         twin = ax.twinx()
-        twin.plot(fixed["k"], fixed["acceptance_rate"], marker="s", color="seagreen", label="acceptance rate")
-        twin.set_ylabel("acceptance rate")
+        twin.plot(fixed["k"], fixed["acceptance_rate"], marker="s", ms=4, color="seagreen", lw=1,
+                  label="acceptance rate (right axis)")
+        twin.set_ylabel("acceptance rate (accepted / checked)", color="seagreen")
         twin.set_ylim(0, 1.05)
         twin.grid(False)
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = twin.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="best")
+        ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+                  frameon=False)
         ax.set_title(title, fontsize=9)
     _finish(fig, f"{figure.title} ({timing})", out)
 
@@ -193,12 +232,19 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
                    label=mode or "TPOT", edgecolor="white")
             ax.scatter(xs, [float(part.loc[s, "lower_bound_tpot_ms"]) for s in names], marker="_", s=180,
                        color="black", zorder=3, label="lower bound" if i == 0 else None)
-            for x, t in zip(xs, tpot):
-                ax.text(x, t, f"{t:.3g}", ha="center", va="bottom", fontsize=6, rotation=90)
+            top = tpot
+            if "tpot_ms_min" in part:  # the spread over prompts: fastest to slowest prompt
+                low = [float(part.loc[s, "tpot_ms_min"]) for s in names]
+                top = [max(t, float(part.loc[s, "tpot_ms_max"])) for t, s in zip(tpot, names)]
+                ax.vlines(xs, low, top, color="#222222", lw=0.8, zorder=4,
+                          label="fastest to slowest prompt" if i == 0 else None)
+            for x, t, y in zip(xs, tpot, top):
+                ax.text(x, y, f"{t:.3g}", ha="center", va="bottom", fontsize=6, rotation=90)
         ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
+        spread = [c for c in ("tpot_ms", "lower_bound_tpot_ms", "tpot_ms_min", "tpot_ms_max") if c in sub]
         if sub["tpot_ms"].max() / max(sub["tpot_ms"].min(), 1e-12) > 30:
             ax.set_yscale("log")
-            ax.set_ylim(sub[["tpot_ms", "lower_bound_tpot_ms"]].min().min() / 2, sub["tpot_ms"].max() * 4)
+            ax.set_ylim(sub[spread].min().min() / 2, sub[spread].max().max() * 4)
         else:
             _headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max(), 1.35)
         ax.set_ylabel("TPOT (ms, mean over prompts)")
@@ -212,12 +258,14 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 
 def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """TPOT per system against `figure.x` (a share, drawn in percent)."""
+    """TPOT per system against `figure.x` (a share, drawn in percent), systems in the fixed order and colours."""
     fig, panels = _panels(table, width=5.6)
     for ax, sub, title in panels:
-        for system, part in sub.groupby("system"):
-            part = part.sort_values(figure.x)
-            ax.plot(part[figure.x] * 100, part["tpot_ms"], marker="o", label=system)
+        colors = _palette(sub["system"])
+        for system in colors:
+            part = sub[sub["system"] == system].sort_values(figure.x)
+            ax.plot(part[figure.x] * 100, part["tpot_ms"], marker="o", label=system, color=colors[system],
+                    lw=2.2 if system == "specter" else 1.4)
         ax.set_xlabel(figure.xlabel)
         ax.set_ylabel("TPOT (ms, mean over prompts)")
         ax.legend(fontsize=8)
@@ -226,10 +274,13 @@ def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 
 def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """TPOT bars per `figure.x`, one hue per system."""
+    """TPOT bars per `figure.x` (hardware by link generation), one hue per system in the fixed order and colours."""
     fig, panels = _panels(table, width=5.6)
     for ax, sub, title in panels:
-        sns.barplot(data=sub, x=figure.x, y="tpot_ms", hue="system", ax=ax, errorbar=None)
+        colors = _palette(sub["system"])
+        order = _hardware_order(sub) if figure.x == "hardware" else None
+        sns.barplot(data=sub, x=figure.x, y="tpot_ms", hue="system", hue_order=list(colors), palette=colors,
+                    order=order, ax=ax, errorbar=None)
         ax.set_xlabel(figure.xlabel)
         ax.set_ylabel("TPOT (ms, mean over prompts)")
         if figure.x == "hardware":
@@ -320,7 +371,8 @@ def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 
 def _plot_breakdown(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """Stacked bars per system (same slots): the parts of a token's time, summing to its TPOT."""
+    """Stacked bars per system (same slots): the parts of a token's time as shares of its TPOT (the paper's Fig 4
+    shows shares), the TPOT itself written beside each bar; one legend for the figure, below the panels."""
     from specter.metrics import BREAKDOWN
 
     colors = ["#dd8452", "#4c72b0", "#8fb0dd", "#c44e52", "#55a868", "#bbbbbb"]
@@ -330,19 +382,27 @@ def _plot_breakdown(figure, table: pd.DataFrame, out, timing: str) -> None:
         sub = sub.set_index("system").loc[_ordered(sub["system"])]
         left = pd.Series(0.0, index=sub.index)
         for part, color in zip(BREAKDOWN, colors):
-            ax.barh(sub.index, sub[part], left=left, color=color, label=part, edgecolor="white")
-            left = left + sub[part]
+            share = sub[part] / sub["tpot_ms"] * 100
+            ax.barh(sub.index, share, left=left, color=color, label=part, edgecolor="white")
+            left = left + share
         for i, tpot in enumerate(sub["tpot_ms"]):
-            ax.text(tpot, i, f" {tpot:.3g}", va="center", fontsize=7)
+            ax.text(101, i, f"{tpot:,.0f} ms" if tpot >= 100 else f"{tpot:.3g} ms", va="center", fontsize=7)
         for label in ax.get_yticklabels():
             if label.get_text() == "specter":
                 label.set_fontweight("bold")
         ax.invert_yaxis()
-        ax.set_xlim(0, float(sub["tpot_ms"].max()) * 1.25)
-        ax.set_xlabel("ms per output token (mean over prompts)")
+        ax.set_xlim(0, 118)
+        ax.set_xticks(range(0, 101, 20))
+        ax.set_xlabel("share of the time per output token (%); right: TPOT, mean over prompts")
         ax.set_title(f"{title}\nsame slots: {int(sub['slots_per_layer'].min())}+ per layer", fontsize=9)
-        ax.legend(fontsize=7, loc="lower right")
-    _finish(fig, f"{figure.title} ({timing})", out)
+    handles, labels = panels[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(BREAKDOWN), fontsize=8, frameon=False)
+    fig.suptitle(f"{figure.title} ({timing})", fontsize=11)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
 
 
 def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:

@@ -25,11 +25,12 @@ _UNITS = {
                      "precision", "recall", "expert_hard", "expert_soft", "expert_mismatch", "expert_exact",
                      "expert_partial", "expert_none", "top1_agreement", "use_share", "entropy_share"), "share, 0-1"),
     "speedup_of_specter": "x (ratio of mean TPOTs)", "suite_over_paper": "x",
-    "n": "prompts", "prompts": "prompts", "demand_misses": "expert loads", "live_forwards": "forwards",
+    "n": "runs (prompts x timed repeats)", "prompts": "prompts", "demand_misses": "expert loads",
+    "live_forwards": "forwards",
     "k": "tokens", "prefix_tokens": "tokens", "mean_accepted": "tokens", "tokens": "tokens",
     "slots_per_layer": "experts", "experts_per_layer": "experts", "window_working_set": "experts",
     "specter_slots": "experts", "slots": "experts per layer", "uses": "routed tokens", "windows": "windows",
-    "layers": "layers", "bits": "bits", "group_size": "inputs",
+    "layers": "layers", "bits": "bits", "group_size": "inputs", "link_gbps": "GB/s (pinned host to device)",
 }
 
 

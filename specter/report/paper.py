@@ -21,21 +21,24 @@ def published() -> tuple[str, list[dict]]:
 
 #: the settings that tell one run from another in the frame (with the prompt, one record)
 RUN_KEYS = ("model", "cost_as", "dataset", "hardware", "system", "k", "budget_kind", "budget_value", "prefetch",
-            "draft_kernel", "prefix_tokens", "serialize_demand", "noise", "prompt_index")
+            "draft_kernel", "prefix_tokens", "serialize_demand", "noise", "draft_kv", "temperature", "arm",
+            "prompt_index")
 
 
 def _runs(df: pd.DataFrame, row: dict, system: str, memory: str) -> pd.DataFrame:
     """The prompts' records of `system`, as the paper runs it, in the row's case and comparison: the adaptive
-    prefetch, demand copies not serialized, no oracle (other experiments' variants, which the table also reads, are
-    left out), each run once (a run in two experiments' records counts once)."""
+    prefetch, demand copies not serialized, the fused draft kernel, the shared KV, greedy, no oracle (other
+    experiments' variants, which the table also reads, are left out), each run once (a run in two experiments' records
+    counts once)."""
     kind = "same_memory" if memory == "same_memory" else "slots"
     sub = df[(df["cost_as"] == row["architecture"]) & (df["system"] == system) & (df["budget_kind"] == kind)
              & (df["budget_value"] == row["slots"])]
     if row.get("k") is not None and system == "specter":
         sub = sub[sub["k"] == row["k"]]
     sub = sub[sub["prefetch"].isin(["", "adaptive"]) & (sub["serialize_demand"].astype(str).str.lower() != "true")
-              & sub["noise"].isna()]
-    return sub.drop_duplicates([c for c in RUN_KEYS if c in sub])
+              & sub["noise"].isna() & (sub["draft_kernel"] == "fused") & sub["draft_kv"].isin(["", "shared"])
+              & (sub["temperature"] == 0)]
+    return sub.drop_duplicates([c for c in RUN_KEYS if c in sub and c != "arm"])
 
 
 def _value(df: pd.DataFrame, row: dict) -> tuple[float | None, int, str]:

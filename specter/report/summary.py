@@ -75,7 +75,8 @@ def _system_key(system: str) -> tuple[int, str]:
 NEEDS = {
     "main": ("model", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer", "tpot_ms",
              "lower_bound_tpot_ms", "hit_rate", "speedup_of_specter"),
-    "ablation": ("model", "dataset", "variant", "slots_per_layer", "tpot_ms", "lower_bound_tpot_ms", "hit_rate"),
+    "ablation": ("model", "dataset", "arm_index", "arm", "slots_per_layer", "tpot_ms", "lower_bound_tpot_ms",
+                 "hit_rate"),
     "k_sweep": ("model", "dataset", "hardware", "k_setting", "k", "tpot_ms", "n"),
     "paper_check": ("id", "architecture", "slots", "system", "comparison", "metric", "paper", "suite",
                     "suite_over_paper"),
@@ -162,10 +163,10 @@ def _main(df: pd.DataFrame) -> list[str]:
 def _ablation(df: pd.DataFrame) -> list[str]:
     out = ["## ablation", ""]
     rows = []
-    for _, r in df.sort_values(["model", "cost_as", "dataset", "variant"]).iterrows():
-        rows.append([_where(r), r["dataset"], r["variant"], str(int(r["slots_per_layer"])), fmt_ms(r["tpot_ms"]),
+    for _, r in df.sort_values(["model", "cost_as", "dataset", "arm_index"]).iterrows():
+        rows.append([_where(r), r["dataset"], r["arm"], str(int(r["slots_per_layer"])), fmt_ms(r["tpot_ms"]),
                      fmt_ms(r["lower_bound_tpot_ms"]), _num(r["hit_rate"], 3)])
-    return out + _markdown(rows, ["case", "prompt set", "variant", "slots", "TPOT", "LB", "hit rate"])
+    return out + _markdown(rows, ["case", "prompt set", "arm", "slots", "TPOT", "LB", "hit rate"])
 
 
 def _k_sweep(df: pd.DataFrame) -> list[str]:

@@ -59,6 +59,8 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         rows.append(dict(
             model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
             hardware=r["hardware"], simulated=r["simulated"], system=r["system"], k=r["k"],
+            link=((cfg.get("hardware_profile") or {}).get("link") or {}).get("name", ""),
+            link_gbps=((cfg.get("hardware_profile") or {}).get("link") or {}).get("h2d_pinned_gbps"),
             budget_kind=next((kind for kind, name in Budget.KINDS.items() if cfg.get(name) is not None), ""),
             budget_value=next((cfg[name] for name in Budget.KINDS.values() if cfg.get(name) is not None), None),
             draft_kernel=cfg.get("draft_kernel", "fused"),
@@ -67,6 +69,8 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
             prefix_tokens=cfg.get("prefix_tokens"), prompt_index=r["prompt_index"],
             serialize_demand=options.get("serialize-demand", "false"), noise=options.get("noise"),
+            draft_kv=options.get("draft-kv", "shared") if r["k"] is not None else "",
+            temperature=float(cfg.get("temperature") or 0.0), arm=cfg.get("arm") or "",
             **{m: r.get(m) for m in _STATS},
             demand_misses=r["demand_misses"], h2d_bytes_demand=r["h2d_bytes_demand"],
             h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),
@@ -76,8 +80,9 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
 
 def _stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per setting `keys`: the mean over prompts of every time and rate metric (the paper reports means), TPOT's
-    median, p90 and p99 beside it, the sums of the counts, and n (the prompts). Quantiles interpolate linearly, so at
-    n = 5 the p99 lies between the two slowest prompts."""
+    median, p90, p99, fastest and slowest prompt beside it, the sums of the counts, and n (the runs: prompts, times
+    their timed repeats on a device). Quantiles interpolate linearly, so at n = 5 the p99 lies between the two slowest
+    prompts."""
     groups = df.groupby(keys, dropna=False, sort=True)
     agg = {m: "mean" for m in _STATS if m in df}
     agg.update({m: "sum" for m in _SUMS if m in df})
@@ -85,6 +90,7 @@ def _stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     tpot = groups["tpot_ms"]
     out["tpot_ms_median"], out["tpot_ms_p90"], out["tpot_ms_p99"] = tpot.median(), tpot.quantile(0.9), tpot.quantile(
         0.99)
+    out["tpot_ms_min"], out["tpot_ms_max"] = tpot.min(), tpot.max()
     return out.reset_index()
 
 

@@ -36,11 +36,13 @@ def measured_fields(p) -> dict:
                                          "draft_kernel": DRAFT_KERNEL if p.draft else None}}}
 
 
-def timed(p, index: int, trace, config, simulated):
-    """The prompt's schedule timed on the device: (result, timeline, the record's measured extras)."""
+def timed(p, index: int, trace, config, simulated, warm_up: bool):
+    """The prompt's schedule timed on the device from an empty cache (every prompt and repeat starts from the same
+    state, as the artifact restores it): (result, timeline, the record's measured extras). `warm_up`: run it once
+    untimed first (kernels, allocator, lazily sized buffers)."""
     from specter.runs.execute import schedule
 
-    if index == 0:  # warm-up: kernels, allocator, lazily sized buffers
+    if warm_up:
         schedule(p.system, timing.make_engine("cuda", p.profile), p.work, p.service, trace, config, p.cost, p.warmup,
                  p.device, p.online)
     before = p.service.forward_calls

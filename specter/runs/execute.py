@@ -62,8 +62,10 @@ def run(spec: RunSpec, session: Session | None = None, progress: bool = True) ->
 def execute(spec: RunSpec, session: Session | None = None, progress: bool = True) -> list[RunRecord]:
     """Run `spec`; returns its records (one per prompt) without writing them."""
     prepared = prepare(spec, session or Session())
-    return [run_prompt(prepared, index, prompt) for index, prompt in
-            enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)]
+    timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
+    return [run_prompt(prepared, index, prompt, repeat) for index, prompt in
+            enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)
+            for repeat in range(timed)]
 
 
 def prepare(spec: RunSpec, session: Session) -> PreparedRun:
@@ -127,7 +129,7 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
     kv_positions = spec.prefix_tokens + spec.max_new_tokens + window
     reference = _specter_resident(spec, work, k) if spec.budget.kind == "same_memory" else None
     memory = plan_memory(work, kv_positions, draft_resident, spec.budget,
-                         kv_copies=2 if system.separate_draft else 1, device_bytes=device_bytes,
+                         kv_copies=2 if system.keeps_draft_kv else 1, device_bytes=device_bytes,
                          reference_bytes=reference)
     return memory.slots_per_layer, memory
 
@@ -227,8 +229,9 @@ def schedule(system, engine, work, service, trace, config, cost, warmup=None, de
     return result, engine.finish()
 
 
-def run_prompt(p: PreparedRun, index: int, prompt: list[int]) -> RunRecord:
-    """Schedule one prompt (simulated; then timed on the device for CUDA runs) and assemble its record."""
+def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -> RunRecord:
+    """Schedule one prompt (simulated; then timed on the device for CUDA runs, as its `repeat`-th timed run) and
+    assemble its record."""
     wall = time.perf_counter()
     forwards = p.service.forward_calls
     config = p.config
@@ -241,7 +244,12 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int]) -> RunRecord:
                                 p.cost, p.warmup, online=p.online)
     measured = {}
     if p.device is not None:  # the simulated run above recorded every numeric; now time the same schedule for real
-        result, timeline, measured = on_device.timed(p, index, trace, config, result)
+        result, timeline, measured = on_device.timed(p, index, trace, config, result, warm_up=index == repeat == 0)
+        measured = {**measured, "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}
+    else:
+        measured = {"repeats": {"asked": p.spec.repeats, "timed": 1, **(
+            {"collapsed": "simulated time is deterministic: every repeat would be the same"} if p.spec.repeats > 1
+            else {})}}
     lower_bound = _bound(p, index, result, trace)
     return record_of(p, index, prompt, result, timeline, lower_bound, config.seed, time.perf_counter() - wall,
                      p.service.forward_calls - forwards, measured)

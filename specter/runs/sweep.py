@@ -13,38 +13,52 @@ from specter.metrics import RunRecord
 from specter.progress import log, phase
 from specter.records import write_records
 from specter.runs.execute import execute, run
-from specter.runspec import SWEEP_AXES, RunSpec, Window
+from specter.runspec import SWEEP_AXES, Arm, RunSpec, Window
 from specter.session import Session
 from specter.systems import get_system
 
 
-def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | None = None) -> list[RunSpec]:
-    """Every combination of the values of `axes` (RunSpec fields) and of system options, as specs.
+def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | None = None,
+         arms: list[Arm] | None = None) -> list[RunSpec]:
+    """Every combination of the values of `axes` (RunSpec fields) and of system options, as specs, each run in every
+    arm of `arms` (named settings on top of the point, in their order; none: the point as it is).
 
     Settings that cannot change a system's run are dropped for it, so no run repeats: K and the prefetch policy for
     systems that do not speculate, an option for systems that do not have it (an option no listed system has is an
-    error)."""
+    error, and so is a setting both swept and set by an arm)."""
     for name in axes:
         if name not in SWEEP_AXES:
             raise SpecterError(f"cannot sweep {name!r}; sweepable: {', '.join(SWEEP_AXES)}")
     options = options or {}
+    arms = list(arms or ()) or [Arm()]
     names = list(axes)
     systems = {s: get_system(s) for s in axes.get("system", [base.system])}
-    for opt in options:
+    arm_options = {o for arm in arms for o, _ in arm.options}
+    for opt in set(options) | arm_options:
         if not any(opt in system.options for system in systems.values()):
             raise SpecterError(f"no swept system has option {opt!r}; systems: {', '.join(systems)}")
+    seen = [arm.name for arm in arms]
+    if len(set(seen)) < len(seen):
+        raise SpecterError(f"two arms have the same name ({', '.join(seen)}); give each arm its own name")
+    for arm in arms:
+        both = [key for key, _ in (*arm.settings, *arm.options) if key in axes or key in options]
+        if both:
+            raise SpecterError(f"arm {arm.name!r} sets {both[0]}, which the sweep also varies; set it in one place")
     out: list[RunSpec] = []
     for values in itertools.product(*(axes[n] for n in names)):
-        spec = replace(base, **dict(zip(names, values)))
-        system = systems[spec.system]
-        if not system.speculative:
-            spec = replace(spec, k=Window(), prefetch=RunSpec.prefetch)
+        point = replace(base, **dict(zip(names, values)))
+        system = systems[point.system]
         own = [o for o in options if o in system.options]
-        for opt_values in itertools.product(*(options[o] for o in own)):
-            merged = {**dict(base.system_options), **dict(zip(own, opt_values))}
-            candidate = replace(spec, system_options=tuple(sorted(merged.items())))
-            if candidate not in out:
-                out.append(candidate)
+        for arm in arms:
+            spec = replace(point, arm=arm.name, **dict(arm.settings))
+            if not system.speculative:
+                spec = replace(spec, k=Window(), prefetch=RunSpec.prefetch)
+            fixed = {**dict(base.system_options), **{o: v for o, v in arm.options if o in system.options}}
+            for opt_values in itertools.product(*(options[o] for o in own)):
+                merged = {**fixed, **dict(zip(own, opt_values))}
+                candidate = replace(spec, system_options=tuple(sorted(merged.items())))
+                if candidate not in out:
+                    out.append(candidate)
     return out
 
 

@@ -110,6 +110,10 @@ def _parse(key: str, kind: type, value, bounds: tuple | None = None):
         parsed = kind(value)
     except (TypeError, ValueError):
         raise ValueError(f"option {key}={value!r} is not a {kind.__name__}") from None
+    if kind is str:
+        if bounds is not None and parsed not in bounds:
+            raise ValueError(f"option {key}={value!r} is not one of {', '.join(bounds)}")
+        return parsed
     if kind is float and not math.isfinite(parsed):
         raise ValueError(f"option {key}={value!r} must be finite")
     if bounds is not None and not bounds[0] <= parsed <= bounds[1]:
@@ -146,6 +150,15 @@ class System:
 
     def settings(self) -> dict:
         return {key: getattr(self, key.replace("-", "_")) for key in self.options}
+
+    @property
+    def keeps_draft_kv(self) -> bool:
+        """Whether the draft keeps a KV cache of its own beside the target's (device memory for a second KV)."""
+        return self.separate_draft
+
+    def after_verify(self, ctx: PromptContext, start: int, tokens: int, tag: str) -> None:
+        """A speculative system's step after a verification committed the `tokens` inputs from position `start`
+        (their KV is now the target's); nothing by default."""
 
     def window(self, k: int | None) -> int | None:
         """The draft window this system runs with, given the run's fixed or governed K (None unless speculative)."""

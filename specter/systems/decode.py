@@ -64,6 +64,7 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
         end = ex.target_pass(verify, context=t - 1, tag=f"c{cycle}.verify")
         engine.synchronize(end)
         _commit(ctx, result, new_tokens, accepted, k, t, engine.event_time(end), check=session is None)
+        system.after_verify(ctx, t - 1, accepted + 1, f"c{cycle}")
         if ctx.online is not None:
             ctx.online.observe(accepted, accepted + 1 if accepted < k else k)
         placed = {layer: set(experts) for layer, experts in ctx.cache.protected.items()}  # what prefetch put there

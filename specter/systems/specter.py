@@ -5,6 +5,11 @@ per (layer, expert), plans which experts the verification will need, and the pla
 while the draft is still drafting. The target then verifies K+1 tokens in one pass, hot-first (resident and prefetched
 experts compute at once, the rest stream in on demand); greedy acceptance commits the accepted proposals and the
 target's own next token. Prefetched experts are protected from eviction until the verification ends.
+
+The draft reads the target's committed KV and writes only its speculative positions (the artifact's design). The
+`draft-kv=copied` ablation arm gives it a KV cache of its own instead, kept equal to the target's by a device copy of
+the prompt's KV after prefill and of each verification's committed positions after it: the numerics are the same,
+the device holds a second KV (fewer slots at a memory budget) and every cycle pays the copy.
 """
 
 from __future__ import annotations
@@ -18,8 +23,20 @@ class Specter(System):
     name = "specter"
     speculative = True
     options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute issued before it "
-                                                 "(no hot-first overlap)")}
-    serialize_demand = False  # the option's value; subclasses with their own options keep this default
+                                                 "(no hot-first overlap)"),
+               "draft-kv": (str, "shared", "ablation: copied gives the draft a KV cache of its own, the target's KV "
+                                           "copied into it after prefill and every verification (shared: the draft "
+                                           "reads the target's, the paper's)", ("shared", "copied"))}
+    serialize_demand = False  # the options' values; subclasses with their own options keep these defaults
+    draft_kv = "shared"
+
+    @property
+    def keeps_draft_kv(self) -> bool:
+        return self.separate_draft or self.draft_kv == "copied"
+
+    def after_verify(self, ctx: PromptContext, start: int, tokens: int, tag: str) -> None:
+        if self.draft_kv == "copied":
+            ctx.executor.copy_kv(start, tokens, tag)
 
     def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
         """The routes the prefetch plan counts, one per draft step: the draft's own (what Specter knows)."""
@@ -31,6 +48,8 @@ class Specter(System):
 
     def run(self, ctx: PromptContext) -> PromptResult:
         result = self.prefill(ctx)
+        if self.draft_kv == "copied":
+            ctx.executor.copy_kv(0, len(ctx.trace.prompt), "prefill")
         ctx.executor.serialize_demand = self.serialize_demand
         return decode_speculatively(self, ctx, result)
 

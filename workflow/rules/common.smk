@@ -102,7 +102,7 @@ def common_args(model, dataset):
     """The options every run of `model` on `dataset` shares (model, draft, prompt set and protocol)."""
     return ["--model", model_dir(model), "--draft", main_draft(model), *dataset_args(dataset),
             "--num-prompts", PROTOCOL["num_prompts"], "--max-new-tokens", PROTOCOL["max_new_tokens"],
-            "--seed", PROTOCOL["seed"]]
+            "--seed", PROTOCOL["seed"], "--repeats", PROTOCOL.get("repeats", 1)]
 
 
 def measured_profile():

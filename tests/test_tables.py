@@ -1,0 +1,120 @@
+"""Every run-record table recomputed from the raw records through the one definition of each metric
+(`specter.metrics`), independently of the aggregation in `specter.report.tables`: they match, row by row."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from conftest import spec
+from specter import experiments, metrics
+from specter.quant.quantize import quantize_draft
+from specter.report.tables import experiment_table, records_frame
+from specter.runs import grid, sweep
+from specter.runspec import Arm, Budget
+
+ARCH = "olmoe"
+
+
+@pytest.fixture(scope="module")
+def records(tiny_dirs, tmp_path_factory) -> list[dict]:
+    """One sweep whose records every stats table can read: systems that speculate and not, two K, both comparisons,
+    greedy and sampled, arms and options."""
+    draft = tmp_path_factory.mktemp("tables_draft") / ARCH
+    quantize_draft(tiny_dirs[ARCH], draft, method="rtn", bits=4, group_size=32)
+    base = spec(system="on-demand", model=tiny_dirs[ARCH], draft=str(draft), dataset="code",
+                hardware="a100-40gb-pcie4", out="", num_prompts=3, prefix_tokens=16, max_new_tokens=14,
+                resident_per_layer=2, k=2)
+    specs = grid(base, {"system": ["on-demand", "specter", "specter-oracle"], "k": [2, 4], "temperature": [0.0, 1.0],
+                        "budget": [Budget("slots", 2), Budget("same_memory", 2)]},
+                 {"noise": ["0.0", "0.5"]},
+                 [Arm.parse("full"), Arm.parse("no prefetch:prefetch=none,draft-kv=copied")])
+    out = tmp_path_factory.mktemp("tables") / "records.jsonl"
+    sweep(specs, out, progress=False)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _recomputed(rs: list[dict]) -> dict:
+    """A table row's metrics from its raw records, through specter.metrics."""
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    counts = [r["extra"]["counts"] for r in rs]
+    tpots = [metrics.tpot_seconds([t / 1e3 for t in r["extra"]["commit_ms"]]) * 1e3 for r in rs]
+    spec_counts = [c for c in counts if c["proposed"]]
+    return {
+        "tpot_ms": mean(tpots), "ttft_ms": mean([r["extra"]["commit_ms"][0] for r in rs]),
+        "tpot_ms_median": statistics.median(tpots), "tpot_ms_p90": float(np.quantile(tpots, 0.9)),
+        "tpot_ms_p99": float(np.quantile(tpots, 0.99)), "tpot_ms_min": min(tpots), "tpot_ms_max": max(tpots),
+        "hit_rate": mean([metrics.hit_rate(r["demand_hits"], r["demand_misses"]) for r in rs]),
+        "acceptance_rate": mean([metrics.acceptance_rate(c["accepted"], c["checked"]) for c in spec_counts]),
+        "window_utilization": mean([metrics.window_utilization(c["accepted"], c["proposed"]) for c in spec_counts]),
+        "window_recall": mean([metrics.share(c["window_hits"], c["window_needed"]) for c in spec_counts]),
+        "window_working_set": mean([metrics.share(c["window_needed"], c["window_layers"]) for c in spec_counts]),
+        "demand_misses": sum(r["demand_misses"] for r in rs), "n": len(rs),
+    }
+
+
+def _same(a, b) -> bool:
+    if a is None or (isinstance(a, float) and math.isnan(a)):
+        return b is None or (isinstance(b, float) and math.isnan(b))
+    return b is not None and math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+
+
+STATS_TABLES = [name for name, e in experiments.EXPERIMENTS.items() if e.table.kind == "stats"]
+
+
+@pytest.mark.parametrize("name", STATS_TABLES)
+def test_every_row_recomputes_from_its_records(name, records):
+    definition = experiments.get(name).table
+    table = experiment_table(name, records)
+    frame = records_frame(records).assign(_record=range(len(records)))
+    if definition.derive is not None:
+        frame = definition.derive(frame)
+    keys = [*experiments.SCOPE, *definition.keys]
+    assert len(table) > 0, f"{name}: no rows from a sweep every table can read"
+    checked = 0
+    for _, row in table.iterrows():
+        mask = np.ones(len(frame), dtype=bool)
+        for key in keys:
+            value = row[key]
+            column = frame[key]
+            mask &= column.isna().to_numpy() if _missing(value) else (column == value).to_numpy()
+        rs = [records[i] for i in frame.loc[mask, "_record"]]
+        assert rs, f"{name}: a row no record stands behind: {dict(row[keys])}"
+        for metric, value in _recomputed(rs).items():
+            if metric in table.columns:
+                assert _same(row[metric], value), f"{name} {metric}: table {row[metric]} != recomputed {value}"
+                checked += 1
+        if "speedup_of_specter" in table.columns and not _missing(row["speedup_of_specter"]):
+            scope = [*experiments.SCOPE, *(definition.speedups or ())]
+            ref = table[(table["system"] == "specter") & np.all([_eq(table[c], row[c]) for c in scope], axis=0)]
+            assert len(ref) == 1 and _same(row["speedup_of_specter"], row["tpot_ms"] / ref["tpot_ms"].iloc[0])
+    assert checked >= len(table) * 3
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _eq(column, value):
+    return column.isna().to_numpy() if _missing(value) else (column == value).to_numpy()
+
+
+def test_breakdown_parts_sum_to_each_systems_time(records):
+    from specter.metrics import BREAKDOWN
+    from specter.report.tables import breakdown_table
+
+    for r in records:  # per record: the parts cover [first commit, last commit]
+        parts = r["extra"]["breakdown_ms"]
+        commits = r["extra"]["commit_ms"]
+        assert math.isclose(sum(parts[p] for p in BREAKDOWN), commits[-1] - commits[0], rel_tol=1e-9, abs_tol=1e-9)
+    table = breakdown_table(records)
+    assert set(table["system"]) == {"on-demand", "specter", "specter-oracle"}
+    for _, row in table.iterrows():
+        assert math.isclose(sum(row[p] for p in BREAKDOWN), row["tpot_ms"], rel_tol=1e-9)
