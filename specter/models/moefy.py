@@ -16,9 +16,11 @@ with the hidden states of the already-converted earlier layers:
    weights, toward the dense model's residual stream after this layer (not toward the dense FFN output alone).
 The layer is then a stock `Qwen2MoeSparseMoeBlock` (shared-expert gate zero: sigmoid(0) = 1/2, folded into the shared
 down projection) or `MixtralSparseMoeBlock`, and the next layer is fitted on its outputs. A short distillation of the
-MoE blocks against the dense model's next-token distributions on calibration text follows. Everything is seeded and the
-numerics are pinned (`specter.numerics.determinism`), so the same command gives the same bits; `specter.models.proxies`
-names the builds and writes their model cards.
+MoE blocks against the dense model's next-token distributions on calibration text may follow (`distill_steps`, 0 by
+default: measured on the default model, 30 steps lowered held-out perplexity by 3.6% on prose (161.5 to 155.7) and
+0.9% on code (16.36 to 16.22) and took about 40% of each build, 2.5 of its 6 minutes on 2 cores). Everything is
+seeded and the numerics are pinned (`specter.numerics.determinism`), so the same command gives the same bits;
+`specter.models.proxies` names the builds and writes their model cards.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class MoefyConfig:
     seq_len: int = 512
     ridge: float = 1e-2  # relative to the mean diagonal of the normal matrix
     kmeans_iters: int = 15
-    distill_steps: int = 30
+    distill_steps: int = 0  # 30 were the default before 2026-12-01 (see the module docstring for what they bought)
     distill_batch: int = 2
     distill_seq_len: int = 256  # distillation reads the first tokens of each calibration window
     distill_lr: float = 1e-4

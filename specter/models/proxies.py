@@ -6,12 +6,14 @@ run priced at that architecture's shapes (`--cost-as`) takes its routes from a m
 | name              | structure                         | stands in for             |
 | ---               | ---                               | ---                       |
 | smollm2-moe       | 8 routed, top-2, shared 512       | Mixtral-8x7B (8, top-2)   |
-| smollm2-moe-16x2  | 16 routed, top-2, no shared       | Phi-3.5-MoE (16, top-2)   |
+| smollm2-moe-16x2  | 16 routed, top-2, shared 512      | Phi-3.5-MoE (16, top-2)   |
 | smollm2-moe-64x6  | 64 routed, top-6, shared 512      | DeepSeek-V2-Lite (64, top-6, 2 shared) |
 | smollm2-moe-60x4  | 60 routed, top-4, shared 576      | Qwen1.5-MoE-A2.7B (60, top-4, 1 shared) |
 
 SmolLM2's FFN has 1536 neurons: a shared expert takes S of them and E routed experts the rest in equal parts, so a
 proxy's experts are small (16 to 128 neurons); what it reproduces is which experts a token needs, not their size.
+Every proxy keeps a shared expert (the most important neurons, always on), Phi-3.5-MoE's too, which has none: it
+changes no routing decision, and a run priced at Phi-3.5-MoE's shapes prices no shared expert.
 `model_card.json` records the build (settings, perplexities against the dense source, samples, time, weights hash,
 the numerics it ran with) and the routing statistics of `routing_stats` on held-out text.
 """
@@ -71,8 +73,10 @@ def build_proxy(name: str, out: str | Path, seed: int = 0, overrides: dict[str, 
     torch.manual_seed(cfg.seed)
     with phase(f"conversion of SmolLM2-135M into {name}"):
         hybrid, tok, dense, moe_config, calib, _ = convert(cfg, progress)
-    with phase(f"distillation ({cfg.distill_steps} steps)"):
-        losses = distill(hybrid, dense, calib, cfg, progress)
+    losses = []
+    if cfg.distill_steps > 0:
+        with phase(f"distillation ({cfg.distill_steps} steps)"):
+            losses = distill(hybrid, dense, calib, cfg, progress)
     model = to_stock(hybrid, moe_config)
     out = Path(out)
     with phase("saving the checkpoint"):
@@ -128,7 +132,8 @@ def _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, per
         "method": "MoEfication: shared expert of the most important neurons (where the structure has one); "
                   "balanced k-means on activation patterns; least-squares routers, centred and scaled to equal "
                   "top-k weights; joint ridge refit of down projections toward the dense residual stream, layer by "
-                  "layer on converted hidden states; KL distillation of the MoE blocks against the dense model",
+                  "layer on converted hidden states"
+                  + ("; KL distillation of the MoE blocks against the dense model" if cfg.distill_steps else ""),
         "experts": experts, "top_k": top_k, "expert_neurons": expert_neurons, "shared_neurons": shared,
         "routed_share_of_ffn": experts * expert_neurons / (experts * expert_neurons + shared),
         "active_share_of_routed": top_k / experts,
