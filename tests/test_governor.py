@@ -23,8 +23,25 @@ def test_online_governor_stays_within_bounds_and_the_horizon():
     assert gov.next_k(35) <= 5  # 5 tokens left: no window beyond them
     gov.observe(0, 1)
     gov.observe(0, 1)
-    assert gov.alpha == pytest.approx(0.99 * 0.75**2)
+    assert gov.alpha == pytest.approx(0.99 * 0.75**2)  # keep_per_token 0.75: each check a whole window
     assert gov.next_k(0) < 32  # acceptance fell: shorter windows pay
+
+
+def test_online_governor_weighs_each_verification_by_the_proposals_it_checked():
+    """Calibrated at K = 16, a whole window moves the estimate by the paper's 0.25; an early rejection (1 accepted of
+    2 checked) moves it by 1 - 0.75^(2/16), about 3.5%, instead of a quarter of the way to 0.5."""
+    from specter.speculation.governor import GovernorChoice
+
+    choice = GovernorChoice(16, "auto", [{"k": k, "cycle_s": 0.1 + 0.01 * k} for k in PROFILE_KS], alpha=0.96)
+    calibrated = OnlineGovernor.calibrated(choice, 64)
+    gov = calibrated.fresh()
+    gov.observe(16, 16)
+    assert gov.alpha == pytest.approx(0.75 * 0.96 + 0.25 * 1.0)
+    early = calibrated.fresh()
+    early.observe(1, 2)
+    keep = 0.75 ** (2 / 16)
+    assert early.alpha == pytest.approx(keep * 0.96 + (1 - keep) * 0.5)
+    assert 0.94 < early.alpha < 0.96
 
 
 @pytest.fixture(scope="module")

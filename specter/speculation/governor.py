@@ -17,10 +17,14 @@ committed(K)) whole cycles, and a long window at the end is partly wasted.
     demand (T_pcie_new).
 - `profile` (the artifact's empirical profiler): schedule the calibration prompts with the run's own system at every K
   of `PROFILE_KS` and keep the K of the lowest mean simulated TPOT.
-- `online` (the paper's online variant): the per-token acceptance probability alpha is an EMA (0.75 old, 0.25 new) of
-  what each verification accepted, starting from the calibration windows' rate; before each cycle K is re-chosen within
+- `online` (the paper's online variant): the per-token acceptance probability alpha is an EMA of what each
+  verification accepted over what it checked, starting from the calibration windows' rate, weighted by the proposals
+  the verification checked: a whole window of the calibrated K keeps 0.75 of the old estimate (the paper's 0.75 old,
+  0.25 new), a verification that checked c proposals keeps 0.75^(c / K). Before each cycle K is re-chosen within
   `PROFILE_KS` to maximize expected committed tokens (1 - alpha^(K+1)) / (1 - alpha) per predicted T_cycle(K), and never
-  beyond the tokens the run still has to commit.
+  beyond the tokens the run still has to commit. (An unweighted EMA, 0.25 for every verification, let one early
+  rejection, 1 accepted of 2 checked, pull alpha from 0.97 to 0.85 and K from 32 to 2: measured at Phi-3.5-MoE shapes,
+  9% slower than the best fixed K over 5 prompts; weighted, 0.973 of it.)
 """
 
 from __future__ import annotations
@@ -168,15 +172,17 @@ class OnlineGovernor:
     cycle_s: dict[int, float]  # predicted T_cycle(K) per candidate
     alpha: float
     tokens: int  # the run's max_new_tokens
+    keep_per_token: float = EMA_OLD  # the EMA's old share per checked proposal (see `observe`)
     chosen: list[int] = field(default_factory=list)
 
     @classmethod
     def calibrated(cls, choice: GovernorChoice, tokens: int) -> OnlineGovernor:
-        return cls({row["k"]: row["cycle_s"] for row in choice.table}, choice.alpha or 0.0, tokens)
+        return cls({row["k"]: row["cycle_s"] for row in choice.table}, choice.alpha or 0.0, tokens,
+                   EMA_OLD ** (1 / choice.k))
 
     def fresh(self) -> OnlineGovernor:
         """The same governor for a new prompt (every prompt starts from the calibration's acceptance)."""
-        return OnlineGovernor(self.cycle_s, self.alpha, self.tokens)
+        return OnlineGovernor(self.cycle_s, self.alpha, self.tokens, self.keep_per_token)
 
     def next_k(self, committed: int) -> int:
         remaining = max(1, self.tokens - committed)
@@ -187,5 +193,9 @@ class OnlineGovernor:
         return best
 
     def observe(self, accepted: int, checked: int) -> None:
+        """Fold one verification into the EMA, weighted by the proposals it checked: a whole window of the
+        calibrated K keeps EMA_OLD of the old estimate (the paper's 0.75 / 0.25), a verification that checked fewer
+        proposals (an early rejection) moves it less, as it says less about the per-token rate."""
         if checked:
-            self.alpha = EMA_OLD * self.alpha + (1 - EMA_OLD) * accepted / checked
+            keep = self.keep_per_token ** checked
+            self.alpha = keep * self.alpha + (1 - keep) * accepted / checked
