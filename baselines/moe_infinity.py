@@ -29,12 +29,12 @@ def eam_of(trace, experts: int) -> torch.Tensor:
 
 def _count_experts(trace, experts: int) -> torch.Tensor:
     layers = sorted(trace.prefill_routes[0])
-    eam = torch.zeros(len(layers), experts)
+    counts = [[0] * experts for _ in layers]
     for r in trace.prefill_routes + trace.step_routes:
         for i, layer in enumerate(layers):
             for e in r[layer]:
-                eam[i, e] += 1
-    return eam
+                counts[i][e] += 1
+    return torch.tensor(counts, dtype=torch.float32)
 
 
 class PriorityCache(ExpertCache):
@@ -59,16 +59,20 @@ class _ActivationAware(PassHooks):
         self.ctx, self.store, self.per_step = ctx, store, per_step
         self.order = list(ctx.work.moe_layers)
         self.row = {layer: i for i, layer in enumerate(self.order)}
-        self.eam = torch.zeros(len(self.order), ctx.work.experts_per_layer)
+        self.counts = [[0] * ctx.work.experts_per_layer for _ in self.order]  # the request's EAM so far
         self.pred: torch.Tensor | None = None
         self.pred_rows: list | None = None
         self.step = 0
+        n = len(self.order)
+        self.weights = [torch.tensor([1 - (ahead - i) / n for ahead in range(i + 1, n)], dtype=torch.float64)
+                        for i in range(n)]  # layer distance weights of the layers after row i
         ctx.cache.priority = lambda layer, e: self.pred_rows[self.row[layer]][e] if self.pred is not None else 0.0
 
     def predicted(self) -> torch.Tensor | None:
         if not self.store:
             return None
-        flat = self.eam.flatten() / (self.eam.norm() + 1e-12)
+        eam = torch.tensor(self.counts, dtype=torch.float32)
+        flat = eam.flatten() / (eam.norm() + 1e-12)
         return max(self.store, key=lambda m: float((m.flatten() * flat).sum()))
 
     def ranked_ahead(self, i: int) -> list[tuple[int, int]]:
@@ -78,12 +82,10 @@ class _ActivationAware(PassHooks):
         pred = self.pred.double()[i + 1 :]  # [L - i - 1, E]
         if pred.numel() == 0:
             return []
-        weight = torch.tensor([1 - (ahead - i) / len(self.order) for ahead in range(i + 1, len(self.order))],
-                              dtype=torch.float64)
-        score = (pred * weight[:, None]).flatten()
+        score = (pred * self.weights[i][:, None]).flatten()
         candidates = torch.nonzero(pred.flatten() > 0).flatten()
         ranked = candidates[torch.sort(score[candidates], descending=True, stable=True).indices]
-        return [(i + 1 + int(f) // experts, int(f) % experts) for f in ranked]
+        return [(i + 1 + f // experts, f % experts) for f in ranked.tolist()]
 
     def before_step(self, step: int) -> None:
         self.ctx.cache.unprotect_all()
@@ -95,7 +97,7 @@ class _ActivationAware(PassHooks):
         i = self.row[layer]
         for r in routes:
             for e in r:
-                self.eam[i, e] += 1
+                self.counts[i][e] += 1
 
     def after_layer(self, layer: int, routes) -> None:
         """After this layer's own demand copies are queued (they are needed first)."""
@@ -103,16 +105,22 @@ class _ActivationAware(PassHooks):
         if self.pred is None or not self.step:
             return
         cache, issued = self.ctx.cache, 0
+        lowest: dict[int, float | None] = {}  # per layer ahead: its victim's priority, until a prefetch changes it
         for ahead, e in self.ranked_ahead(i):
             if issued >= self.per_step:
                 break
             target = self.order[ahead]
             if (target, e) in cache:
                 continue
-            victim = cache.victim(target)
-            if victim is not None and cache.priority(target, victim) >= cache.priority(target, e):
+            if target not in lowest:
+                victim = cache.victim(target)
+                lowest[target] = None if victim is None else cache.priority(target, victim)
+            if lowest[target] is not None and lowest[target] >= cache.priority(target, e):
                 continue  # only displace an expert predicted to be used less
-            issued += self.ctx.executor.prefetch(target, [e])
+            done = self.ctx.executor.prefetch(target, [e])
+            if done:
+                issued += done
+                lowest.pop(target)
 
 
 class MoEInfinity(System):

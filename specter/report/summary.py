@@ -7,8 +7,8 @@ each draft's and each table's sha256) say at a glance whether two trees agree.
 
 Sections, each present when its table is: the models and drafts, the tables, `main` (every system's TPOT, its lower
 bound and its TPOT over Specter's, per case, prompt set and comparison), Specter's TPOT over its lower bound beside
-each baseline's, `ablation` (with the hit rates), `k_sweep` (each governor's K against the best fixed K) and
-`paper_check` (each published figure beside the suite's).
+each baseline's, `ablation` (its arms in order, with the hit rates), `k_sweep` (each governor's K against the best
+fixed K), `sensitivity` (greedy against sampling) and `paper_check` (each published figure beside the suite's).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ NEEDS = {
     "ablation": ("model", "dataset", "arm_index", "arm", "slots_per_layer", "tpot_ms", "lower_bound_tpot_ms",
                  "hit_rate"),
     "k_sweep": ("model", "dataset", "hardware", "k_setting", "k", "tpot_ms", "n"),
+    "sensitivity": ("model", "dataset", "temperature", "system", "tpot_ms", "speedup_of_specter"),
     "paper_check": ("id", "architecture", "slots", "system", "comparison", "metric", "paper", "suite",
                     "suite_over_paper"),
 }
@@ -193,6 +194,21 @@ def _k_sweep(df: pd.DataFrame) -> list[str]:
     return out + _markdown(rows, ["case", "prompt set", "K setting", "K", "TPOT", "over best"])
 
 
+def _sensitivity(df: pd.DataFrame) -> list[str]:
+    out = ["## sensitivity: greedy against sampling", "",
+           "Each system's TPOT (mean over prompts) at each temperature (0: greedy; above 0, rejection sampling, drawn "
+           "live), the acceptance rate and window utilization beside Specter's, and each system's TPOT over Specter's.",
+           ""]
+    rows = []
+    for _, r in df.sort_values(["model", "cost_as", "dataset", "temperature"], kind="stable").iterrows():
+        rows.append([_where(r), r["dataset"], f"{float(r['temperature']):g}", r["system"], fmt_ms(r["tpot_ms"]),
+                     _num(r.get("acceptance_rate"), 3), _num(r.get("window_utilization"), 3),
+                     _num(r.get("speedup_of_specter"), 2)])
+    rows.sort(key=lambda row: (row[0], row[1], float(row[2]), _system_key(row[3])))
+    return out + _markdown(rows, ["case", "prompt set", "T", "system", "TPOT", "acceptance", "window use",
+                                  "over Specter"])
+
+
 def _paper_check(df: pd.DataFrame) -> list[str]:
     out = ["## paper_check: the paper's figures beside the suite's", "",
            "Rows whose case this run did not include have no suite value.", ""]
@@ -220,7 +236,7 @@ def summary(results: str | Path, root: str | Path | None = None) -> str:
     lines += _models(results)
     lines += _tables(tables)
     for name, section in (("main", _main), ("ablation", _ablation), ("k_sweep", _k_sweep),
-                          ("paper_check", _paper_check)):
+                          ("sensitivity", _sensitivity), ("paper_check", _paper_check)):
         df = _read(tables_dir / f"{name}.csv")
         if df is not None and not df.empty:
             lines += section(df)

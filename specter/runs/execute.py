@@ -59,16 +59,19 @@ def run(spec: RunSpec, session: Session | None = None, progress: bool = True) ->
     return records
 
 
-def execute(spec: RunSpec, session: Session | None = None, progress: bool = True) -> list[RunRecord]:
-    """Run `spec`; returns its records (one per prompt) without writing them."""
-    prepared = prepare(spec, session or Session())
+def execute(spec: RunSpec, session: Session | None = None, progress: bool = True,
+            recorders: tuple = ()) -> list[RunRecord]:
+    """Run `spec`; returns its records (one per prompt) without writing them. `recorders`: extra numerics of the
+    target's decode to compute with every trace from now on (a sweep names those of all its systems, so a trace is
+    decoded once for all of them, not again when a later system needs more)."""
+    prepared = prepare(spec, session or Session(), recorders)
     timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
     return [run_prompt(prepared, index, prompt, repeat) for index, prompt in
             enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)
             for repeat in range(timed)]
 
 
-def prepare(spec: RunSpec, session: Session) -> PreparedRun:
+def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedRun:
     from transformers import AutoTokenizer
 
     from specter.data.prompts import load_prompts
@@ -78,7 +81,7 @@ def prepare(spec: RunSpec, session: Session) -> PreparedRun:
     prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)
     target, draft, service = session.numerics(spec.model, spec.draft if system.speculative else None, spec.memo,
                                               spec.dtype)
-    service.require(system.trace_recorders)
+    service.require((*system.trace_recorders, *recorders))
     work = ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
     priced_at = None

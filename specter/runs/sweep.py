@@ -23,9 +23,10 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
     """Every combination of the values of `axes` (RunSpec fields) and of system options, as specs, each run in every
     arm of `arms` (named settings on top of the point, in their order; none: the point as it is).
 
-    Settings that cannot change a system's run are dropped for it, so no run repeats: K and the prefetch policy for
-    systems that do not speculate, an option for systems that do not have it (an option no listed system has is an
-    error, and so is a setting both swept and set by an arm)."""
+    Settings that cannot change a system's run are dropped for it, so no run repeats within an arm: K and the prefetch
+    policy for systems that do not speculate, an option for systems that do not have it (an option no listed system
+    has is an error, and so is a setting both swept and set by an arm). A system that no setting of an arm changes
+    still runs in it, under the arm's name, so every arm's rows compare the same systems."""
     for name in axes:
         if name not in SWEEP_AXES:
             raise SpecterError(f"cannot sweep {name!r}; sweepable: {', '.join(SWEEP_AXES)}")
@@ -69,14 +70,16 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     from specter.numerics.memo import save_memo
 
     session = session or Session()
+    recorders = []  # every system's extra numerics, computed with each trace's first decode
     for spec in specs:
-        spec.validate()
+        system, _ = spec.validate()
+        recorders += [r for r in system.trace_recorders if r not in recorders]
     records: list[RunRecord] = []
     for i, spec in enumerate(specs):
         if progress:
             log.info("run %d/%d: %s", i + 1, len(specs), spec.describe())
         try:
-            records += execute(spec, session, progress)
+            records += execute(spec, session, progress, tuple(recorders))
         except BudgetError as err:  # this system cannot run in this budget: no record, and the log says why
             log.warning("skipped: %s does not fit %s: %s", spec.system, spec.budget.describe(), err)
     if memo_out is not None and specs:
