@@ -366,7 +366,7 @@ def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_ylabel("hit rate (% of required experts on the device)")
         ax.set_ylim(0, 119)
         ax.legend(fontsize=7, title=None, loc="upper center", ncol=3)
-        ax.set_title(f"{title}\nof {int(sub['experts_per_layer'].iloc[0])} experts per layer", fontsize=9)
+        ax.set_title(f"{title}\n{int(sub['experts_per_layer'].iloc[0])} experts per layer", fontsize=9)
     _finish(fig, f"{figure.title}\n({timing})", out)  # one panel is narrower than the title
 
 
