@@ -292,19 +292,22 @@ def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 
 def _plot_fidelity(figure, table: pd.DataFrame, out, timing: str) -> None:
-    table = table.assign(draft=[f"{m} INT{b} g{g}" for m, b, g in
-                                zip(table["method"], table["bits"], table["group_size"])])
+    # one draft per (model, method, bits, group): two models' drafts of one method are two bars and two lines
+    table = table.assign(draft=[f"{model}\n{m} INT{b} g{g}" for model, m, b, g in
+                                zip(table["model"], table["method"], table["bits"], table["group_size"])])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     shares = table.drop_duplicates("draft").set_index("draft")[["expert_hard", "expert_soft", "expert_mismatch"]]
     shares.mul(100).plot.bar(stacked=True, ax=left, color=["#4c72b0", "#8fb0dd", "#c44e52"], rot=0)
     left.set_ylabel("(token, layer) pairs (%)")
     left.set_xlabel("draft")
-    left.set_ylim(0, 100)
+    left.set_ylim(0, 122)  # room above the bars for the legend
+    left.set_yticks(range(0, 101, 20))
     left.legend(["hard: same experts, same order", "soft: same set, other order", "mismatch: another set"],
-                fontsize=8, loc="lower right")
+                fontsize=7, loc="upper center", ncol=3)
     left.set_title("draft's ranked experts vs the target's (the paper's Fig 6)", fontsize=9)
     for draft, part in table.groupby("draft"):
-        right.plot(part["k"], part["acceptance_rate"], marker="o", label=draft)
+        part = part.sort_values("k")
+        right.plot(part["k"], part["acceptance_rate"], marker="o", label=draft.replace("\n", " "))
     right.set_xlabel("draft window K (tokens)")
     right.set_ylabel("greedy acceptance rate (accepted / checked)")
     right.set_ylim(0, 1.05)
@@ -343,12 +346,27 @@ def _plot_paper_check(figure, table: pd.DataFrame, out, timing: str) -> None:
                   zip(part["architecture"], part["system"], part["comparison"])]
         ax.set_yticks(list(ys), labels, fontsize=7)
         ax.invert_yaxis()
+        top = float(part[["paper", "suite"]].max().max())
         if metric != "hit_rate":
+            from matplotlib.ticker import LogLocator, ScalarFormatter
+
             ax.set_xscale("log")
+            ax.set_xlim(float(part[["paper", "suite"]].min().min()) / 1.5, top * 2.2)  # room for the ratios
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
+            ax.xaxis.set_minor_locator(LogLocator(base=10, subs=()))
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+        else:
+            ax.set_xlim(0, top * 1.25)
         ax.set_xlabel(units.get(metric, metric))
-        ax.legend(fontsize=7, loc="lower right")
         ax.set_title(f"{metric}: suite / paper beside each pair", fontsize=9)
-    _finish(fig, figure.title, out)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(figure.title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
 
 
 def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
