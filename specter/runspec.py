@@ -104,7 +104,7 @@ class Arm:
         """`NAME` or `NAME:SETTING=VALUE,SETTING=VALUE` (a setting of ARM_SETTINGS, or a system option)."""
         name, _, rest = str(text).partition(":")
         name = name.strip()
-        if not name:
+        if not name or "=" in name:
             raise SpecterError(f"--arm {text!r} has no name; give NAME:SETTING=VALUE,... (e.g. 'no prefetch:"
                                "prefetch=none')")
         settings, options = {}, {}
@@ -115,6 +115,8 @@ class Arm:
             key, value = key.strip(), value.strip()
             if not sep or not key or not value:
                 raise SpecterError(f"--arm {text!r}: {item!r} must look like SETTING=VALUE")
+            if key.replace("-", "_") in ARM_SETTINGS:  # draft-kernel and draft_kernel alike
+                key = key.replace("-", "_")
             if key in settings or key in options:
                 raise SpecterError(f"--arm {text!r} sets {key} twice")
             if key in ARM_SETTINGS:

@@ -152,8 +152,8 @@ def _check_arms(name: str, entry: dict, systems: dict) -> None:
     listed = [systems[s] for s in entry.get("systems") or [] if s in systems]
     for arm, settings in (entry.get("arms") or {}).items():
         where = f"config experiments.{name}.arms.{arm}"
-        if ":" in arm or not arm.strip():
-            raise ConfigError(f"{where}: an arm's name cannot be empty or hold ':'; rename it")
+        if ":" in arm or "=" in arm or not arm.strip():
+            raise ConfigError(f"{where}: an arm's name cannot be empty or hold ':' or '='; rename it")
         items = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (settings or {}).items()]
         try:
             parsed = Arm.parse(f"{arm}:{','.join(items)}")

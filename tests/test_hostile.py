@@ -164,6 +164,8 @@ CASES = [
     ("empty_system_list", lambda w, r: [*_sweep(r)[:1], "--systems", ",", *_sweep(r)[3:]], "--systems"),
     ("unknown_system", lambda w, r: _run(r, system="bogus"), "bogus"),
     ("sweep_k_not_a_number", lambda w, r: _sweep(r, "--k", "2,x"), "x"),
+    ("arm_without_a_name", lambda w, r: _sweep(r, "--arm", "prefetch=none"), "has no name"),
+    ("arm_bad_option_value", lambda w, r: _sweep(r, "--arm", "x:draft-kv=bogus"), "draft-kv='bogus'"),
     ("unknown_cost_as", lambda w, r: _run(r, "--cost-as", "gpt-17"), "gpt-17"),
     ("unknown_command", lambda w, r: ["frobnicate"], "frobnicate"),
     ("bits_not_supported", lambda w, r: ["quantize", "--model", r["model"], "--bits", "5", "--out", "{out}"],

@@ -174,7 +174,8 @@ def test_arms_run_in_order_at_every_point_and_name_their_records(tiny_dirs, draf
     records = sweep([s for s in specs if s.system == "specter" and s.k.value == 2], tmp_path / "a.jsonl",
                     progress=False)
     assert [r.config["arm"] for r in records] == [a.name for a in arms for _ in range(2)]
-    for bad, message in (("no name:", None), (":prefetch=none", "has no name"),
+    assert Arm.parse("u:draft-kernel=unfused").settings == (("draft_kernel", "unfused"),)  # either spelling
+    for bad, message in (("no name:", None), (":prefetch=none", "has no name"), ("prefetch=none", "has no name"),
                          ("x:prefetch=never", "prefetch='never' is not one of"),
                          ("x:k=4", "an arm cannot set k"), ("x:prefetch", "must look like SETTING=VALUE"),
                          ("x:prefetch=none,prefetch=late", "sets prefetch twice")):
@@ -185,10 +186,12 @@ def test_arms_run_in_order_at_every_point_and_name_their_records(tiny_dirs, draf
             Arm.parse(bad)
     with pytest.raises(SpecterError, match="two arms have the same name"):
         grid(_req(tiny_dirs, draft), {}, arms=[arms[0], arms[0]])
-    with pytest.raises(SpecterError, match="arm 'no prefetch' sets prefetch, which the sweep also varies"):
+    with pytest.raises(SpecterError, match="arm 'no prefetch' sets prefetch, which the sweep also sets"):
         grid(_req(tiny_dirs, draft), {"prefetch": ["adaptive", "late"]}, arms=arms[:2])
-    with pytest.raises(SpecterError, match="no swept system has option 'depth'"):
+    with pytest.raises(SpecterError, match="no swept system has option 'depth'.*their options: draft-kv"):
         grid(_req(tiny_dirs, draft), {}, arms=[Arm.parse("d:depth=2")])
+    with pytest.raises(SpecterError, match=r"--arm 'x:draft-kv=own': option draft-kv='own' is not one of"):
+        grid(_req(tiny_dirs, draft), {}, arms=[Arm.parse("x:draft-kv=own")])
 
 
 def test_sampled_runs_sweep_beside_greedy(tiny_dirs, draft):

@@ -29,9 +29,10 @@ _OTHERS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8
 
 def _palette(systems) -> dict[str, str]:
     """{system: colour}: Specter red, every other system its own fixed colour."""
+    others = [s for s in SYSTEM_ORDER if s != "specter"]
     out = {}
     for s in _ordered(systems):
-        i = SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else len(SYSTEM_ORDER) + sorted(set(systems)).index(s)
+        i = others.index(s) if s in others else len(others) + sorted(set(systems)).index(s)
         out[s] = SPECTER_COLOR if s == "specter" else _OTHERS[i % len(_OTHERS)]
     return out
 
@@ -145,10 +146,11 @@ def _plot_k_sweep(figure, table: pd.DataFrame, out, timing: str) -> None:
             marker, color, size = styles.get(setting, ("X", "teal", 100))
             n = part["n"].astype(float)
             k, tpot = float((part["k"] * n).sum() / n.sum()), float((part["tpot_ms"] * n).sum() / n.sum())
-            chose = (f"K = {int(part['k'].iloc[0])}" if len(part) == 1 else
-                     f"K = {', '.join(str(int(v)) for v in sorted(part['k']))} by prompt")
-            ax.scatter([k], [tpot], marker=marker, s=size, color=color, edgecolor="white", zorder=5,
-                       label=f"{setting} governor: {chose}, {tpot:.3g} ms")
+            chose = (f"K = {int(part['k'].iloc[0])}" if len(part) == 1 else "K = " + ", ".join(
+                f"{int(k)} ({int(c)} prompt{'s' if c > 1 else ''})" for k, c in sorted(zip(part["k"], part["n"]))))
+            # hollow, so that governors choosing the same K (and the fixed-K point under them) all show
+            ax.scatter([k], [tpot], marker=marker, s=size, facecolors="none", edgecolors=color, linewidths=1.6,
+                       zorder=5, label=f"{setting} governor: {chose}, {tpot:.3g} ms")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(fixed["k"].unique()), [str(int(v)) for v in sorted(fixed["k"].unique())])
         ax.set_xlabel("draft window K (tokens, log scale)")
@@ -239,7 +241,8 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
                 ax.vlines(xs, low, top, color="#222222", lw=0.8, zorder=4,
                           label="fastest to slowest prompt" if i == 0 else None)
             for x, t, y in zip(xs, tpot, top):
-                ax.text(x, y, f"{t:.3g}", ha="center", va="bottom", fontsize=6, rotation=90)
+                ax.text(x, y, f"{t:,.0f}" if t >= 100 else f"{t:.3g}", ha="center", va="bottom", fontsize=6,
+                        rotation=90)
         ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
         spread = [c for c in ("tpot_ms", "lower_bound_tpot_ms", "tpot_ms_min", "tpot_ms_max") if c in sub]
         if sub["tpot_ms"].max() / max(sub["tpot_ms"].min(), 1e-12) > 30:

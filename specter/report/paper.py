@@ -22,7 +22,7 @@ def published() -> tuple[str, list[dict]]:
 #: the settings that tell one run from another in the frame (with the prompt, one record)
 RUN_KEYS = ("model", "cost_as", "dataset", "hardware", "system", "k", "budget_kind", "budget_value", "prefetch",
             "draft_kernel", "prefix_tokens", "serialize_demand", "noise", "draft_kv", "temperature", "arm",
-            "prompt_index")
+            "prompt_index", "repeat")
 
 
 def _runs(df: pd.DataFrame, row: dict, system: str, memory: str) -> pd.DataFrame:

@@ -71,6 +71,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             serialize_demand=options.get("serialize-demand", "false"), noise=options.get("noise"),
             draft_kv=options.get("draft-kv", "shared") if r["k"] is not None else "",
             temperature=float(cfg.get("temperature") or 0.0), arm=cfg.get("arm") or "",
+            repeat=(r.get("extra") or {}).get("repeat", 0),
             **{m: r.get(m) for m in _STATS},
             demand_misses=r["demand_misses"], h2d_bytes_demand=r["h2d_bytes_demand"],
             h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),

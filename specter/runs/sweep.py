@@ -35,16 +35,27 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
     names = list(axes)
     systems = {s: get_system(s) for s in axes.get("system", [base.system])}
     arm_options = {o for arm in arms for o, _ in arm.options}
-    for opt in set(options) | arm_options:
+    for opt in sorted(set(options) | arm_options):
         if not any(opt in system.options for system in systems.values()):
-            raise SpecterError(f"no swept system has option {opt!r}; systems: {', '.join(systems)}")
+            known = sorted({o for system in systems.values() for o in system.options})
+            raise SpecterError(f"no swept system has option {opt!r}; systems: {', '.join(systems)}; their options: "
+                               f"{', '.join(known) or 'none'}")
+    for arm in arms:  # each arm's option values, as the systems that take them parse them
+        for system in systems.values():
+            own = {o: v for o, v in arm.options if o in system.options}
+            if own:
+                try:
+                    type(system)(**own)
+                except (SpecterError, ValueError) as err:
+                    raise SpecterError(f"--arm {arm.flag()!r}: {err}") from None
     seen = [arm.name for arm in arms]
     if len(set(seen)) < len(seen):
         raise SpecterError(f"two arms have the same name ({', '.join(seen)}); give each arm its own name")
     for arm in arms:
         both = [key for key, _ in (*arm.settings, *arm.options) if key in axes or key in options]
         if both:
-            raise SpecterError(f"arm {arm.name!r} sets {both[0]}, which the sweep also varies; set it in one place")
+            raise SpecterError(f"arm {arm.name!r} sets {both[0]}, which the sweep also sets (its flag or "
+                               "--system-option); set it in one place")
     out: list[RunSpec] = []
     for values in itertools.product(*(axes[n] for n in names)):
         point = replace(base, **dict(zip(names, values)))
@@ -53,7 +64,7 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
         for arm in arms:
             spec = replace(point, arm=arm.name, **dict(arm.settings))
             if not system.speculative:
-                spec = replace(spec, k=Window(), prefetch=RunSpec.prefetch)
+                spec = replace(spec, k=Window(), prefetch=RunSpec.prefetch, draft_kernel=RunSpec.draft_kernel)
             fixed = {**dict(base.system_options), **{o: v for o, v in arm.options if o in system.options}}
             for opt_values in itertools.product(*(options[o] for o in own)):
                 merged = {**fixed, **dict(zip(own, opt_values))}
