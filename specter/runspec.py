@@ -132,6 +132,21 @@ class Arm:
                 options[key] = value
         return cls(name, tuple(settings.items()), tuple(options.items()))
 
+    def check(self, systems) -> None:
+        """Every option of this arm is one that some of `systems` (System classes or instances) has, with a value
+        each of those takes; the one check of an arm's options, for `specter sweep` and the workflow's config."""
+        for option, value in self.options:
+            having = [s for s in systems if option in s.options]
+            if not having:
+                known = sorted({o for s in systems for o in s.options})
+                raise SpecterError(f"--arm {self.flag()!r}: no listed system has option {option!r}; their options: "
+                                   f"{', '.join(known) or 'none'}")
+            for s in having:
+                try:
+                    (s if isinstance(s, type) else type(s))(**{option: value})
+                except (SpecterError, ValueError) as err:
+                    raise SpecterError(f"--arm {self.flag()!r}: {err}") from None
+
     def flag(self) -> str:
         """This arm as `--arm` takes it."""
         items = [f"{k}={v}" for k, v in (*self.settings, *self.options)]

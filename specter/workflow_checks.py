@@ -156,15 +156,8 @@ def _check_arms(name: str, entry: dict, systems: dict) -> None:
             raise ConfigError(f"{where}: an arm's name cannot be empty or hold ':' or '='; rename it")
         items = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (settings or {}).items()]
         try:
-            parsed = Arm.parse(f"{arm}:{','.join(items)}")
-            for option, value in parsed.options:
-                having = [cls for cls in listed if option in cls.options]
-                if not having:
-                    raise SpecterError(f"no system of the experiment has option {option!r}; systems: "
-                                       f"{', '.join(entry.get('systems') or [])}")
-                for cls in having:
-                    cls(**{option: value})
-        except (SpecterError, ValueError) as err:
+            Arm.parse(f"{arm}:{','.join(items)}").check(listed)
+        except SpecterError as err:
             raise ConfigError(f"{where}: {err}") from None
 
 

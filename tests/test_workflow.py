@@ -89,8 +89,8 @@ def test_a_same_memory_budget_past_the_device_fails_before_any_job(tmp_path):
 
 
 @pytest.mark.parametrize("arms, message", [
-    ({"x": {"draft-kv": "own"}}, "config experiments.ablation.arms.x: option draft-kv='own' is not one of shared"),
-    ({"x": {"depth": 2}}, "config experiments.ablation.arms.x: no system of the experiment has option 'depth'"),
+    ({"x": {"draft-kv": "own"}}, "option draft-kv='own' is not one of shared"),
+    ({"x": {"depth": 2}}, "config experiments.ablation.arms.x: --arm 'x:depth=2': no listed system has option 'depth'"),
     ({"x": {"k": 4}}, "an arm cannot set k"),
     ({"a:b": {}}, "an arm's name cannot be empty or hold ':'"),
 ])
