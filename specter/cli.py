@@ -616,5 +616,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"specter: error: {' '.join(str(err).split())}", file=sys.stderr)  # one line, whatever it quotes
         return err.exit_code
     except KeyboardInterrupt:
-        print("specter: interrupted; outputs are written whole or not at all, so none is partial", file=sys.stderr)
-        return 130
+        return _interrupted()
+    except Exception as err:
+        if _caused_by_interrupt(err):  # e.g. transformers' lazy import wraps a Ctrl-C in a RuntimeError
+            return _interrupted()
+        raise
+
+
+def _interrupted() -> int:
+    print("specter: interrupted; outputs are written whole or not at all, so none is partial", file=sys.stderr)
+    return 130
+
+
+def _caused_by_interrupt(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in `err`'s chain of causes and contexts."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False

@@ -159,3 +159,20 @@ def test_tables_figures_and_pages_need_no_torch():
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_interrupt_wrapped_by_a_library_still_exits_130(capsys, monkeypatch):
+    """transformers' lazy import turns a Ctrl-C during an import into a RuntimeError caused by it: still exit 130."""
+    from specter import cli
+
+    def wrapped(_args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as err:
+            raise RuntimeError("Failed to import transformers.models") from err
+
+    args = cli.build_parser().parse_args(["systems"])
+    args.func = wrapped
+    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {"parse_args": lambda self, argv: args})())
+    assert cli.main(["systems"]) == 130
+    assert "interrupted" in capsys.readouterr().err
