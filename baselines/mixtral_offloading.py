@@ -50,17 +50,12 @@ class GateGuesses(TraceRecorder):
         layers, the guess is for its next one, never the layer's own routing)."""
         position = {layer: i for i, layer in enumerate(layer_map.proxy_layers)}
         arch = layer_map.arch_layers
-        out = []
-        for step in values:
-            mapped = {}
-            for i, layer in enumerate(arch):
-                for d in range(1, min(GUESS_DEPTH, len(arch) - 1 - i) + 1):
-                    here, there = position[layer_map.source(i)], position[layer_map.source(i + d)]
-                    guess = step.get(f"{layer_map.source(i)}:{max(1, there - here)}")
-                    if guess is not None:
-                        mapped[f"{layer}:{d}"] = guess
-            out.append(mapped)
-        return out
+        keys = []  # (the architecture's key, the proxy's key it reads), the same for every step
+        for i, layer in enumerate(arch):
+            for d in range(1, min(GUESS_DEPTH, len(arch) - 1 - i) + 1):
+                here, there = position[layer_map.source(i)], position[layer_map.source(i + d)]
+                keys.append((f"{layer}:{d}", f"{layer_map.source(i)}:{max(1, there - here)}"))
+        return [{mine: step[theirs] for mine, theirs in keys if theirs in step} for step in values]
 
 
 class _SpeculativeLoading(PassHooks):

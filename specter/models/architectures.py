@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from specter.errors import SpecterError
@@ -119,8 +120,9 @@ class LayerMap:
         """The proxy layer of the architecture's MoE layer at `position` (0-based among its MoE layers)."""
         return self.proxy_layers[position * len(self.proxy_layers) // len(self.arch_layers)]
 
-    @property
+    @cached_property
     def pairs(self) -> dict[int, int]:
+        """{architecture MoE layer: its proxy layer} (computed once: every token's routes are re-keyed through it)."""
         return {layer: self.source(i) for i, layer in enumerate(self.arch_layers)}
 
     def routes(self, routes: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:

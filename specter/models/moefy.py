@@ -169,13 +169,14 @@ def token_windows(tok, corpus: str, split: str, count: int, seq_len: int) -> tor
     return torch.tensor(windows)
 
 
+class _Stop(Exception):
+    """Raised by a hook to end a forward once it has what it came for."""
+
+
 def _layer_inputs(model, ids: torch.Tensor, batch: int) -> tuple[list[torch.Tensor], list[dict]]:
     """Hidden states entering decoder layer 0 and the keyword arguments the model passes its layers, per batch."""
     first = model.model.layers[0]
     states, kwargs = [], []
-
-    class _Stop(Exception):
-        pass
 
     def grab(_m, args, kw):
         states.append(args[0].detach() if args else kw["hidden_states"].detach())
@@ -195,29 +196,39 @@ def _layer_inputs(model, ids: torch.Tensor, batch: int) -> tuple[list[torch.Tens
     return states, kwargs
 
 
-def _run_layer(block, states: list[torch.Tensor], kwargs: list[dict], capture: bool):
-    """Run one decoder layer on every batch; returns (outputs, MLP inputs u [N, H], residuals before the MLP [N, H])."""
-    got: dict[str, list[torch.Tensor]] = {"u": [], "mid": []}
-    handles = []
-    if capture:
-        handles = [
-            block.post_attention_layernorm.register_forward_pre_hook(
-                lambda _m, a: got["mid"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
-            block.mlp.register_forward_pre_hook(
-                lambda _m, a: got["u"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
-        ]
+def _run_layer(block, states: list[torch.Tensor], kwargs: list[dict]) -> list[torch.Tensor]:
+    """One decoder layer's outputs on every batch."""
     outs = []
+    with torch.no_grad():
+        for h, kw in zip(states, kwargs):
+            out = block(h, **kw)
+            outs.append(out[0] if isinstance(out, tuple) else out)
+    return outs
+
+
+def _mlp_inputs(block, states: list[torch.Tensor], kwargs: list[dict]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per batch, the layer's MLP inputs u and its residual stream before the MLP (the attention's output added): the
+    layer runs up to its MLP and stops there, since the MLP is what is being replaced. The layer's output is then
+    residual + mlp(u) (a Llama decoder layer's own last step), so it never runs twice."""
+    got: dict[str, list[torch.Tensor]] = {"u": [], "mid": []}
+
+    def grab_u(_m, a):
+        got["u"].append(a[0].detach())
+        raise _Stop
+
+    handles = [block.post_attention_layernorm.register_forward_pre_hook(lambda _m, a: got["mid"].append(a[0].detach())),
+               block.mlp.register_forward_pre_hook(grab_u)]
     try:
         with torch.no_grad():
             for h, kw in zip(states, kwargs):
-                out = block(h, **kw)
-                outs.append(out[0] if isinstance(out, tuple) else out)
+                try:
+                    block(h, **kw)
+                except _Stop:
+                    pass
     finally:
         for handle in handles:
             handle.remove()
-    if not capture:
-        return outs, None, None
-    return outs, torch.cat(got["u"]), torch.cat(got["mid"])
+    return got["u"], got["mid"]
 
 
 def _balanced_kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
@@ -229,13 +240,15 @@ def _balanced_kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Gener
     for _ in range(iters):
         dist = torch.cdist(x, centers)  # [n, k]
         order = torch.argsort(dist.min(dim=1).values - dist.max(dim=1).values)  # most decided rows first
-        fill = torch.zeros(k, dtype=torch.long)
+        nearest = torch.argsort(dist, dim=1).tolist()  # each row's centres, nearest first
+        fill, chosen = [0] * k, [0] * n
         for i in order.tolist():
-            for c in torch.argsort(dist[i]).tolist():
+            for c in nearest[i]:
                 if fill[c] < size:
-                    assign[i] = c
+                    chosen[i] = c
                     fill[c] += 1
                     break
+        assign = torch.tensor(chosen)
         centers = torch.stack([x[assign == c].mean(0) for c in range(k)])
     return assign
 
@@ -355,6 +368,36 @@ def perplexity(model, ids: torch.Tensor, batch: int = 8, desc: str | None = None
     return math.exp(total / count)
 
 
+def dense_perplexity(dense, ids: torch.Tensor, desc: str | None = None) -> float:
+    """`perplexity` of the dense source on `ids`, kept beside the converted GGUF in the cache (`dense_cache_dir`),
+    keyed by the windows' tokens and the thread count: every build's model card compares its MoE with the same dense
+    model on the same held-out text, so the second build reads the first one's figure (about 25 s on 2 cores)."""
+    import hashlib
+    import json
+
+    cache = dense_cache_dir(smollm2_dir() / GGUF_FILE)
+    key = f"{hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]}-{tuple(ids.shape)}-t{torch.get_num_threads()}"
+    path = cache / "perplexity.json" if cache is not None else None
+    known = {}
+    if path is not None and path.is_file():
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):  # a damaged entry costs one recomputation
+            known = {}
+        if isinstance(known, dict) and isinstance(known.get(key), float):
+            log.info("%s: %.4f, computed by an earlier build (%s)", desc or "dense perplexity", known[key], path)
+            return known[key]
+    value = perplexity(dense, ids, desc=desc)
+    if path is not None and path.parent.is_dir():
+        from specter.io import atomic_write_text
+
+        try:
+            atomic_write_text(path, json.dumps({**(known if isinstance(known, dict) else {}), key: value}, indent=1))
+        except OSError as err:
+            log.warning("could not keep the dense perplexity in %s (%s)", path, err)
+    return value
+
+
 def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
     """Dense source -> (MoE Llama hybrid used during the build, tokenizer, dense model, statistics)."""
     torch.manual_seed(cfg.seed)
@@ -378,12 +421,14 @@ def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
     hidden = dense.config.hidden_size
     loads = []
     for layer in steps(range(layers), "per-layer fitting", unit="layer") if progress else range(layers):
-        dense_h, _, _ = _run_layer(dense.model.layers[layer], dense_h, kwargs, capture=False)  # residual after layer
-        _, u, mid = _run_layer(hybrid.model.layers[layer], moe_h, kwargs, capture=True)
+        dense_h = _run_layer(dense.model.layers[layer], dense_h, kwargs)  # the dense residual after the layer
+        us, mids = _mlp_inputs(hybrid.model.layers[layer], moe_h, kwargs)
         target = torch.cat([h.reshape(-1, hidden) for h in dense_h])
+        u, mid = (torch.cat([x.reshape(-1, hidden) for x in parts]) for parts in (us, mids))
         fit = _fit_layer(dense.model.layers[layer].mlp, u, mid, target, cfg, generator)
-        hybrid.model.layers[layer].mlp = _block(moe_config, fit)
-        moe_h, _, _ = _run_layer(hybrid.model.layers[layer], moe_h, kwargs, capture=False)
+        block = hybrid.model.layers[layer].mlp = _block(moe_config, fit)
+        with torch.no_grad():
+            moe_h = [m + block(x) for m, x in zip(mids, us)]
         loads.append(fit["load"])
     return hybrid, tok, dense, moe_config, calib, loads
 

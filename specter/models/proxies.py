@@ -119,7 +119,9 @@ def _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, per
     from specter.models.routing_stats import routing_statistics
     from specter.numerics import determinism
 
-    dense_ppl = {c: perplexity(dense, ids, desc=f"perplexity, dense, {c}") for c, ids in held_out.items()}
+    from specter.models.moefy import dense_perplexity
+
+    dense_ppl = {c: dense_perplexity(dense, ids, desc=f"perplexity, dense, {c}") for c, ids in held_out.items()}
     moe_ppl = {c: perplexity(model, ids, desc=f"perplexity, MoE, {c}") for c, ids in held_out.items()}
     mixed = torch.cat([held_out["prose"][:4], held_out["code"][:4]])
     experts, top_k, shared, stands_in_for = PROXIES[name]

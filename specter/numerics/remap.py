@@ -16,7 +16,6 @@ class MappedService:
     def __init__(self, inner, layer_map) -> None:
         self.inner = inner
         self.layer_map = layer_map
-        self._traces: dict[int, tuple[PromptTrace, tuple, PromptTrace]] = {}  # id(source) -> (source, extras, mapped)
         self._sources: dict[int, PromptTrace] = {}  # id(mapped) -> source
         self._windows: dict[int, tuple[DraftWindow, DraftWindow]] = {}
 
@@ -50,16 +49,18 @@ class MappedService:
 
     # mapping ---------------------------------------------------------------------------------------------------------
     def _map_trace(self, trace: PromptTrace) -> PromptTrace:
-        extras = tuple(sorted(trace.extras))
-        cached = self._traces.get(id(trace))
-        if cached is not None and cached[0] is trace and cached[1] == extras:
-            return cached[2]
-        routes = self.layer_map.routes
-        mapped = PromptTrace(list(trace.prompt), list(trace.tokens), [routes(r) for r in trace.prefill_routes],
-                             [routes(r) for r in trace.step_routes],
-                             {name: self.inner.recorders[name].remap(values, self.layer_map)
-                              for name, values in trace.extras.items() if name in self.inner.recorders})
-        self._traces[id(trace)] = (trace, extras, mapped)
+        """The trace re-keyed by the architecture's layers, derived once per trace, layer map and set of recorded
+        extras (`PromptTrace.derive`), so every run of a sweep at the same architecture reuses it."""
+        extras = tuple(sorted(name for name in trace.extras if name in self.inner.recorders))
+
+        def mapped_trace(source: PromptTrace) -> PromptTrace:
+            routes = self.layer_map.routes
+            return PromptTrace(list(source.prompt), list(source.tokens), [routes(r) for r in source.prefill_routes],
+                               [routes(r) for r in source.step_routes],
+                               {name: self.inner.recorders[name].remap(source.extras[name], self.layer_map)
+                                for name in extras}, calibration=source.calibration)
+
+        mapped = trace.derive(("mapped", self.layer_map, extras), mapped_trace)
         self._sources[id(mapped)] = trace
         return mapped
 

@@ -137,6 +137,27 @@ def prior_memo(case, dataset, experiment):
     return []
 
 
+def prior_dataset_memo(model, dataset, k):
+    """The main recording a prompt set's starts from: the previous prompt set's at the same model and K (its warm-up
+    and calibration traces, decoded from the calibration split whatever the prompt set, are then decoded once per
+    model, not once per set), else none."""
+    i = DATASETS.index(dataset)
+    return [memo_path(model, DATASETS[i - 1], k)] if i else []
+
+
+# Job priorities (Snakemake runs the ready job of the highest first): the long chains first (builds, drafts, the
+# recordings the most jobs wait on, the experiments' own recordings of many K), then the experiments drawing live
+# numerics, then replays; leaves that nothing else waits on (fidelity reports, tables) fill idle cores. Measured on
+# 2 cores, without them Snakemake started the 6-minute K-sweep recordings last and one core idled for minutes.
+PRIORITY = dict(build_model=100, quantize=90, record_experiment=85, record_first=80, record=70, sweep_live=60,
+                sweep=50, fidelity=40)
+
+
+def sweep_priority(wc):
+    live = "temperature" in (ENTRY[wc.sweep].get("axes") or {})  # sampled decodes are drawn live, not replayed
+    return PRIORITY["sweep_live" if live else "sweep"]
+
+
 def record_systems(model, k):
     """What the main recording of `model` at window K must cover: every system of the experiments that replay it."""
     systems = []

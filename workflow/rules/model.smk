@@ -13,6 +13,7 @@ rule build_model:
         "results/benchmarks/build_model/{model}.tsv"
     params:
         args=lambda wc: join([config["models"][wc.model]["build"], "--out", f"results/models/{wc.model}"]),
+    priority: PRIORITY["build_model"]
     threads: 2  # part of the model's numerics (the card records it): the same checkpoint needs the same count
     shell:
         "python -m specter build-model {params.args} --threads 2 > {log:q} 2>&1"

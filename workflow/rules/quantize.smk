@@ -19,6 +19,7 @@ rule quantize:
             "--calibration-sequences", config["calibration"]["num_sequences"],
             "--calibration-length", config["calibration"]["seq_len"], "--out", str(Path(output.meta).parent),
             "--gptq-log", f"results/logs/quantize/{wc.model}/{wc.method}-int{wc.bits}-g{wc.group}.gptqmodel.log"]),
+    priority: PRIORITY["quantize"]
     threads: 1
     shell:
         "python -m specter quantize --threads 1 {params.args} > {log.main:q} 2>&1"
@@ -43,6 +44,7 @@ rule fidelity:
             "--dataset", config["fidelity"]["dataset"], "--num-prompts", config["fidelity"]["num_prompts"],
             "--prefix-tokens", config["fidelity"]["prefix_tokens"], "--new-tokens", config["fidelity"]["new_tokens"],
             "--stride", config["fidelity"]["stride"], "--out", output.csv]),
+    priority: PRIORITY["fidelity"]
     threads: 1
     shell:
         "python -m specter fidelity {params.args} --threads {threads} > {log:q} 2>&1"

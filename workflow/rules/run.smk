@@ -3,10 +3,12 @@
 
 
 rule record:
-    """The main recording of a model at window K: every system of the experiments that replay it."""
+    """The main recording of a model at window K: every system of the experiments that replay it. A prompt set's
+    recording starts from the previous set's (`prior_dataset_memo`), so their shared warm-up traces are decoded once."""
     input:
         model=lambda wc: f"{model_dir(wc.model)}/config.json",
         draft=lambda wc: f"{main_draft(wc.model)}/meta.json",
+        prior=lambda wc: prior_dataset_memo(wc.model, wc.dataset, wc.k),
     output:
         memo="results/memo/{model}/{dataset}-p{prefix}-k{k}.json.gz",
     conda:
@@ -16,10 +18,11 @@ rule record:
     benchmark:
         "results/benchmarks/record/{model}/{dataset}-p{prefix}-k{k}.tsv"
     params:
-        args=lambda wc, output: join([
+        args=lambda wc, input, output: join([
             "--systems", ",".join(record_systems(wc.model, wc.k)), "--k", wc.k,
             *common_args(wc.model, wc.dataset), "--prefix-tokens", wc.prefix, "--hardware", HW["main"],
-            "--resident-per-layer", 1, "--memo-out", output.memo]),
+            "--resident-per-layer", 1, *[a for m in input.prior for a in ("--memo", m)], "--memo-out", output.memo]),
+    priority: lambda wc: PRIORITY["record_first" if wc.dataset == DATASETS[0] else "record"]
     threads: 1  # one thread per job, two jobs at once: better use of 2 cores than one job on two
     shell:
         "python -m specter sweep {params.args} --threads {threads} > {log:q} 2>&1"
@@ -44,6 +47,7 @@ rule record_experiment:
         args=lambda wc, input, output: join([*common_args(case_model(wc.case), wc.dataset),
                                              *[a for m in input.prior for a in ("--memo", m)], "--memo-out", output.memo]),
         grid=lambda wc: grid_args(wc.sweep, wc.case, numerics_only=True),
+    priority: PRIORITY["record_experiment"]
     threads: 1
     shell:
         "python -m specter sweep {params.args} {params.grid} --threads {threads} > {log:q} 2>&1"
@@ -96,6 +100,7 @@ rule sweep:
         args=lambda wc, input, output: join([*common_args(case_model(wc.case), wc.dataset),
                                              *[a for m in input.memos for a in ("--memo", m)], "--out", output[0]]),
         grid=lambda wc: grid_args(wc.sweep, wc.case),
+    priority: sweep_priority
     threads: RUN_THREADS
     shell:
         "python -m specter sweep {params.args} {params.grid} --threads {threads} > {log:q} 2>&1"
