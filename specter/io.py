@@ -96,3 +96,15 @@ def writable_problem(path: str | Path, directory: bool = False) -> str | None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"cannot write in {str(ancestor)!r} (permission denied)"
     return None
+
+
+def cache_root() -> Path | None:
+    """Where the suite keeps what it can recompute (the converted GGUF, file hashes): `$SPECTER_CACHE_DIR`, default
+    `$XDG_CACHE_HOME/specter`, else `~/.cache/specter`; None when `SPECTER_CACHE_DIR` is set empty (no cache)."""
+    root = os.environ.get("SPECTER_CACHE_DIR")
+    if root == "":
+        return None
+    if root is None:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specter")
+    return Path(root)
+

@@ -61,33 +61,42 @@ def breakdown(spans, start: float, end: float) -> dict[str, float]:
     parts sum to end - start, that is TPOT x (N - 1)."""
     from specter.timing.engine import COMPUTE, H2D, HOST
 
-    events = []  # (time, change, kind)
+    draft, target, link, host = 0, 1, 2, 3  # what each event changes
+    events = []  # (time, change, kind); events at one instant all apply before the next interval is counted
     for s in spans:
         a, b = max(s.start, start), min(s.end, end)
-        if b <= a or s.stream not in (COMPUTE, H2D, HOST):
+        if b <= a:
             continue
-        kind = ("draft" if "draft" in s.label else "target") if s.stream == COMPUTE else s.stream
-        events += [(a, 1, kind), (b, -1, kind)]
-    events.sort(key=lambda e: e[0])
+        if s.stream == COMPUTE:
+            kind = draft if "draft" in s.label else target
+        elif s.stream == H2D:
+            kind = link
+        elif s.stream == HOST:
+            kind = host
+        else:
+            continue
+        events.append((a, 1, kind))
+        events.append((b, -1, kind))
+    events.sort()
     out = dict.fromkeys(BREAKDOWN, 0.0)
-    active = {"draft": 0, "target": 0, H2D: 0, HOST: 0}
-    t, i = start, 0
-    while i <= len(events):
-        nxt = events[i][0] if i < len(events) else end
+    active = [0, 0, 0, 0]
+    t, i, n = start, 0, len(events)
+    while True:
+        nxt = events[i][0] if i < n else end
         if nxt > t:
-            if active["draft"]:
+            if active[draft]:
                 part = "draft"
-            elif active["target"]:
-                part = "target compute, copies overlapped" if active[H2D] else "target compute"
-            elif active[H2D]:
+            elif active[target]:
+                part = "target compute, copies overlapped" if active[link] else "target compute"
+            elif active[link]:
                 part = "stall on copies"
             else:
-                part = "host compute" if active[HOST] else "host syncs and idle"
+                part = "host compute" if active[host] else "host syncs and idle"
             out[part] += nxt - t
             t = nxt
-        if i == len(events):
+        if i == n:
             break
-        while i < len(events) and events[i][0] == nxt:
+        while i < n and events[i][0] == nxt:
             active[events[i][2]] += events[i][1]
             i += 1
     return out

@@ -14,6 +14,7 @@ This module imports nothing heavy: the workflow reads its axis names to build sw
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
@@ -320,7 +321,7 @@ class RunSpec:
                                f"window of {window} is {need} positions, more than the model's {limit} "
                                "(max_position_embeddings); ask for fewer tokens")
 
-    def _check_cost_as(self) -> None:
+    def _check_cost_as(self, structures: dict | None = None) -> None:
         from pathlib import Path
 
         from specter.models.architectures import check_structure, load_architecture
@@ -330,10 +331,17 @@ class RunSpec:
             raise SpecterError(f"--cost-as {self.cost_as} prices ops at another model's shapes; the CUDA engine runs "
                                "this model's own kernels, so use --engine sim (or drop --cost-as)")
         arch = load_architecture(self.cost_as)
-        arch_moe = arch.meta_model().moe_layers[0]
-        proxy = describe_model(self.model)
-        check_structure(arch, arch_moe.num_experts, arch_moe.top_k, proxy.experts_per_layer, proxy.top_k,
-                        Path(self.model).name)
+        config = Path(self.model) / "config.json"
+        # both structures come from meta-device models (about 0.25 s a spec, and a sweep validates every spec twice):
+        # `structures` (a session's) keeps them by the architecture's config and the model's
+        structures = {} if structures is None else structures
+        key = (json.dumps(arch.config, sort_keys=True), str(self.model),
+               config.read_text() if config.is_file() else None)
+        if key not in structures:
+            arch_moe = arch.meta_model().moe_layers[0]
+            proxy = describe_model(self.model)
+            structures[key] = (arch_moe.num_experts, arch_moe.top_k, proxy.experts_per_layer, proxy.top_k)
+        check_structure(arch, *structures[key], Path(self.model).name)
 
     def describe(self) -> str:
         """One line for progress output."""
@@ -348,7 +356,7 @@ class RunSpec:
 
     # checks
     # ------------------------------------------------------------------------------------------------------------
-    def validate(self):
+    def validate(self, structures: dict | None = None):
         """Every check that needs no model weights; returns (the system, the hardware profile)."""
         from pathlib import Path
 
@@ -373,7 +381,7 @@ class RunSpec:
         profile = load_profile(self.hardware)
         self._check_positions(read_model_config(self.model))
         if self.cost_as is not None:
-            self._check_cost_as()
+            self._check_cost_as(structures)
         if system.speculative and self.draft is None:
             raise SpecterError(f"system {self.system!r} speculates: pass --draft DIR (make one with "
                                "`specter quantize`)")

@@ -25,6 +25,29 @@ class Session:
         self._memos: set[tuple[str, str, str]] = set()  # (model dir, dtype, memo file) already read
         self._stores: dict[str, object] = {}  # model dir -> ExpertStore
         self._architectures: dict[str, tuple[object, object]] = {}  # --cost-as -> (Architecture, its ModelWork)
+        self._tokenizers: dict[str, object] = {}  # model dir -> its tokenizer
+        self._calibration: dict[tuple, list[list[int]]] = {}  # (model dir, corpus, count, length) -> prompts
+        self.structures: dict[tuple, tuple[int, ...]] = {}  # `RunSpec.validate`'s --cost-as structure checks
+
+    def calibration_prompts(self, model_dir: str | Path, corpus: str, count: int, length: int) -> list[list[int]]:
+        """`count` prompts of `length` tokens from a corpus's calibration split, through the model's tokenizer
+        (`calibration_token_ids`), kept: every run with a governor or warm-up of a sweep asks again (tokenizing the
+        stream takes about half a second)."""
+        from specter.data.corpus import calibration_token_ids
+
+        key = (_key(model_dir), corpus, count, length)
+        if key not in self._calibration:
+            self._calibration[key] = calibration_token_ids(self.tokenizer(model_dir), corpus, count, length)
+        return [list(p) for p in self._calibration[key]]
+
+    def tokenizer(self, model_dir: str | Path):
+        """The checkpoint's tokenizer, loaded once (a sweep's every run reads its prompts through it)."""
+        from transformers import AutoTokenizer
+
+        key = _key(model_dir)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        return self._tokenizers[key]
 
     def model_hash(self, model_dir: str | Path) -> str:
         """The model hash (config and weights) of a checkpoint, computed once."""

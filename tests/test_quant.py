@@ -99,6 +99,31 @@ def test_draft_of_another_model_is_refused(tiny_dirs, drafts):
         load_draft(target, drafts[("mixtral", "rtn")])
 
 
+def test_file_hashes_are_kept_until_a_file_changes(tmp_path, monkeypatch):
+    """The model hash is read from the cache while the files are untouched; rewriting a file in place (same size),
+    or replacing it, computes it again; with no cache it is computed every time."""
+    from specter.quant.meta import _files_sha256, model_hash
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"a" * 1000)
+    first = model_hash(model)
+    assert first == _files_sha256([model / "config.json", model / "model.safetensors"])
+    assert len(list((tmp_path / "cache" / "file-hashes").rglob("*"))) == 2  # one entry in its fan-out directory
+    assert model_hash(model) == first
+    with (model / "model.safetensors").open("r+b") as f:  # the same size, other bytes
+        f.write(b"b")
+    second = model_hash(model)
+    assert second != first and second == _files_sha256([model / "config.json", model / "model.safetensors"])
+    (model / "model.safetensors").write_bytes(b"a" * 1000)
+    assert model_hash(model) == first
+    monkeypatch.setenv("SPECTER_CACHE_DIR", "")
+    (model / "config.json").write_text('{"x": 1}')
+    assert model_hash(model) != first
+
+
 def _quantize_cli(*args):
     return subprocess.run([sys.executable, "-m", "specter", "quantize", *args], capture_output=True, text=True)
 

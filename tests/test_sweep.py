@@ -145,6 +145,26 @@ def test_routing_entropy_reads_the_evaluation_prompts_routes_from_a_memo(tiny_di
     assert per_layer["use_share"].sum().sub(1).abs().max() < 1e-9
 
 
+def test_a_recording_that_starts_from_another_sets_keeps_its_own_prompts(tiny_dirs, draft, tmp_path):
+    """The workflow records a second prompt set starting from the first set's memo (their warm-up traces are the
+    same): the second memo holds the calibration traces it used and its own prompts, not the first set's, so its
+    routing statistics read one prompt set; a replay from it computes nothing."""
+    from specter.numerics.memo import memo_routes
+
+    first, second = tmp_path / "code.json.gz", tmp_path / "prose.json.gz"
+    sweep([_req(tiny_dirs, draft, system="moe-infinity", k=None)], out=None, memo_out=first, progress=False)
+    session = Session()
+    sweep([_req(tiny_dirs, draft, system="moe-infinity", k=None, dataset="prose", memo=(str(first),))], out=None,
+          memo_out=second, session=session, progress=False)
+    service = next(iter(session._targets.values()))[1]
+    assert service.forward_calls == 2 * 20  # the two prose prompts' decodes; the warm-up traces were read
+    assert len(memo_routes(first)) == len(memo_routes(second)) == 2  # evaluation traces: each set's two prompts
+    assert memo_routes(first) != memo_routes(second)
+    replay = execute(_req(tiny_dirs, draft, system="moe-infinity", k=None, dataset="prose", memo=(str(second),)),
+                     Session(), progress=False)
+    assert all(r.extra["live_forwards"] == 0 for r in replay)
+
+
 def test_copied_kv_keeps_the_tokens_and_pays_a_second_kv_and_a_copy_a_cycle(tiny_dirs, draft):
     session = Session()
     shared = execute(_req(tiny_dirs, draft, device_memory_gb=None, resident_fraction=0.25), session, progress=False)

@@ -119,21 +119,20 @@ def dense_cache_dir(gguf: Path) -> Path | None:
     `~/.cache/specter`), under a key of the GGUF's sha256 and the torch, transformers and gguf versions; None when
     `SPECTER_CACHE_DIR` is empty (no cache)."""
     import hashlib
-    import os
     from importlib.metadata import version
 
-    root = os.environ.get("SPECTER_CACHE_DIR")
-    if root == "":
-        return None
+    from specter.io import cache_root
+
+    root = cache_root()
     if root is None:
-        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specter")
+        return None
     h = hashlib.sha256()
     with gguf.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     key = "-".join([h.hexdigest()[:16], f"torch{version('torch')}", f"transformers{version('transformers')}",
                     f"gguf{version('gguf')}"])
-    return Path(root) / "smollm2-dense" / key.replace("+", "_")
+    return root / "smollm2-dense" / key.replace("+", "_")
 
 
 @contextmanager

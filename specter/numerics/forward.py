@@ -144,6 +144,7 @@ class ForwardService:
         self.traces: dict[tuple, PromptTrace] = {}
         self.forward_calls = 0  # model forwards actually run (a replayed run adds none)
         self.recorders: dict[str, TraceRecorder] = {}  # what some system of this process needs from each decode step
+        self.used: set[tuple] = set()  # the traces some run of this process asked for (what a memo it writes keeps)
 
     def require(self, recorders) -> None:
         """Compute these recorders' values in every trace from now on (and for cached traces when next asked)."""
@@ -155,6 +156,7 @@ class ForwardService:
         every required recorder. `calibration`: the prompt is a calibration one (the memo says so, and statistics
         over the evaluation prompts leave it out)."""
         key = (tuple(prompt), max_new_tokens)
+        self.used.add(key)
         trace = self.traces.get(key)
         missing = tuple(r for name, r in self.recorders.items() if trace is None or name not in trace.extras)
         if trace is not None and not missing:
@@ -194,6 +196,7 @@ class ForwardService:
         from specter.numerics.sampling import SamplingSession
 
         key = (tuple(prompt), max_new_tokens, temperature, seed)
+        self.used.add(key)
         if key in self.traces:
             return self.traces[key]
         session = SamplingSession(self.target, None, prompt, temperature, seed, owner=self)

@@ -72,17 +72,21 @@ def _trace_in(line: dict) -> tuple[tuple, PromptTrace]:
 
 
 def save_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:
-    """Write the service's traces (with their windows) atomically; returns the number of traces."""
-    header = {"format": FORMAT, "model_hash": model_hash, "dtype": _dtype(service), "traces": len(service.traces)}
+    """Write the traces this process's runs asked for (`ForwardService.used`, with all their windows) atomically;
+    returns the number of traces. A trace a memo it started from held but no run asked for is left out: a prompt
+    set's recording that starts from another set's keeps the calibration traces they share, not the other set's
+    prompts (statistics over a memo's evaluation traces, `memo_routes`, read one prompt set)."""
+    traces = [(key, trace) for key, trace in service.traces.items() if key in service.used]
+    header = {"format": FORMAT, "model_hash": model_hash, "dtype": _dtype(service), "traces": len(traces)}
 
     def write(f) -> None:
         with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as z:  # mtime 0: the same memo gives the same bytes
             z.write((json.dumps(header) + "\n").encode())
-            for key, trace in service.traces.items():
+            for key, trace in traces:
                 z.write((json.dumps(_trace_out(key, trace)) + "\n").encode())
 
     atomic_write(path, write, binary=True)
-    return len(service.traces)
+    return len(traces)
 
 
 def _dtype(service: ForwardService) -> str:

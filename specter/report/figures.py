@@ -65,7 +65,9 @@ def _shapes(model: str, cost_as) -> str:
 
 
 def _panels(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: bool = False, columns: int = 3):
-    """A grid of axes, one per (model, priced-at architecture, dataset): [(ax, subset, title)], and the figure."""
+    """A grid of axes, one per (model, priced-at architecture, dataset): [(ax, subset, title)], and the figure. A
+    panel's title names what priced its runs, its prompt set and, where all its runs share one, the hardware profile
+    (the cases of one figure can run on different profiles; the figure's title says simulated or measured)."""
     df = df.assign(cost_as=df["cost_as"].fillna("")) if "cost_as" in df else df.assign(cost_as="")
     keys = sorted(df[["model", "cost_as", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
     if not keys:
@@ -77,7 +79,10 @@ def _panels(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: b
     for ax, (model, cost_as, dataset) in zip(axes.flat, keys):
         sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)]
         # wrapped to the panel's width (about 11 characters an inch at the panels' font size)
-        out.append((ax, sub, textwrap.fill(f"{_shapes(model, cost_as)}, {dataset} prompts", int(width * 11))))
+        hardware = sorted(sub["hardware"].dropna().astype(str).unique()) if "hardware" in sub else []
+        on = f", on {hardware[0]}" if len(hardware) == 1 else ""
+        prompts = f", {dataset} prompts" if dataset else ""  # '': a panel over every prompt set
+        out.append((ax, sub, textwrap.fill(f"{_shapes(model, cost_as)}{prompts}{on}", int(width * 11))))
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     return fig, out
@@ -432,7 +437,7 @@ def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:
     names = ("non-expert weights (FP16)", "draft", "KV", "workspace", "expert slots")
     colors = ["#4c72b0", "#dd8452", "#55a868", "#bbbbbb", "#8172b3"]
     same = table[table["memory"] == "same slots"] if "same slots" in set(table["memory"]) else table
-    fig, panels = _panels(same.drop_duplicates(["model", "cost_as", "system"]).assign(dataset="every"), width=6.2,
+    fig, panels = _panels(same.drop_duplicates(["model", "cost_as", "system"]).assign(dataset=""), width=6.2,
                           height=3.8)
     for ax, sub, title in panels:
         sub = sub.set_index("system").loc[_ordered(sub["system"])]
@@ -457,7 +462,7 @@ def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_xlabel("device memory (GB)")
         slots = int(sub["slots_per_layer"].min())
         off = f"; device {float(device.iloc[0]):g} GB, off scale" if len(device) and not on_scale else ""
-        ax.set_title(f"{title.removesuffix(', every prompts')}\nsame slots: {slots} per layer{off}", fontsize=9)
+        ax.set_title(f"{title}\nsame slots: {slots} per layer{off}", fontsize=9)
         ax.legend(fontsize=6, loc="lower right")
     _finish(fig, f"{figure.title} (profile: {', '.join(sorted(same['hardware'].unique()))})", out)
 

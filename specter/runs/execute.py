@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from specter import timing
@@ -72,13 +73,12 @@ def execute(spec: RunSpec, session: Session | None = None, progress: bool = True
 
 
 def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedRun:
-    from transformers import AutoTokenizer
-
     from specter.data.prompts import load_prompts
 
-    system, profile = spec.validate()
-    tokenizer = AutoTokenizer.from_pretrained(spec.model, local_files_only=True)
+    system, profile = spec.validate(session.structures)
+    tokenizer = session.tokenizer(spec.model)
     prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)
+    calibration = partial(session.calibration_prompts, spec.model, "code")  # (count, length) -> prompts
     target, draft, service = session.numerics(spec.model, spec.draft if system.speculative else None, spec.memo,
                                               spec.dtype)
     service.require((*system.trace_recorders, *recorders))
@@ -90,14 +90,14 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     cost = CostModel(profile)
     k_setting, k_source = _k_setting(spec, system)
     slots, memory = _memory(spec, system, work, draft_bytes, k_setting, profile.device_memory_bytes)
-    k, governor, online = _window(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes,
+    k, governor, online = _window(spec, k_setting, system, calibration, service, work, cost, slots, draft_bytes,
                                   profile)
     config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
                           spec.draft_kernel)
     common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
                         next(target.model.parameters()).device.type)
     prepared = PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
-                           governor, _warmup(tokenizer, spec, service), common, online=online)
+                           governor, _warmup(calibration, spec, service), common, online=online)
     if spec.engine == "cuda":
         prepared.device = on_device.runtime(prepared, session)
         prepared.common = on_device.measured_fields(prepared)
@@ -167,20 +167,19 @@ def _k_setting(spec: RunSpec, system: System) -> tuple[Window, str | None]:
     return Window(k), why
 
 
-def _window(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
+def _window(spec, k_setting, system, calibration, service, work, cost, slots, draft_bytes, profile):
     """(the draft window K the run uses, the governor's choice or None, the online governor or None)."""
     if not system.speculative:
         return None, None, None
     if k_setting.governor is None or not system.takes_window:
         return system.window(k_setting.fixed), None, None
-    choice = _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes, profile)
+    choice = _govern(spec, k_setting, system, calibration, service, work, cost, slots, draft_bytes, profile)
     online = OnlineGovernor.calibrated(choice, spec.max_new_tokens) if k_setting.governor == "online" else None
     return system.window(choice.k), choice, online
 
 
-def _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draft_bytes, profile):
+def _govern(spec, k_setting, system, calibration, service, work, cost, slots, draft_bytes, profile):
     """Choose K on calibration prompts (never an evaluation prompt), each decoded for the run's own horizon."""
-    from specter.data.corpus import calibration_token_ids
     from specter.speculation.governor import (
         CALIBRATION_PROMPTS,
         PROFILE_PROMPTS,
@@ -190,7 +189,7 @@ def _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draf
     )
 
     count = PROFILE_PROMPTS if k_setting.governor == "profile" else CALIBRATION_PROMPTS
-    prompts = calibration_token_ids(tokenizer, "code", count, spec.prefix_tokens)
+    prompts = calibration(count, spec.prefix_tokens)
     traces = [service.trace(p, spec.max_new_tokens, calibration=True) for p in prompts]
     if k_setting.governor in ("auto", "online"):
         model = CycleModel(work, cost, slots, draft_bytes, context=spec.prefix_tokens + spec.max_new_tokens // 2,
@@ -208,15 +207,13 @@ def _govern(spec, k_setting, system, tokenizer, service, work, cost, slots, draf
     return choose_k_profile(tpot_with, spec.max_new_tokens)
 
 
-def _warmup(tokenizer, spec: RunSpec, service) -> Callable[[], list]:
+def _warmup(calibration, spec: RunSpec, service) -> Callable[[], list]:
     """Traces of warm-up prompts from the calibration split (never the evaluation prompts), computed once, lazily."""
     warm: list = []
 
     def warmup() -> list:
         if not warm:
-            from specter.data.corpus import calibration_token_ids
-
-            for p in calibration_token_ids(tokenizer, "code", spec.warmup_prompts, spec.prefix_tokens):
+            for p in calibration(spec.warmup_prompts, spec.prefix_tokens):
                 warm.append(service.trace(p, spec.max_new_tokens, calibration=True))
         return warm
 

@@ -74,7 +74,7 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     session = session or Session()
     recorders = []  # every system's extra numerics, computed with each trace's first decode
     for spec in specs:
-        system, _ = spec.validate()
+        system, _ = spec.validate(session.structures)
         recorders += [r for r in system.trace_recorders if r not in recorders]
     records: list[RunRecord] = []
     for i, spec in enumerate(specs):
@@ -100,9 +100,9 @@ def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Ses
     if len(set(systems)) != len(systems):
         raise SpecterError(f"--systems lists a system twice: {systems}")
     specs = [replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl")) for name in systems]
-    for spec in specs:  # every name is checked before anything runs
-        spec.validate()
     session = session or Session()
+    for spec in specs:  # every name is checked before anything runs
+        spec.validate(session.structures)
     return [summary(spec.system, run(spec, session, progress)) for spec in specs]
 
 
