@@ -44,6 +44,34 @@ def test_online_governor_weighs_each_verification_by_the_proposals_it_checked():
     assert 0.94 < early.alpha < 0.96
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_amortization_model_prices_a_draft_step_as_the_executor_runs_it(fused):
+    """The governor's T_draft per step is the simulated executor's draft step, fused or not (it had priced every
+    run's draft unfused: three launches per expert, at 442 KB experts nearly the whole step): the same launches and
+    bytes, and the same time but for one position of attention."""
+    from specter import timing
+    from specter.models.architectures import load_architecture
+    from specter.offload.cache import ExpertCache
+    from specter.offload.executor import Executor, TransferStats
+    from specter.timing.cost import CostModel
+    from specter.timing.hardware import load_profile
+
+    work = load_architecture("phi-3.5-moe").work()
+    profile = load_profile("a100-40gb-pcie4")
+    cost, draft_bytes, context = CostModel(profile), work.quantized_expert_bytes(4, 128), 40
+    executor = Executor(timing.make_engine("sim", profile), work, ExpertCache(work.moe_layers, 2), TransferStats())
+    executor.fused_draft = fused
+    end = executor.draft_step({layer: (0, 1) for layer in work.moe_layers}, context, draft_bytes, "d")
+    ops = work.draft_step_ops(context, 2, draft_bytes, fused)
+    ran = executor.passes[-1]
+    assert sum(o.launches for o in ops) == ran.launches and sum(o.bytes_read for o in ops) == pytest.approx(
+        ran.bytes_read, rel=1e-3)
+    assert cost.total(ops) == pytest.approx(end.time, rel=0.01)  # the sim engine's compute stream, from 0
+    fused_ops, unfused_ops = work.draft_step_ops(context, 2, draft_bytes), work.draft_step_ops(context, 2,
+                                                                                                draft_bytes, False)
+    assert cost.total(fused_ops) < cost.total(unfused_ops)
+
+
 @pytest.fixture(scope="module")
 def setup(tiny_dirs, tmp_path_factory):
     draft = tmp_path_factory.mktemp("gov") / "draft"

@@ -111,11 +111,13 @@ class ModelWork:
     def copy_op(self, label: str, pinned: bool = True) -> Op:
         return Op(label, bytes_copied=self.expert_bytes, pinned=pinned)
 
-    def draft_step_ops(self, context: int, top_k: int, expert_bytes: int) -> list[Op]:
+    def draft_step_ops(self, context: int, top_k: int, expert_bytes: int, fused: bool = True) -> list[Op]:
         """One draft step (one token after `context` cached ones), as a latency model sees it: every layer's attention
-        block, `top_k` quantized experts per MoE layer, and the LM head."""
-        return ([self.attention_op(layer, 1, context, "") for layer in self.layers]
-                + [self.expert_op(1, "", expert_bytes)] * (len(self.moe_layers) * top_k) + [self.head_op(1, "")])
+        block, `top_k` quantized experts per MoE layer and the LM head; `fused`: each MoE layer's experts as one fused
+        INT4 kernel, as the executor runs a fused draft (else one kernel group per expert)."""
+        experts = ([self.fused_experts_op([1] * top_k, "", expert_bytes)] * len(self.moe_layers) if fused
+                   else [self.expert_op(1, "", expert_bytes)] * (len(self.moe_layers) * top_k))
+        return [self.attention_op(layer, 1, context, "") for layer in self.layers] + experts + [self.head_op(1, "")]
 
     # sizes ---------------------------------------------------------------------------------------------------------
     def quantized_expert_bytes(self, bits: int, group_size: int) -> int:

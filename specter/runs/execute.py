@@ -193,7 +193,8 @@ def _govern(spec, k_setting, system, calibration, service, work, cost, slots, dr
     traces = [service.trace(p, spec.max_new_tokens, calibration=True) for p in prompts]
     if k_setting.governor in ("auto", "online"):
         model = CycleModel(work, cost, slots, draft_bytes, context=spec.prefix_tokens + spec.max_new_tokens // 2,
-                           top_k=work.top_k, missable=slots < work.experts_per_layer)
+                           top_k=work.top_k, missable=slots < work.experts_per_layer,
+                           fused=spec.draft_kernel == "fused")
         return choose_k_auto(service, traces, model, spec.max_new_tokens)
 
     def tpot_with(k: int) -> float:

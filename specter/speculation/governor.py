@@ -91,11 +91,13 @@ class CycleModel:
     context: int
     top_k: int
     missable: bool  # the cache can miss: the host reads each MoE layer's routing during a verification
+    fused: bool = True  # the run's draft kernel (`--draft-kernel`): its steps priced as the executor runs them
 
     def cycle_seconds(self, k: int, windows) -> dict:
         work, cost = self.work, self.cost
         sync = cost.profile.host_sync
-        t_draft = k * (cost.total(work.draft_step_ops(self.context, self.top_k, self.draft_expert_bytes)) + sync)
+        t_draft = k * (cost.total(work.draft_step_ops(self.context, self.top_k, self.draft_expert_bytes,
+                                                      self.fused)) + sync)
         t_verify = cost.total([work.attention_op(layer, k + 1, self.context, "") for layer in work.layers]
                               + [work.head_op(k + 1, "")])
         t_verify += sync * ((len(work.moe_layers) if self.missable else 0) + 1)
