@@ -5,8 +5,12 @@ MKL picks its own), and on how many threads split a reduction. The default model
 (balanced k-means and top-k routing near ties turn a last-bit difference in one layer into other experts in the next),
 so without pins two machines of the same kind built different checkpoints. Every numerics command of the CLI therefore
 runs with:
-- torch's CPU kernels on their AVX2 path (`ATEN_CPU_CAPABILITY=avx2`) and MKL's conditional numerical reproducibility
-  on its AVX2 branch, strict (`MKL_CBWR=AVX2,STRICT`): the same bits on any x86-64 CPU with AVX2;
+- torch's CPU kernels on their AVX2 path (`ATEN_CPU_CAPABILITY=avx2`), MKL's conditional numerical reproducibility
+  on its AVX2 branch, strict (`MKL_CBWR=AVX2,STRICT`), and oneDNN (torch's bfloat16 matmuls and the packing of its CPU
+  flash attention) capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`): the same bits on any x86-64 CPU with AVX2. oneDNN picks
+  its instruction set at run time from the CPU, not from torch's capability: on a CPU with AMX, bfloat16 attention
+  under the AVX2 pin alone raised "pack_vnni2 is only supported when avx512 is supported" (GPTQModel's calibration
+  pass, which runs in bfloat16 on a CPU, failed on such a machine);
 - a fixed thread count (the command's `--threads`), deterministic algorithms, and `PYTHONHASHSEED=0` for child
   processes (the GPTQ worker).
 These must be set before torch computes anything, so `pin_environment` runs first in `specter.cli.main`. Records and
@@ -18,7 +22,8 @@ from __future__ import annotations
 
 import os
 
-PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "PYTHONHASHSEED": "0"}
+PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2",
+              "PYTHONHASHSEED": "0"}
 NATIVE = "SPECTER_NATIVE_NUMERICS"
 
 
@@ -44,5 +49,6 @@ def settings() -> dict:
     import torch
 
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": os.environ.get("MKL_CBWR"),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
             "pinned": os.environ.get(NATIVE) != "1", "torch": torch.__version__}
