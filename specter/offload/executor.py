@@ -98,6 +98,9 @@ class Executor:
         # Ablation: demand copies do not overlap compute (each waits for the compute issued before it).
         self.serialize_demand = False
         self.fused_draft = True  # the draft's routed experts of one layer and step as one fused kernel (see draft_pass)
+        # When a list, each demand copy adds (host time at issue, event before the copy, event after it): the timings
+        # a planner's bandwidth estimate reads (see PlannerState.observe_demand); None: not timed.
+        self.timed_demand: list[tuple[float, Event, Event]] | None = None
 
     def _compute(self, op: Op) -> None:
         if self._acc is not None:
@@ -126,24 +129,39 @@ class Executor:
         if self.device is not None:
             self.device.staging_rows(count)
 
-    def _copy_into_slot(self, layer: int, expert: int, keep: set[int], label: str) -> Event:
+    def _copy_into_slot(self, layer: int, expert: int, keep: set[int], label: str, timed: bool = False) -> Event:
         """Copy `expert` into a slot of `layer` (after the evicted expert's last use); returns the copy's event."""
         evicted = self.cache.insert(layer, expert, keep)
         if evicted is not None and evicted.last_use is not None:
             self.engine.wait(H2D, evicted.last_use)
         slot = self.cache.slot(layer, expert)
+        before = self._before_timed_copy(timed)
         self.engine.launch(H2D, self._with(self.work.copy_op(label), "copy_to_slot", layer, expert, slot.index))
         slot.ready = self.engine.record(H2D)
+        self._after_timed_copy(before, slot.ready)
         return slot.ready
 
-    def _copy_to_staging(self, layer: int, expert: int, label: str) -> tuple[Event, int]:
+    def _copy_to_staging(self, layer: int, expert: int, label: str, timed: bool = False) -> tuple[Event, int]:
         """Copy `expert` into the next staging buffer (after that buffer's last reader); returns (event, buffer)."""
         i = self._next_staging
         self._next_staging = (i + 1) % len(self.staging_last_use)
         if self.staging_last_use[i] is not None:
             self.engine.wait(H2D, self.staging_last_use[i])
+        before = self._before_timed_copy(timed)
         self.engine.launch(H2D, self._with(self.work.copy_op(label), "copy_to_staging", layer, expert, i))
-        return self.engine.record(H2D), i
+        ready = self.engine.record(H2D)
+        self._after_timed_copy(before, ready)
+        return ready, i
+
+    def _before_timed_copy(self, timed: bool) -> tuple[float, Event] | None:
+        """(host time, an event after the copy stream's waits) before a copy that `timed_demand` times, else None."""
+        if not timed or self.timed_demand is None:
+            return None
+        return self.engine.now(), self.engine.record(H2D)
+
+    def _after_timed_copy(self, before: tuple[float, Event] | None, ready: Event) -> None:
+        if before is not None:
+            self.timed_demand.append((*before, ready))
 
     def _expert(self, layer: int, expert: int, tokens: int, label: str, staging: int | None = None) -> None:
         """Compute `expert` on `tokens` tokens from its slot (or from staging buffer `staging`) and book the read."""
@@ -222,9 +240,9 @@ class Executor:
                 self.engine.wait(H2D, self.engine.record(COMPUTE))
             staging = None
             if self.cache.has_room(layer, keep=needed):
-                ready = self._copy_into_slot(layer, e, needed, label)
+                ready = self._copy_into_slot(layer, e, needed, label, timed=True)
             else:  # every slot holds an expert this pass needs or a protected prefetch: stream through a buffer
-                ready, staging = self._copy_to_staging(layer, e, label)
+                ready, staging = self._copy_to_staging(layer, e, label, timed=True)
             self.engine.wait(COMPUTE, ready)
             self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}", staging)
 

@@ -39,6 +39,7 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
         raise ValueError(f"{system.name} needs a draft window K >= 1, got {fixed}")
     result.k = fixed
     state = PlannerState()
+    ex.timed_demand = []  # the verifications' demand copies feed the planner's bandwidth estimate
     t = len(trace.prompt) + 1  # committed tokens
     session = None
     if cfg.temperature > 0:  # live rejection sampling; the first token equals the trace's (same seed, same draw)
@@ -63,6 +64,7 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
         verify = window.verify_routes[: k + 1]
         end = ex.target_pass(verify, context=t - 1, tag=f"c{cycle}.verify")
         engine.synchronize(end)
+        state.observe_demand(ex)
         _commit(ctx, result, new_tokens, accepted, k, t, engine.event_time(end), check=session is None)
         system.after_verify(ctx, t - 1, accepted + 1, f"c{cycle}")
         if ctx.online is not None:
