@@ -473,7 +473,8 @@ def _model_commands(sub) -> None:
                    help="where GPTQModel calibrates (default auto: CUDA where there is a GPU, else the CPU)")
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="precision of GPTQ's calibration forwards (default auto: float32 on the CPU, GPTQModel's "
-                        "choice, bfloat16, on CUDA); the draft's meta.json records both")
+                        "choice on CUDA, bfloat16 unless the checkpoint is float16); the draft's meta.json records "
+                        "both")
     p.add_argument("--gptq-log", metavar="FILE", type=_out(),
                    help="where GPTQModel's own output goes (default: beside the draft, OUT.gptqmodel.log); the "
                         "console shows phases and the layers done with an ETA")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -176,3 +177,19 @@ def test_an_interrupt_wrapped_by_a_library_still_exits_130(capsys, monkeypatch):
     monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {"parse_args": lambda self, argv: args})())
     assert cli.main(["systems"]) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_the_numerics_pin_holds_torch_mkl_and_onednn_to_avx2():
+    """oneDNN picks its instruction set from the CPU, whatever torch's capability: on an AMX CPU bfloat16 attention
+    under the AVX2 pin alone raised (pack_vnni2), so the pin caps it too; native numerics leave all of it alone."""
+    from specter.numerics import determinism
+
+    env = {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
+    determinism.pin_environment(env)
+    assert env == {**env, "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    native = {determinism.NATIVE: "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
+    determinism.pin_environment(native)
+    assert native == {determinism.NATIVE: "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
+    assert determinism.settings()["onednn_max_cpu_isa"] == os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if os.environ.get(determinism.NATIVE) != "1":  # the test session is pinned as the CLI is (conftest)
+        assert determinism.settings()["onednn_max_cpu_isa"] == "AVX2"

@@ -161,7 +161,8 @@ SMALL_BUILD = tuple(x for setting in _SMALL for x in ("--set", setting))
 
 def test_two_builds_in_separate_processes_with_different_environments_give_the_same_weights(tmp_path):
     """The default model's builder, cut small, in two processes whose environments differ in everything the numerics
-    pin overrides (CPU capability, MKL branch, hash seed, OpenMP threads): the same weights_sha256."""
+    pin overrides (CPU capability, MKL branch, oneDNN's instruction set, hash seed, OpenMP threads): the same
+    weights_sha256."""
     hashes = []
     for i, env in enumerate([{}, {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "PYTHONHASHSEED": "123",
                                   "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX",

@@ -158,18 +158,17 @@ def test_the_fused_draft_kernel_is_one_launch_per_layer_and_step(tiny_dirs, mixt
 
 
 def test_specter_learns_the_link_from_demand_copies_when_no_prefetch_fits_its_first_estimate(tiny_dirs, mixtral_draft,
-                                                                                            tmp_path, monkeypatch):
+                                                                                            tmp_path):
     """On the H200 preset at Mixtral-8x7B shapes one 336 MiB expert takes 29 ms at the planner's initial 12 GB/s, more
     than a K = 4 window of fused draft steps: by that estimate no copy lands in time. Learning only from its own
-    prefetches, the planner never issues one; the verifications' demand copies teach it the link."""
-    from specter.speculation.lookahead import PlannerState
-
-    def specter_run():
+    prefetches (`bandwidth-estimate=prefetches`, the artifact's), the planner never issues one; the verifications'
+    demand copies teach it the link (the default)."""
+    def specter_run(*options):
         return run(_priced(tiny_dirs, mixtral_draft, tmp_path, "specter", hardware="h200-pcie5", num_prompts=1,
-                           max_new_tokens=40), progress=False)[0]
+                           max_new_tokens=40, system_options=options), progress=False)[0]
 
-    learning = specter_run()
+    learning, inert = specter_run(), specter_run(("bandwidth-estimate", "prefetches"))
     assert learning.h2d_bytes_prefetch > 0 and learning.tpot_ms >= learning.lower_bound_tpot_ms
-    monkeypatch.setattr(PlannerState, "observe_demand", lambda self, executor: None)
-    inert = specter_run()
-    assert inert.h2d_bytes_prefetch == 0
+    assert inert.h2d_bytes_prefetch == 0 and inert.output_token_ids == learning.output_token_ids
+    assert learning.config["system_settings"]["bandwidth-estimate"] == "all-copies"
+    assert inert.config["system_settings"]["bandwidth-estimate"] == "prefetches"

@@ -10,7 +10,7 @@ runs with:
   flash attention) capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`): the same bits on any x86-64 CPU with AVX2. oneDNN picks
   its instruction set at run time from the CPU, not from torch's capability: on a CPU with AMX, bfloat16 attention
   under the AVX2 pin alone raised "pack_vnni2 is only supported when avx512 is supported" (GPTQModel's calibration
-  pass, which runs in bfloat16 on a CPU, failed on such a machine);
+  pass, then in bfloat16 on a CPU, failed on such a machine; it now calibrates in float32 there unless asked);
 - a fixed thread count (the command's `--threads`), deterministic algorithms, and `PYTHONHASHSEED=0` for child
   processes (the GPTQ worker).
 These must be set before torch computes anything, so `pin_environment` runs first in `specter.cli.main`. Records and

@@ -87,8 +87,9 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
     there is replaced, atomically, once the new one is complete; any other non-empty directory is refused. GPTQModel's
     own output goes to `third_party_log` (default: `gptq_log_path(out_dir)`, beside the draft). GPTQ calibrates on
     `device` (auto: CUDA where there is a GPU, else the CPU) at `dtype` (auto: float32 on the CPU, where bfloat16
-    runs on oneDNN's AVX2 path under the pinned numerics, 2.8 times slower; GPTQModel's choice, bfloat16, on CUDA);
-    the sidecar's `numerics` records both. RTN needs neither: it rounds the float32 weights."""
+    runs on oneDNN's AVX2 path under the pinned numerics, 2.8 times slower; GPTQModel's choice on CUDA, bfloat16
+    unless the checkpoint is float16); the sidecar's `numerics` records both. RTN needs neither: it rounds the float32
+    weights."""
     check_request(model_dir, method, bits, group_size)
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecterError("--device cuda, but torch sees no CUDA device here (torch.cuda.is_available() is false); "

@@ -10,7 +10,8 @@ Planner policies:
   The bandwidth folds in each plan's copies once they land and each verification's demand copies (one batch per
   verification: bytes over summed copy times). The artifact times the planner's own copies; with those alone an
   estimate by which not even one copy lands in time (the 12 GB/s start against a 352 MB Mixtral expert and a 27 ms
-  window on the H200 preset) never issues a copy and so never learns the link: the planner stayed inert.
+  window on the H200 preset) never issues a copy and so never learns the link: the planner stayed inert. Specter's
+  `bandwidth-estimate=prefetches` option keeps the artifact's way.
   As in the artifact's planner, nothing is issued at the end of drafting. The copies of a plan are issued in layer
   order and only while, by those estimates, they land before the verification starts (K draft steps after the window
   began): the link is idle while the draft drafts, and a copy that would still be in flight then would delay the
@@ -66,10 +67,14 @@ class PlannerState:
         self.pending = still
 
     def observe_demand(self, executor: Executor) -> None:
-        """Fold in the bandwidth of the demand copies timed since the last call (`executor.timed_demand`), as one
-        batch: their bytes over their summed copy times. A copy starts when the copy stream has passed its waits and
-        the host has issued it, and ends at its event. Call it once they have landed (after the verification)."""
-        timed, executor.timed_demand = executor.timed_demand or [], []
+        """Fold in the bandwidth of the demand copies timed since the last call (`executor.timed_demand`, which a
+        planner that learns from them turns on), as one batch: their bytes over their summed copy times. A copy
+        starts when the copy stream has passed its waits and the host has issued it, and ends at its event: the
+        link's own time, where a plan's batch is timed from its issue and so also counts what it queued behind (at
+        drafting time the link is idle). Call it once they have landed (after the verification)."""
+        if executor.timed_demand is None:
+            return
+        timed, executor.timed_demand = executor.timed_demand, []
         engine, seconds = executor.engine, 0.0
         for issued, before, after in timed:
             seconds += max(0.0, engine.event_time(after) - max(issued, engine.event_time(before)))
@@ -95,10 +100,15 @@ class WindowPlanner(PassHooks):
 class Planner(WindowPlanner):
     """The lookahead analyzer's top-M plans, by policy (Specter's)."""
 
-    def __init__(self, policy: str, k: int, executor: Executor, slots: int, state: PlannerState) -> None:
+    def __init__(self, policy: str, k: int, executor: Executor, slots: int, state: PlannerState,
+                 demand_copies: bool = True) -> None:
+        """`demand_copies`: the adaptive policy's bandwidth estimate also learns from the verifications' demand copies
+        (False: from its own copies only, as the artifact's)."""
         super().__init__()
         if policy not in POLICIES:
             raise ValueError(f"unknown prefetch policy {policy!r}; policies: {', '.join(POLICIES)}")
+        if policy == "adaptive" and demand_copies and executor.timed_demand is None:
+            executor.timed_demand = []  # from now on the executor times demand copies (see observe_demand)
         self.policy, self.k, self.executor, self.slots, self.state = policy, k, executor, slots, state
         self.next_plan = max(1, int(0.2 * k)) if policy == "adaptive" else (1 if policy == "early" else None)
         self.started = executor.engine.now()  # the window's first draft step is launched now

@@ -39,7 +39,6 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
         raise ValueError(f"{system.name} needs a draft window K >= 1, got {fixed}")
     result.k = fixed
     state = PlannerState()
-    ex.timed_demand = []  # the verifications' demand copies feed the planner's bandwidth estimate
     t = len(trace.prompt) + 1  # committed tokens
     session = None
     if cfg.temperature > 0:  # live rejection sampling; the first token equals the trace's (same seed, same draw)

@@ -26,9 +26,15 @@ class Specter(System):
                                                  "(no hot-first overlap)"),
                "draft-kv": (str, "shared", "ablation: copied gives the draft a KV cache of its own, the target's KV "
                                            "copied into it after prefill and every verification (shared: the draft "
-                                           "reads the target's, the paper's)", ("shared", "copied"))}
+                                           "reads the target's, the paper's)", ("shared", "copied")),
+               "bandwidth-estimate": (str, "all-copies", "what the adaptive planner's bandwidth estimate learns from: "
+                                                         "all-copies (its own and the verifications' demand copies) "
+                                                         "or prefetches (its own only, the artifact's: an estimate "
+                                                         "that lands no copy in time never learns)",
+                                      ("all-copies", "prefetches"))}
     serialize_demand = False  # the options' values; subclasses with their own options keep these defaults
     draft_kv = "shared"
+    bandwidth_estimate = "all-copies"
 
     @property
     def keeps_draft_kv(self) -> bool:
@@ -44,7 +50,8 @@ class Specter(System):
 
     def planner(self, ctx: PromptContext, k: int, state: PlannerState):
         """This window's prefetch planner (the lookahead analyzer's top-M plans, by `--prefetch` policy)."""
-        return Planner(ctx.config.prefetch, k, ctx.executor, ctx.cache.slots_per_layer, state)
+        return Planner(ctx.config.prefetch, k, ctx.executor, ctx.cache.slots_per_layer, state,
+                       demand_copies=self.bandwidth_estimate == "all-copies")
 
     def run(self, ctx: PromptContext) -> PromptResult:
         result = self.prefill(ctx)
