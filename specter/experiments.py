@@ -189,7 +189,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "Specter's TPOT (mean over prompts) under each prefetch policy at equal device capacity: ``adaptive`` "
         "(cold start, chunks sized from measured bandwidth and draft-step time, final cleanup), ``none``, ``early`` "
         "(one plan after the first draft step), ``late`` (one plan over the whole window before verification). "
-        "Black ticks: the lower bound."),
+        "Only ``adaptive`` issues just the copies that land while the draft drafts: ``early`` and ``late`` copies may "
+        "still be on the link when the verification starts, its demand copies queue behind them on the one copy "
+        "stream, and so either can be slower than ``none``. Black ticks: the lower bound."),
     Experiment(
         "ablation", "sweep",
         Table(keys=("system", "k", "arm_index", "arm", "prefetch", "draft_kernel", "draft_kv", "serialize_demand",
