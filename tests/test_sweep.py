@@ -208,7 +208,8 @@ def test_arms_run_in_order_at_every_point_and_name_their_records(tiny_dirs, draf
         grid(_req(tiny_dirs, draft), {}, arms=[arms[0], arms[0]])
     with pytest.raises(SpecterError, match="arm 'no prefetch' sets prefetch, which the sweep also sets"):
         grid(_req(tiny_dirs, draft), {"prefetch": ["adaptive", "late"]}, arms=arms[:2])
-    with pytest.raises(SpecterError, match="no listed system has option 'depth'; their options: draft-kv"):
+    with pytest.raises(SpecterError,
+                       match="no listed system has option 'depth'; their options: bandwidth-estimate, draft-kv"):
         grid(_req(tiny_dirs, draft), {}, arms=[Arm.parse("d:depth=2")])
     with pytest.raises(SpecterError, match=r"--arm 'x:draft-kv=own': option draft-kv='own' is not one of"):
         grid(_req(tiny_dirs, draft), {}, arms=[Arm.parse("x:draft-kv=own")])
