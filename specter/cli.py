@@ -602,8 +602,10 @@ def _terminated(signum, frame):
 def main(argv: Sequence[str] | None = None) -> int:
     import signal
 
+    from specter.io import cache_bytecode
     from specter.numerics.determinism import pin_environment
 
+    cache_bytecode()  # before the heavy imports (torch, transformers): see its docstring
     try:
         pin_environment()  # before torch computes anything: the same bits on any AVX2 CPU (see determinism.py)
         signal.signal(signal.SIGTERM, _terminated)

@@ -193,3 +193,28 @@ def test_the_numerics_pin_holds_torch_mkl_and_onednn_to_avx2():
     assert determinism.settings()["onednn_max_cpu_isa"] == os.environ.get("ONEDNN_MAX_CPU_ISA")
     if os.environ.get(determinism.NATIVE) != "1":  # the test session is pinned as the CLI is (conftest)
         assert determinism.settings()["onednn_max_cpu_isa"] == "AVX2"
+
+
+@pytest.mark.parametrize("dont_write, cache", [("1", "cache"), ("1", ""), ("", "cache")])
+def test_bytecode_is_kept_in_the_suite_cache_only_where_the_environment_forbids_it_beside_the_sources(
+        tmp_path, dont_write, cache):
+    """Under PYTHONDONTWRITEBYTECODE every process compiled torch and transformers from source again (about 11 s of a
+    21 s replay); the CLI then keeps the bytecode in the suite's cache, never beside the sources, and does nothing with
+    no cache or where Python may write it as usual."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "probe_module.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": dont_write,
+           "SPECTER_CACHE_DIR": str(tmp_path / "cache") if cache else "", "PYTHONPATH": f"{src}:{os.getcwd()}"}
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    code = ("import sys; from specter.io import cache_bytecode; cache_bytecode(); import probe_module; "
+            "print(sys.pycache_prefix, sys.dont_write_bytecode)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    kept = list((tmp_path / "cache").rglob("probe_module*.pyc"))
+    beside = list(src.rglob("*.pyc"))
+    if dont_write and cache:
+        assert out.split() == [str(tmp_path / "cache" / "pycache"), "False"] and len(kept) == 1 and not beside
+    elif dont_write:
+        assert out.split() == ["None", "True"] and not kept and not beside
+    else:
+        assert out.split() == ["None", "False"] and not kept and len(beside) == 1

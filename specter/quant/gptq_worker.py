@@ -12,7 +12,11 @@ import os
 import signal
 import sys
 
-import torch
+from specter.io import cache_bytecode
+
+cache_bytecode()  # before torch and GPTQModel are imported (see its docstring)
+
+import torch  # noqa: E402
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
