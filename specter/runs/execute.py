@@ -188,8 +188,9 @@ def _govern(spec, k_setting, system, calibration, service, work, cost, slots, dr
         choose_k_profile,
     )
 
-    count = PROFILE_PROMPTS if k_setting.governor == "profile" else CALIBRATION_PROMPTS
-    prompts = calibration(count, spec.prefix_tokens)
+    prompts = calibration(CALIBRATION_PROMPTS, spec.prefix_tokens)  # the profiler's are the first of them
+    if k_setting.governor == "profile":
+        prompts = prompts[:PROFILE_PROMPTS]
     traces = [service.trace(p, spec.max_new_tokens, calibration=True) for p in prompts]
     if k_setting.governor in ("auto", "online"):
         model = CycleModel(work, cost, slots, draft_bytes, context=spec.prefix_tokens + spec.max_new_tokens // 2,

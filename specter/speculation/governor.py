@@ -50,12 +50,14 @@ def default_k(architecture: str | None) -> tuple[int, str]:
         return ARTIFACT_KS[architecture], f"the artifact's K for {architecture} (no --k given)"
     return DEFAULT_K, f"the suite's default K = {DEFAULT_K} (no --k given, no artifact K for this model)"
 #: calibration prompts the empirical profiler schedules at every K: the artifact's depth sweep profiles K on 3 inputs
-#: (protocol.json, supporting_sweeps: "inputs": 3); here they come from the calibration split, never an evaluation set
+#: (protocol.json, supporting_sweeps: "inputs": 3); here the first 3 of the amortization model's calibration prompts
+#: (from the calibration split, never an evaluation set), so that the two governors share those prompts' decodes and,
+#: at each prompt's first rebase point, their windows
 PROFILE_PROMPTS = 3
 #: calibration prompts the amortization model (`auto`, and `online`'s start) reads its windows from: it estimates
 #: acceptance and copies from non-overlapping windows of the largest K, one or two per prompt at the run's horizon, so
 #: it needs more prompts than the profiler (with 3 it had 3 windows, and picked K = 2 at Phi-3.5-MoE shapes: 1.86x the
-#: best fixed K, measured; with 8, 0.97x); both sets are windows at an even stride over the calibration stream
+#: best fixed K, measured; with 8, 0.97x); windows at an even stride over the calibration stream
 CALIBRATION_PROMPTS = 8
 EMA_OLD = 0.75
 
@@ -161,8 +163,13 @@ def choose_k_auto(service: ForwardService, traces: list[PromptTrace], model: Cyc
 
 
 def choose_k_profile(run_with_k, tokens: int) -> GovernorChoice:
-    """`run_with_k(k)` schedules the calibration prompts and returns their mean TPOT in seconds; the lowest wins."""
-    table = [dict(k=k, tpot_s=run_with_k(k)) for k in candidates_for(tokens)]
+    """`run_with_k(k)` schedules the calibration prompts and returns their mean TPOT in seconds; the lowest wins.
+
+    The largest K runs first: a window is memoized per rebase point and serves every smaller K there as its prefix
+    (see `specter.numerics.forward`), and every K's first window starts at the same point, so the smaller K's first
+    windows cost nothing."""
+    tpot = {k: run_with_k(k) for k in sorted(candidates_for(tokens), reverse=True)}
+    table = [dict(k=k, tpot_s=tpot[k]) for k in sorted(tpot)]
     best = min(table, key=lambda row: (row["tpot_s"], row["k"]))
     return GovernorChoice(best["k"], "profile", table)
 
