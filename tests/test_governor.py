@@ -104,3 +104,29 @@ def test_every_governor_records_its_choice(setup, tmp_path, governor):
         assert r.extra["k_per_cycle"] and all(k in PROFILE_KS for k in r.extra["k_per_cycle"])
     else:
         assert r.k == choice["k"]
+
+
+def test_the_profiler_shares_the_amortization_models_calibration_decodes_and_first_windows(setup, tmp_path):
+    """The profiler's prompts are the first of the amortization model's, and it runs its largest K first: after an
+    `auto` run in the same session it decodes no calibration prompt again, and every K's first window is one already
+    memoized (in the cold reproduce the profile runs took 119 and 130 s, were 241 and 264)."""
+    from specter.runs.execute import prepare
+    from specter.session import Session
+
+    model, draft = setup
+
+    def settings(k):
+        return spec(system="specter", model=model, draft=draft, dataset="code", hardware="a100-40gb-pcie4",
+                    out=str(tmp_path / "g.jsonl"), num_prompts=1, max_new_tokens=12, resident_per_layer=2, k=k)
+
+    alone = Session()
+    prepare(settings("profile"), alone)
+    on_its_own = alone.numerics(model, draft)[2].forward_calls
+    shared = Session()
+    prepare(settings("auto"), shared)
+    service = shared.numerics(model, draft)[2]
+    before, traces = service.forward_calls, set(service.traces)
+    prepare(settings("profile"), shared)
+    assert set(service.traces) == traces  # its calibration prompts were decoded by the amortization model's
+    decodes = 3 * 12  # what its 3 calibration decodes of 12 tokens cost on their own
+    assert on_its_own - (service.forward_calls - before) > decodes  # and more: the first windows
