@@ -186,13 +186,9 @@ def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> t
     if progress:
         log.info("GPTQ: GPTQModel's own output goes to %s", log_path)
     bar, numerics = None, {}
-    # the worker imports this process's suite, wherever that came from (a checkout run as `python -m specter` without
-    # an install, or another copy than the environment's installed one), not whatever its own cwd would find
-    suite_root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([suite_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     with open(log_path, "w") as log_file, subprocess.Popen(
             argv, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_end,),
-            start_new_session=True, env=env) as proc:
+            start_new_session=True) as proc:
         os.close(write_end)
         try:
             with os.fdopen(read_end) as lines:
