@@ -121,9 +121,12 @@ def cache_bytecode() -> None:
     with no cache (`SPECTER_CACHE_DIR` set empty) this does nothing."""
     if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
         return
-    root = cache_root()
+    try:
+        root = cache_root()
+    except RuntimeError:  # no home directory to find the default cache in: compile as before, never fail here
+        return
     if root is None:
         return
-    sys.pycache_prefix = str(root / "pycache")
+    sys.pycache_prefix = str((root / "pycache").absolute())  # absolute: the GPTQ worker runs in a temporary cwd
     sys.dont_write_bytecode = False
 

@@ -205,7 +205,8 @@ def test_bytecode_is_kept_in_the_suite_cache_only_where_the_environment_forbids_
     src.mkdir()
     (src / "probe_module.py").write_text("VALUE = 1\n")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": dont_write,
-           "SPECTER_CACHE_DIR": str(tmp_path / "cache") if cache else "", "PYTHONPATH": f"{src}:{os.getcwd()}"}
+           "SPECTER_CACHE_DIR": str(tmp_path / "cache") if cache else "",
+           "PYTHONPATH": os.pathsep.join([str(src), os.getcwd()])}
     env.pop("PYTHONPYCACHEPREFIX", None)
     code = ("import sys; from specter.io import cache_bytecode; cache_bytecode(); import probe_module; "
             "print(sys.pycache_prefix, sys.dont_write_bytecode)")
