@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,6 +149,36 @@ def test_bad_quantize_input_is_one_line_exit_2(args, message, tiny_dirs, tmp_pat
     errors = [line for line in proc.stderr.splitlines() if line.startswith("specter: error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr
     assert not (tmp_path / "out").exists(), "a failed request must leave nothing behind"
+
+
+def test_the_gptq_worker_runs_from_the_parents_suite_whatever_its_working_directory(tmp_path):
+    """The worker runs in a temporary directory, where `python -m` would find only an installed suite (a checkout run
+    without an install failed with 'No module named specter'; with two copies the worker took the other one). The
+    command imports the suite at the root it is given, and leaves sys.path alone where that suite is the one the child
+    finds anyway, so an installed suite's site-packages never goes ahead of the standard library."""
+    import specter
+    from specter.quant.quantize import worker_command
+
+    cwd = tmp_path / "cwd"  # the worker's temporary directory, with a module that says what the child imported
+    cwd.mkdir()
+    probe = "import sys, specter; print(specter.__file__); print(repr(sys.path))"
+    (cwd / "specter_probe.py").write_text(probe)
+    other = tmp_path / "checkout"  # another copy of the suite, the one the parent runs: a stand-in package
+    (other / "specter").mkdir(parents=True)
+    (other / "specter" / "__init__.py").write_text("")
+
+    def run(command):
+        proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        file, path = proc.stdout.splitlines()
+        return file, eval(path)
+
+    file, path = run(worker_command("specter_probe", root=other))
+    assert file == str(other / "specter" / "__init__.py") and path[0] == str(other.resolve())
+    installed = Path(specter.__file__).resolve().parents[1]
+    file, path = run(worker_command("specter_probe", root=installed))  # the suite the child finds: nothing added
+    assert Path(file).resolve() == Path(specter.__file__).resolve()
+    assert path == run([sys.executable, "-c", probe])[1]
 
 
 def test_quantize_cli_writes_a_loadable_draft(tiny_dirs, tmp_path):

@@ -1,7 +1,8 @@
 """Child process for `specter quantize --method gptq`: GPTQModel quantizes the routed experts and saves a checkpoint.
 
-Run as `python -m specter.quant.gptq_worker '<json request>'` by `quantize.py`, never imported by the suite itself:
-GPTQModel patches transformers' MoE classes process-wide when imported.
+Run by `quantize.py` as `python -m specter.quant.gptq_worker '<json request>'` would run it, from the parent's own
+suite (`worker_command`), never imported by the suite itself: GPTQModel patches transformers' MoE classes process-wide
+when imported.
 """
 
 from __future__ import annotations

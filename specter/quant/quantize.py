@@ -172,6 +172,28 @@ def _log_tail(path: Path, chars: int = 1500) -> str:
     return " ".join(_ANSI.sub(" ", text[-4 * chars:]).split())[-chars:]
 
 
+# Runs a module of the suite as `python -m` would, from any working directory, importing the suite this process runs:
+# argv[1] is that suite's root. The root goes on sys.path only where `specter` would otherwise come from elsewhere or
+# nowhere (a checkout run as `python -m specter` without an install; a second copy of the suite), so an installed
+# suite's site-packages never goes ahead of the standard library.
+_BOOTSTRAP = """\
+import importlib.util, os, runpy, sys
+root, module = sys.argv.pop(1), sys.argv.pop(1)
+spec = importlib.util.find_spec("specter")
+if spec is None or os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))) != root:
+    sys.path.insert(0, root)
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def worker_command(module: str, *args: str, root: str | Path | None = None) -> list[str]:
+    """The command that runs `module` of the suite at `root` (default: this process's) with `args`, whatever the
+    child's working directory (the GPTQ worker runs in a temporary one, where `python -m` finds only an installed
+    suite, possibly another copy than this one)."""
+    root = os.path.realpath(root or Path(__file__).resolve().parents[2])
+    return [sys.executable, "-c", _BOOTSTRAP, root, module, *args]
+
+
 def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> tuple[int, dict]:
     """Run the GPTQ worker in its own process group, its output (GPTQModel's) into `log_path`, and follow the progress
     lines it writes to a pipe of its own: phases, then one line per layer. If this process is interrupted or
@@ -234,7 +256,7 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path:
                        threads=torch.get_num_threads(), parent_pid=os.getpid(), device=device, dtype=dtype,
                        **calibration)
         returncode, numerics = _run_worker(
-            [sys.executable, "-m", "specter.quant.gptq_worker", json.dumps(request)], tmp, log_path, progress)
+            worker_command("specter.quant.gptq_worker", json.dumps(request)), tmp, log_path, progress)
         if returncode != 0:
             raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}); its log {str(log_path)!r} "
                                f"ends: {_log_tail(log_path)}")
