@@ -130,3 +130,20 @@ def test_the_profiler_shares_the_amortization_models_calibration_decodes_and_fir
     assert set(service.traces) == traces  # its calibration prompts were decoded by the amortization model's
     decodes = 3 * 12  # what its 3 calibration decodes of 12 tokens cost on their own
     assert on_its_own - (service.forward_calls - before) > decodes  # and more: the first windows
+
+
+def test_the_profiler_runs_its_largest_k_first_and_picks_the_lowest_tpot():
+    """Largest K first, so that every smaller K's first window is a prefix of one already memoized; the choice is the
+    lowest TPOT, ties to the smaller K, whatever the order of the runs."""
+    from specter.speculation.governor import choose_k_profile
+
+    order = []
+    tpot = {2: 3.0, 4: 1.0, 8: 1.0, 16: 2.0, 32: 5.0}
+
+    def run_with_k(k):
+        order.append(k)
+        return tpot.get(k, 9.0)
+
+    choice = choose_k_profile(run_with_k, tokens=64)
+    assert order == sorted(candidates_for(64), reverse=True) and len(order) > 1
+    assert choice.k == 4 and [row["k"] for row in choice.table] == sorted(order)
