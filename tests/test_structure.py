@@ -123,11 +123,18 @@ def torch_cuda() -> bool:
 def test_a_wheel_install_runs_a_first_session(tmp_path):
     """`pip install .` (not editable) into a fresh venv, then, outside the checkout: `specter hardware` (every preset,
     read from inside the installed package), `specter systems`, a tiny build, a GPTQ quantize and a run. The venv sees
-    this environment's packages (the dependencies and the README's data line), not the checkout. With `-s`, prints
-    each command's output (the closing note quotes it)."""
+    this environment's packages (the dependencies and the README's data line), not the checkout: its site-packages
+    lists this environment's (`--system-site-packages` would give the base interpreter's, which lack them where the
+    tests run in a venv), as plain paths, so this environment's editable install of the suite is not activated. With
+    `-s`, prints each command's output (the closing note quotes it)."""
+    import site
+
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "this-environment.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
     proc = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(ROOT)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
