@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,31 +155,40 @@ def test_bad_quantize_input_is_one_line_exit_2(args, message, tiny_dirs, tmp_pat
 def test_the_gptq_worker_runs_from_the_parents_suite_whatever_its_working_directory(tmp_path):
     """The worker runs in a temporary directory, where `python -m` would find only an installed suite (a checkout run
     without an install failed with 'No module named specter'; with two copies the worker took the other one). The
-    command imports the suite at the root it is given, and leaves sys.path alone where that suite is the one the child
-    finds anyway, so an installed suite's site-packages never goes ahead of the standard library."""
-    import specter
+    command imports the suite at the root it is given, with the worker's arguments, and leaves sys.path alone where
+    that suite is the one the child finds anyway, so an installed suite's site-packages never goes ahead of the
+    standard library."""
     from specter.quant.quantize import worker_command
 
     cwd = tmp_path / "cwd"  # the worker's temporary directory, with a module that says what the child imported
     cwd.mkdir()
-    probe = "import sys, specter; print(specter.__file__); print(repr(sys.path))"
+    probe = "import sys, specter; print(specter.__file__); print(repr(sys.path)); print(repr(sys.argv[1:]))"
     (cwd / "specter_probe.py").write_text(probe)
-    other = tmp_path / "checkout"  # another copy of the suite, the one the parent runs: a stand-in package
+    other = (tmp_path / "checkout").resolve()  # another copy of the suite, the one the parent runs: a stand-in
     (other / "specter").mkdir(parents=True)
     (other / "specter" / "__init__.py").write_text("")
+    (tmp_path / "namespace" / "specter").mkdir(parents=True)  # a directory named specter, not the package
 
-    def run(command):
-        proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    def run(command, **env):
+        proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, **env})
         assert proc.returncode == 0, proc.stderr
-        file, path = proc.stdout.splitlines()
-        return file, eval(path)
+        file, path, args = proc.stdout.splitlines()
+        return Path(file).resolve(), eval(path), eval(args)
 
-    file, path = run(worker_command("specter_probe", root=other))
-    assert file == str(other / "specter" / "__init__.py") and path[0] == str(other.resolve())
-    installed = Path(specter.__file__).resolve().parents[1]
-    file, path = run(worker_command("specter_probe", root=installed))  # the suite the child finds: nothing added
-    assert Path(file).resolve() == Path(specter.__file__).resolve()
-    assert path == run([sys.executable, "-c", probe])[1]
+    stand_in = other / "specter" / "__init__.py"
+    file, path, args = run(worker_command("specter_probe", '{"a": 1}', root=other))
+    assert (file, path[0], args) == (stand_in, str(other), ['{"a": 1}'])
+    bare = worker_command("specter_probe", root=other)  # no suite installed at all: -S hides site-packages
+    file, path, _ = run([bare[0], "-S", *bare[1:]])
+    assert file == stand_in and path[0] == str(other)
+    file, path, _ = run([bare[0], "-S", *bare[1:]], PYTHONPATH=str(tmp_path / "namespace"))
+    assert file == stand_in and path[0] == str(other)
+    installed = subprocess.run([sys.executable, "-c", "import specter; print(specter.__file__)"], cwd=cwd,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    installed = Path(installed).resolve().parents[1]  # the suite the child finds from anywhere
+    file, path, _ = run(worker_command("specter_probe", root=installed))
+    assert file == installed / "specter" / "__init__.py"
+    assert path == run([sys.executable, "-c", probe])[1]  # nothing added
 
 
 def test_quantize_cli_writes_a_loadable_draft(tiny_dirs, tmp_path):

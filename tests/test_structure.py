@@ -134,7 +134,8 @@ def test_a_wheel_install_runs_a_first_session(tmp_path):
     python = venv / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    (Path(purelib) / "this-environment.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
+    ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    (Path(purelib) / "this-environment.pth").write_text("".join(f"{p}\n" for p in ours))
     proc = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(ROOT)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -174,13 +174,14 @@ def _log_tail(path: Path, chars: int = 1500) -> str:
 
 # Runs a module of the suite as `python -m` would, from any working directory, importing the suite this process runs:
 # argv[1] is that suite's root. The root goes on sys.path only where `specter` would otherwise come from elsewhere or
-# nowhere (a checkout run as `python -m specter` without an install; a second copy of the suite), so an installed
-# suite's site-packages never goes ahead of the standard library.
+# nowhere (a checkout run as `python -m specter` without an install; a second copy of the suite; a `specter/` directory
+# without the package, found as a namespace), so an installed suite's site-packages never goes ahead of the standard
+# library. This assumes the child's sys.path is the parent's (the same interpreter, started without -E, -s or -I).
 _BOOTSTRAP = """\
 import importlib.util, os, runpy, sys
 root, module = sys.argv.pop(1), sys.argv.pop(1)
 spec = importlib.util.find_spec("specter")
-if spec is None or os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))) != root:
+if spec is None or spec.origin is None or os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))) != root:
     sys.path.insert(0, root)
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
