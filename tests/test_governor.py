@@ -134,7 +134,7 @@ def test_the_profiler_shares_the_amortization_models_calibration_decodes_and_fir
 
 def test_the_profiler_runs_its_largest_k_first_and_picks_the_lowest_tpot():
     """Largest K first, so that every smaller K's first window is a prefix of one already memoized; the choice is the
-    lowest TPOT, ties to the smaller K, whatever the order of the runs."""
+    lowest TPOT, ties to the smaller K."""
     from specter.speculation.governor import choose_k_profile
 
     order = []
