@@ -219,3 +219,12 @@ def test_bytecode_is_kept_in_the_suite_cache_only_where_the_environment_forbids_
         assert out.split() == ["None", "True"] and not kept and not beside
     else:
         assert out.split() == ["None", "False"] and not kept and len(beside) == 1
+
+
+def test_a_reader_that_goes_away_stops_a_listing_quietly():
+    """`specter systems | head -1`: the closed pipe ends the command with SIGPIPE's status and no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "specter", "systems"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the listing is written (the command takes a second to start)
+    stderr = proc.stderr.read().decode()
+    assert proc.wait() == 141 and "Traceback" not in stderr, stderr
