@@ -67,3 +67,35 @@ def test_bench_scheduler_per_token(benchmark, setup, tmp_path):
     benchmark.extra_info["committed_tokens"] = tokens
     if benchmark.stats:  # with --benchmark-enable: the scheduler's time per committed token
         benchmark.extra_info["scheduler_ms_per_token"] = benchmark.stats.stats.median * 1e3 / tokens
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-row"])
+def test_bench_draft_windows_per_committed_token(benchmark, setup, batched):
+    """Recording the draft windows of a K = 8 run over 5 prompts: every prompt's windows one batch per draft step
+    (`ForwardService.walk` over all paths, as runs record them) against one row at a time (each path walked alone).
+    The figure to read is `windows_ms_per_token`: the recording's time per committed token."""
+    from specter.numerics.forward import WindowPath
+
+    request = setup("specter", "")
+    session = Session()
+    prompts = session.calibration_prompts(request.model, "code", 5, 16)
+    _, _, service = session.numerics(request.model, request.draft, (), "float32")
+    traces = [service.trace(p, NEW_TOKENS) for p in prompts]
+
+    def record():
+        for trace in traces:
+            trace.windows.clear()
+        paths = [WindowPath(trace, NEW_TOKENS, lambda committed: 8) for trace in traces]
+        if batched:
+            service.walk(paths)
+        else:
+            for path in paths:
+                service.walk([path])
+        return paths
+
+    paths = benchmark.pedantic(record, rounds=3, iterations=1)
+    assert all(p.done for p in paths)
+    tokens = len(traces) * NEW_TOKENS
+    benchmark.extra_info["committed_tokens"] = tokens
+    if benchmark.stats:
+        benchmark.extra_info["windows_ms_per_token"] = benchmark.stats.stats.median * 1e3 / tokens

@@ -9,7 +9,13 @@ has processed `seq[:t-1]` (its KV cache) and `seq[t-1]` is pending. A window of 
   for input j. Draft step i and verification input i-1 read the same token while the proposals are accepted, which is
   what makes the draft's routing a forecast of the target's.
 Greedy windows are memoized per (prompt, t), extended to the largest K asked for; prefixes serve smaller K because
-attention is causal. Routes are recorded by forward hooks on the routers, i.e. exactly what the model's own router
+attention is causal. Windows are computed in batches, as a GPU computes a batch: a run walks its prompts' rebase
+points before it schedules (`walk`), and each round's windows draft together, one batched forward per draft step and
+one per verification length, each row reading its own left-padded copy of the target's committed KV. A row of a batch
+is not bitwise the same row computed alone (the matrix kernels block by the batch's rows), so a window's last bits
+depend on the batch it was computed in; the batch is a function of the runs asked for, so the same runs, code,
+packages, threads and machine give the same bits. The committed tokens are always the trace's: the target's own
+one-token greedy decode. Routes are recorded by forward hooks on the routers, i.e. exactly what the model's own router
 chose.
 
 Systems that need more of the target's decode than tokens and routes declare a `TraceRecorder`
@@ -86,6 +92,53 @@ def _crop(cache, length: int):
     if excess > 0:
         dup.crop(-excess)
     return dup
+
+
+def _prefix_batch(sources: list[tuple[object, int]]):
+    """A batch KV cache of each row's first `length` positions of its `(cache, length)` source (a one-row cache over
+    its trace's committed sequence), left-padded to the longest: (cache, mask [B, Lmax] of real positions).
+
+    Every layer becomes a plain full-history layer: each source holds its whole history (`new_cache` records the past
+    of sliding-window layers), and left padding shifts a row's cached and new positions alike, so a sliding window's
+    distances stay each row's own."""
+    from transformers import DynamicCache
+
+    lmax = max(length for _, length in sources)
+    mask = torch.zeros(len(sources), lmax, dtype=torch.bool)
+    for b, (_, length) in enumerate(sources):
+        mask[b, lmax - length :] = True
+    layers = []
+    for i in range(len(sources[0][0].layers)):
+        keys, values = [], []
+        for cache, length in sources:
+            layer = cache.layers[i]
+            if layer.keys.shape[-2] != layer.get_seq_length() or length > layer.keys.shape[-2]:
+                raise RuntimeError(f"cache layer {i} holds {layer.keys.shape[-2]} of {layer.get_seq_length()} "
+                                   f"positions, {length} needed: a window reads every committed position")
+            pad = (0, 0, lmax - length, 0)
+            keys.append(torch.nn.functional.pad(layer.keys[:, :, :length], pad))
+            values.append(torch.nn.functional.pad(layer.values[:, :, :length], pad))
+        layers.append((torch.cat(keys), torch.cat(values)))
+    return DynamicCache(ddp_cache_data=layers), mask
+
+
+def _forward_rows(moe: MoEModel, ids: torch.Tensor, cache, mask: torch.Tensor, positions: torch.Tensor):
+    """One forward of a batch of rows `ids` [B, T] after the batch `cache` whose real positions are `mask`
+    [B, L] (left padding), the tokens at `positions` [B, T]: (logits [B, T, V], routes [B][T], updated cache, the
+    mask grown by the new tokens)."""
+    rows, length = ids.shape
+    mask = torch.cat([mask, torch.ones(rows, length, dtype=torch.bool)], dim=1)
+    with moe.record_routing() as log, torch.no_grad():
+        out = moe.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    per_layer = {}
+    for layer, calls in log.items():
+        chosen = calls[-1]
+        if chosen.shape[0] != rows * length:
+            raise RuntimeError(f"layer {layer}'s router saw {chosen.shape[0]} tokens for a batch of {rows} x {length}")
+        per_layer[layer] = chosen.reshape(rows, length, -1).tolist()
+    routes = [[{layer: tuple(sorted(r[b][j])) for layer, r in per_layer.items()} for j in range(length)]
+              for b in range(rows)]
+    return out.logits.float(), routes, out.cache, mask
 
 
 @dataclass
@@ -208,38 +261,127 @@ class ForwardService:
         return trace
 
     def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> DraftWindow:
-        """The speculative window of at least k proposals at rebase point t (memoized, extended on demand).
+        """The speculative window of at least k proposals at rebase point t (memoized, extended on demand; a batch of
+        one where `walk` or `windows` did not compute it beforehand).
 
         `own_kv`: the draft keeps its own KV of the committed prefix (a draft with separate weights and cache, as
         SpecMoEOff's) instead of reading the target's."""
-        key = (self.draft_key + (":own-kv" if own_kv else ""), t)
-        cached = trace.windows.get(key)
-        if cached is not None and cached.kmax >= k:
-            return cached
+        return self.windows([(trace, t, k)], own_kv)[0]
+
+    def windows(self, requests: list[tuple[PromptTrace, int, int]], own_kv: bool = False) -> list[DraftWindow]:
+        """The windows of `requests` (trace, rebase point t, at least k proposals), those not memoized computed
+        together: one batch per draft step and one per verification length (`_compute`)."""
+        key = self.draft_key + (":own-kv" if own_kv else "")
+        missing: dict[tuple[int, int], list] = {}
+        for trace, t, k in requests:
+            cached = trace.windows.get((key, t))
+            if cached is None or cached.kmax < k:
+                row = missing.setdefault((id(trace), t), [trace, t, k])
+                row[2] = max(row[2], k)
+        if missing:
+            self._compute([tuple(row) for row in missing.values()], own_kv, key)
+        return [trace.windows[(key, t)] for trace, t, _ in requests]
+
+    def walk(self, paths: list[WindowPath], own_kv: bool = False) -> None:
+        """Compute every window the greedy runs of `paths` will visit, in rounds: each round advances every path
+        through the windows already memoized, then computes the windows the paths stopped at in one batch
+        (`windows`). A path's rebase points are those `decode_speculatively` visits, so the runs afterwards find
+        every window memoized."""
+        pending = [p for p in paths if not p.done]
+        while pending:
+            key = self.draft_key + (":own-kv" if own_kv else "")
+            need = []
+            for path in pending:
+                while not path.done:
+                    k = path.next_k()
+                    window = path.trace.windows.get((key, path.t))
+                    if window is None or window.kmax < k:
+                        need.append((path.trace, path.t, k))
+                        break
+                    path.advance(window.accepted(k), k)
+            pending = [p for p in pending if not p.done]
+            if need:
+                self.windows(need, own_kv)
+
+    def _compute(self, rows: list[tuple[PromptTrace, int, int]], own_kv: bool, key: str) -> None:
+        """The windows of `rows` (trace, t, k), memoized under `key`. Rows are ordered by K (largest first), so the
+        rows still drafting at step i are the batch's first ones; the target then verifies each K's rows together.
+        The batch's composition is a function of the rows asked for, so the same runs give the same bits."""
         if self.draft is None:
             raise ValueError("this forward service has no draft; speculative systems need --draft")
-        if trace._cache is None:  # a trace read back from disk: rebuild the target's cache over the committed sequence
-            _, _, trace._cache = _forward(self.target, trace.seq[:-1], None)
-            self.forward_calls += 1
-        seq = trace.seq
-        pending = seq[t - 1]
-        if own_kv:
-            if self.draft_key not in trace._draft_caches:
+        rows = sorted(rows, key=lambda r: -r[2])  # stable: the callers' order within one K
+        for trace, _, _ in rows:
+            if trace._cache is None:  # read back from disk: rebuild the target's cache over the committed sequence
+                _, _, trace._cache = _forward(self.target, trace.seq[:-1], None)
+                self.forward_calls += 1
+            if own_kv and self.draft_key not in trace._draft_caches:
                 _, _, trace._draft_caches[self.draft_key] = _forward(self.draft, trace.seq[:-1], None)
                 self.forward_calls += 1
-            draft_cache = _crop(trace._draft_caches[self.draft_key], t - 1)
-        else:
-            draft_cache = _crop(trace._cache, t - 1)
-        draft_tokens, draft_routes = [], []
-        token = pending
-        for _ in range(k):
-            logits, routes, draft_cache = _forward(self.draft, [token], draft_cache)
+        kv = [(trace._draft_caches[self.draft_key] if own_kv else trace._cache, t - 1) for trace, t, _ in rows]
+        cache, mask = _prefix_batch(kv)
+        tokens = torch.tensor([[trace.seq[t - 1]] for trace, t, _ in rows])
+        positions = torch.tensor([[t - 1] for _, t, _ in rows])
+        drafted: list[list[int]] = [[] for _ in rows]
+        draft_routes: list[list[TokenRoutes]] = [[] for _ in rows]
+        for i in range(rows[0][2]):
+            active = sum(1 for _, _, k in rows if k > i)
+            if active < tokens.shape[0]:  # the rows of smaller K are done: keep the first `active`
+                cache.batch_select_indices(torch.arange(active))
+                tokens, positions, mask = tokens[:active], positions[:active], mask[:active]
+            logits, routes, cache, mask = _forward_rows(self.draft, tokens, cache, mask, positions)
             self.forward_calls += 1
-            draft_routes.append(routes[0])
-            token = int(logits[-1].argmax())
-            draft_tokens.append(token)
-        logits, routes, _ = _forward(self.target, [pending, *draft_tokens], _crop(trace._cache, t - 1))
-        self.forward_calls += 1
-        window = DraftWindow(t, draft_tokens, draft_routes, logits.argmax(-1).tolist(), routes)
-        trace.windows[key] = window
-        return window
+            tokens = logits[:, -1].argmax(-1, keepdim=True)
+            positions = positions + 1
+            for b in range(active):
+                drafted[b].append(int(tokens[b, 0]))
+                draft_routes[b].append(routes[b][0])
+        start = 0
+        while start < len(rows):  # the verifications, one batch per K
+            k = rows[start][2]
+            end = start + sum(1 for _, _, kk in rows[start:] if kk == k)
+            group = range(start, end)
+            cache, mask = _prefix_batch([(rows[b][0]._cache, rows[b][1] - 1) for b in group])
+            ids = torch.tensor([[rows[b][0].seq[rows[b][1] - 1], *drafted[b]] for b in group])
+            positions = torch.tensor([[rows[b][1] - 1 + j for j in range(k + 1)] for b in group])
+            logits, routes, _, _ = _forward_rows(self.target, ids, cache, mask, positions)
+            self.forward_calls += 1
+            argmax = logits.argmax(-1).tolist()
+            for i, b in enumerate(group):
+                trace, t, _ = rows[b]
+                trace.windows[(key, t)] = DraftWindow(t, drafted[b], draft_routes[b], argmax[i], routes[i])
+            start = end
+
+
+@dataclass
+class WindowPath:
+    """The rebase points a greedy speculative run visits over one trace, as `decode_speculatively` visits them: the
+    first after the prefill's token, then each verification commits its accepted proposals and the target's own
+    token. `choose(committed)` gives each cycle's K; `observe(accepted, checked)`, if given, learns from it (the
+    online governor)."""
+
+    trace: PromptTrace
+    tokens: int  # the run's max_new_tokens
+    choose: Callable[[int], int]
+    observe: Callable[[int, int], None] | None = None
+    t: int = 0
+    committed: int = 1
+
+    def __post_init__(self) -> None:
+        self.t = self.t or len(self.trace.prompt) + 1
+        self._k: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.committed >= self.tokens
+
+    def next_k(self) -> int:
+        if self._k is None:
+            self._k = self.choose(self.committed)
+        return self._k
+
+    def advance(self, accepted: int, k: int) -> None:
+        self.committed += accepted + 1
+        self.t += accepted + 1
+        if self.observe is not None:
+            self.observe(accepted, accepted + 1 if accepted < k else k)
+        self._k = None

@@ -9,7 +9,7 @@ recorder itself (`TraceRecorder.remap`), since only it knows what its keys mean.
 
 from __future__ import annotations
 
-from specter.numerics.forward import DraftWindow, PromptTrace
+from specter.numerics.forward import DraftWindow, PromptTrace, WindowPath
 
 
 class MappedService:
@@ -43,6 +43,16 @@ class MappedService:
 
     def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> DraftWindow:
         return self._map_window(self.inner.window(self._sources[id(trace)], t, k, own_kv))
+
+    def windows(self, requests: list[tuple[PromptTrace, int, int]], own_kv: bool = False) -> list[DraftWindow]:
+        inner = [(self._sources[id(trace)], t, k) for trace, t, k in requests]
+        return [self._map_window(w) for w in self.inner.windows(inner, own_kv)]
+
+    def walk(self, paths: list[WindowPath], own_kv: bool = False) -> None:
+        """The paths walked over the proxy's own traces (a window's acceptance does not depend on the layers)."""
+        for path in paths:
+            path.trace = self._sources[id(path.trace)]
+        self.inner.walk(paths, own_kv)
 
     def sampling_session(self, prompt: list[int], temperature: float, seed: int):
         return _MappedSampling(self.inner.sampling_session(prompt, temperature, seed), self)

@@ -51,6 +51,7 @@ class PreparedRun:
     common: dict
     device: object = None
     online: OnlineGovernor | None = None  # `--k online`: K re-chosen every cycle
+    walked_forwards: int = 0  # forwards computed for all prompts together before scheduling (`walk_windows`)
 
 
 def run(spec: RunSpec, session: Session | None = None, progress: bool = True) -> list[RunRecord]:
@@ -66,6 +67,9 @@ def execute(spec: RunSpec, session: Session | None = None, progress: bool = True
     target's decode to compute with every trace from now on (a sweep names those of all its systems, so a trace is
     decoded once for all of them, not again when a later system needs more)."""
     prepared = prepare(spec, session or Session(), recorders)
+    before = prepared.service.forward_calls
+    walk_windows(prepared)
+    prepared.walked_forwards = prepared.service.forward_calls - before
     timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
     return [run_prompt(prepared, index, prompt, repeat) for index, prompt in
             enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)
@@ -102,6 +106,30 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
         prepared.device = on_device.runtime(prepared, session)
         prepared.common = on_device.measured_fields(prepared)
     return prepared
+
+
+def walk_windows(p: PreparedRun) -> None:
+    """Compute the windows a greedy speculative run will visit before it schedules any prompt, all its prompts'
+    together (`ForwardService.walk`: one batch per draft step), so that scheduling finds them memoized."""
+    from specter.numerics.forward import WindowPath
+
+    if not p.system.speculative or p.config.temperature > 0:
+        return
+    tokens = p.config.max_new_tokens
+    paths = []
+    for prompt in p.prompts:
+        trace = p.service.trace(prompt, tokens)
+        if p.online is not None:  # the same choices the run's own copy of the governor will make
+            online = p.online.fresh()
+            paths.append(WindowPath(trace, tokens, online.next_k, online.observe))
+        else:
+            paths.append(WindowPath(trace, tokens, _fixed(p.system.window(p.config.k))))
+    p.service.walk(paths, own_kv=p.system.separate_draft)
+
+
+def _fixed(k: int) -> Callable[[int], int]:
+    """A path's K chooser for a fixed window."""
+    return lambda committed: k
 
 
 def _priced_at(spec: RunSpec, session: Session, proxy_work: ModelWork, service, draft):
@@ -198,6 +226,14 @@ def _govern(spec, k_setting, system, calibration, service, work, cost, slots, dr
                            fused=spec.draft_kernel == "fused")
         return choose_k_auto(service, traces, model, spec.max_new_tokens)
 
+    from specter.numerics.forward import WindowPath
+    from specter.speculation.governor import candidates_for
+
+    # every K's windows over the calibration prompts first, all together (each K's runs below then only schedule)
+    service.walk([WindowPath(trace, spec.max_new_tokens, _fixed(system.window(k)))
+                  for k in sorted(candidates_for(spec.max_new_tokens), reverse=True) for trace in traces],
+                 own_kv=system.separate_draft)
+
     def tpot_with(k: int) -> float:
         config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, draft_kernel=spec.draft_kernel)
         tpots = []
@@ -253,8 +289,10 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
             {"collapsed": "simulated time is deterministic: every repeat would be the same"} if p.spec.repeats > 1
             else {})}}
     lower_bound = _bound(p, index, result, trace)
-    return record_of(p, index, prompt, result, timeline, lower_bound, config.seed, time.perf_counter() - wall,
-                     p.service.forward_calls - forwards, measured)
+    # the first record also counts the forwards computed for every prompt together before scheduling
+    live = p.service.forward_calls - forwards + (p.walked_forwards if index == repeat == 0 else 0)
+    return record_of(p, index, prompt, result, timeline, lower_bound, config.seed, time.perf_counter() - wall, live,
+                     measured)
 
 
 def _bound(p: PreparedRun, index: int, result, trace) -> LowerBound:

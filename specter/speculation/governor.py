@@ -73,13 +73,13 @@ class GovernorChoice:
 def calibration_windows(service: ForwardService, traces: list[PromptTrace], kmax: int) -> list:
     """Windows of `kmax` proposals that do not overlap: in each trace, one at the first decode position, then one right
     after the previous window's last proposal."""
-    windows = []
+    requests = []
     for trace in traces:
         t = len(trace.prompt) + 1
         while t - len(trace.prompt) + kmax < len(trace.tokens):
-            windows.append(service.window(trace, t, kmax))
+            requests.append((trace, t, kmax))
             t += kmax + 1
-    return windows
+    return service.windows(requests) if requests else []
 
 
 @dataclass
