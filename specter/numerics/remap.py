@@ -48,10 +48,14 @@ class MappedService:
         inner = [(self._sources[id(trace)], t, k) for trace, t, k in requests]
         return [self._map_window(w) for w in self.inner.windows(inner, own_kv)]
 
+    def source(self, trace: PromptTrace) -> PromptTrace:
+        """The proxy's own trace behind a mapped one."""
+        return self._sources[id(trace)]
+
     def walk(self, paths: list[WindowPath], own_kv: bool = False) -> None:
         """The paths walked over the proxy's own traces (a window's acceptance does not depend on the layers)."""
         for path in paths:
-            path.trace = self._sources[id(path.trace)]
+            path.trace = self.source(path.trace)
         self.inner.walk(paths, own_kv)
 
     def sampling_session(self, prompt: list[int], temperature: float, seed: int):

@@ -66,10 +66,18 @@ def execute(spec: RunSpec, session: Session | None = None, progress: bool = True
     """Run `spec`; returns its records (one per prompt) without writing them. `recorders`: extra numerics of the
     target's decode to compute with every trace from now on (a sweep names those of all its systems, so a trace is
     decoded once for all of them, not again when a later system needs more)."""
-    prepared = prepare(spec, session or Session(), recorders)
-    before = prepared.service.forward_calls
-    walk_windows(prepared)
-    prepared.walked_forwards = prepared.service.forward_calls - before
+    session = session or Session()
+    prepared = prepare(spec, session, recorders)
+    walk_windows([prepared])
+    return schedule_prompts(prepared, session, progress)
+
+
+def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = True) -> list[RunRecord]:
+    """Schedule every prompt of a prepared run (on the device too for `--engine cuda`); returns its records."""
+    spec = prepared.spec
+    if spec.engine == "cuda" and prepared.device is None:
+        prepared.device = on_device.runtime(prepared, session)
+        prepared.common = on_device.measured_fields(prepared)
     timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
     return [run_prompt(prepared, index, prompt, repeat) for index, prompt in
             enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)
@@ -100,31 +108,40 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
                           spec.draft_kernel)
     common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
                         next(target.model.parameters()).device.type)
-    prepared = PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
-                           governor, _warmup(calibration, spec, service), common, online=online)
-    if spec.engine == "cuda":
-        prepared.device = on_device.runtime(prepared, session)
-        prepared.common = on_device.measured_fields(prepared)
-    return prepared
+    return PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
+                       governor, _warmup(calibration, spec, service), common, online=online)
 
 
-def walk_windows(p: PreparedRun) -> None:
-    """Compute the windows a greedy speculative run will visit before it schedules any prompt, all its prompts'
-    together (`ForwardService.walk`: one batch per draft step), so that scheduling finds them memoized."""
+def walk_windows(runs: list[PreparedRun]) -> None:
+    """Compute the windows greedy speculative runs will visit before any of them schedules a prompt, every run's
+    prompts together (`ForwardService.walk`: one batch per draft step over all their rebase points), so that
+    scheduling finds them memoized. Each run's first record counts the forwards (`walked_forwards`); where several runs
+    walk together, the first of them that computed any."""
     from specter.numerics.forward import WindowPath
 
-    if not p.system.speculative or p.config.temperature > 0:
-        return
-    tokens = p.config.max_new_tokens
-    paths = []
-    for prompt in p.prompts:
-        trace = p.service.trace(prompt, tokens)
-        if p.online is not None:  # the same choices the run's own copy of the governor will make
-            online = p.online.fresh()
-            paths.append(WindowPath(trace, tokens, online.next_k, online.observe))
-        else:
-            paths.append(WindowPath(trace, tokens, _fixed(p.system.window(p.config.k))))
-    p.service.walk(paths, own_kv=p.system.separate_draft)
+    groups: dict[tuple, tuple] = {}  # (the model's service, own KV) -> (service, [(run, paths)])
+    for p in runs:
+        if not p.system.speculative or p.config.temperature > 0:
+            continue
+        tokens = p.config.max_new_tokens
+        paths = []
+        for prompt in p.prompts:
+            trace = p.service.trace(prompt, tokens)
+            if p.online is not None:  # the same choices the run's own copy of the governor will make
+                online = p.online.fresh()
+                paths.append(WindowPath(trace, tokens, online.next_k, online.observe))
+            else:
+                paths.append(WindowPath(trace, tokens, _fixed(p.system.window(p.config.k))))
+        inner = getattr(p.service, "inner", p.service)  # a run priced at another architecture's shapes: its proxy's
+        if inner is not p.service:
+            for path in paths:
+                path.trace = p.service.source(path.trace)
+        key = (id(inner), p.system.separate_draft)
+        groups.setdefault(key, (inner, []))[1].append((p, paths))
+    for (_, own_kv), (service, members) in groups.items():
+        before = service.forward_calls
+        service.walk([path for _, paths in members for path in paths], own_kv=own_kv)
+        members[0][0].walked_forwards += service.forward_calls - before
 
 
 def _fixed(k: int) -> Callable[[int], int]:

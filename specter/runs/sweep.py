@@ -12,7 +12,7 @@ from specter.errors import BudgetError, SpecterError
 from specter.metrics import RunRecord
 from specter.progress import log, phase
 from specter.records import write_records
-from specter.runs.execute import execute, run
+from specter.runs.execute import prepare, run, schedule_prompts, walk_windows
 from specter.runspec import SWEEP_AXES, Arm, RunSpec, Window
 from specter.session import Session
 from specter.systems import get_system
@@ -76,14 +76,21 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     for spec in specs:
         system, _ = spec.validate(session.structures)
         recorders += [r for r in system.trace_recorders if r not in recorders]
-    records: list[RunRecord] = []
+    prepared = []
     for i, spec in enumerate(specs):
         if progress:
-            log.info("run %d/%d: %s", i + 1, len(specs), spec.describe())
+            log.info("preparing run %d/%d: %s", i + 1, len(specs), spec.describe())
         try:
-            records += execute(spec, session, progress, tuple(recorders))
+            prepared.append(prepare(spec, session, tuple(recorders)))
         except BudgetError as err:  # this system cannot run in this budget: no record, and the log says why
             log.warning("skipped: %s does not fit %s: %s", spec.system, spec.budget.describe(), err)
+    with phase(f"the draft windows of {len(prepared)} runs, in batches"):
+        walk_windows(prepared)  # every run's windows together: larger batches than run by run
+    records: list[RunRecord] = []
+    for i, p in enumerate(prepared):
+        if progress:
+            log.info("run %d/%d: %s", i + 1, len(prepared), p.spec.describe())
+        records += schedule_prompts(p, session, progress)
     if memo_out is not None and specs:
         with phase(f"saving the numerics to {memo_out}"):
             save_memo(session.service(specs[0].model, specs[0].dtype), memo_out, session.model_hash(specs[0].model))
