@@ -17,6 +17,7 @@ from transformers.utils import logging as hf_logging
 from specter.errors import SpecterError
 from specter.models.adapter import ARCHITECTURES, MoEModel, supported_list
 from specter.models.config_check import EXPERT_KEYS, check_config
+from specter.models.integrity import check_card, check_finite
 
 
 def read_model_config(path: str | Path) -> dict:
@@ -56,13 +57,17 @@ def read_model_config(path: str | Path) -> dict:
     raise SpecterError(f"unsupported architecture {model_type!r} in {config_file}; supported: {supported_list()}")
 
 
-def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: str = "cpu") -> MoEModel:
+def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: str = "cpu",
+                   known_hash: str | None = None) -> MoEModel:
     """Load a checkpoint from a local directory (never the network) and wrap it in the adapter.
 
-    Experts run through the eager per-expert path: the batched paths are slow on CPU prefill, and the runtime replaces
-    expert execution anyway.
+    Refused before any weight is read: a config that cannot make a model (`read_model_config`), files that differ
+    from what the model card recorded (`check_card`; `known_hash`: the model hash where the caller has it); and once
+    read, a NaN or infinite weight (`check_finite`). Experts run through the eager per-expert path: the batched paths
+    are slow on CPU prefill, and the runtime replaces expert execution anyway.
     """
     read_model_config(path)
+    check_card(path, known_hash)
     hf_logging.disable_progress_bar()  # the loader's per-tensor bar says nothing about a local checkpoint
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -73,6 +78,9 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
         what = f"{bad.name} is truncated or corrupt" if bad else "truncated or corrupt weights?"
         raise SpecterError(f"cannot load the model in {str(path)!r}: {type(err).__name__}: {_first_line(err)} "
                            f"({what}); rebuild or re-download the checkpoint") from None
+    precision = str(dtype).removeprefix("torch.")
+    check_finite(model, f"the model in {str(path)!r}", f"its weights are damaged (or overflow {precision}); rebuild or "
+                 "re-download the checkpoint")
     moe = MoEModel(model.to(device).eval())
     moe.path = Path(path)
     return moe
