@@ -70,7 +70,7 @@ class Session:
 
         key = _key(model_dir)
         if (key, dtype) not in self._targets:
-            target = load_moe_model(model_dir, dtype=getattr(torch, dtype))
+            target = load_moe_model(model_dir, dtype=getattr(torch, dtype), known_hash=self.model_hash(model_dir))
             self._targets[key, dtype] = (target, ForwardService(target))
         target, service = self._targets[key, dtype]
         for memo in memos:

@@ -113,6 +113,132 @@ def _record_field(field, value):
     return damage
 
 
+def _recorded_memo(real) -> Path:
+    """A memo of `_run`'s numerics on the real model, recorded once beside the real outputs."""
+    memo = Path(real["records"]).parent / "memo.json.gz"
+    if not memo.is_file():
+        assert main(["sweep", "--systems", "specter", "--model", real["model"], "--draft", str(real["draft"]),
+                     "--dataset", "code", "--hardware", "t4-pcie3", "--num-prompts", "1", "--prefix-tokens", "8",
+                     "--max-new-tokens", "4", "--k", "2", "--resident-per-layer", "2", "--memo-out", str(memo)]) == 0
+    return memo
+
+
+def _foreign_memo(real) -> Path:
+    """A memo recorded on another tiny Mixtral of the same shapes (seed 1), recorded once beside the real outputs."""
+    from specter.models.tiny import save_tiny_model
+
+    root = Path(real["records"]).parent
+    memo = root / "foreign-memo.json.gz"
+    if not memo.is_file():
+        other = save_tiny_model("mixtral", root / "foreign-model", seed=1)
+        assert main(["sweep", "--systems", "on-demand", "--model", str(other), "--dataset", "code", "--hardware",
+                     "t4-pcie3", "--num-prompts", "1", "--prefix-tokens", "8", "--max-new-tokens", "4",
+                     "--resident-per-layer", "2", "--memo-out", str(memo)]) == 0
+    return memo
+
+
+def _forged_memo(w: Path, real, edit, redigest: bool = False, foreign: bool = False) -> str:
+    """A copy of a recorded memo whose header and traces `edit(header, traces)` changed; `redigest`: its digest
+    computed again for its (edited) header's model hash, as a forger using the suite's own code would."""
+    lines = gzip.decompress((_foreign_memo(real) if foreign else _recorded_memo(real)).read_bytes()).splitlines()
+    header, traces = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    edit(header, traces)
+    out = [json.dumps(t) + "\n" for t in traces]
+    if redigest:
+        from specter.numerics.memo import _digest
+
+        header["digest"] = _digest(header["model_hash"], header, out)
+    return _write(w, "memo.json.gz", gzip.compress((json.dumps(header) + "\n" + "".join(out)).encode()))
+
+
+def _route(field: str, token: int, layer: str, experts):
+    """An edit of one token's routes at one layer of the first trace (`field` may be `windows.0.draft_routes`)."""
+    def edit(_header, traces) -> None:
+        place = traces[0]
+        for part in field.split("."):
+            place = place[int(part)] if part.isdigit() else place[part]
+        place[token][layer] = experts
+    return edit
+
+
+def _trace_edit(change):
+    return lambda _header, traces: change(traces[0])
+
+
+def _own_hash(real):
+    def edit(header, _traces) -> None:
+        from specter.quant.meta import model_hash
+
+        header["model_hash"] = model_hash(real["model"])
+    return edit
+
+
+def _replay(w, r, memo_edit, system="specter", **forge) -> list[str]:
+    return _run(r, "--memo", _forged_memo(w, r, memo_edit, **forge), system=system)
+
+
+def _weights(edit):
+    """A damage that rewrites model.safetensors with `edit(tensors)` applied (a readable file of other values)."""
+    def damage(d: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(d / "model.safetensors"))
+        edit(tensors)
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return damage
+
+
+def _weight_set(name: str, value: float):
+    """A damage that sets one element of tensor `name` to `value`."""
+    return _weights(lambda tensors: tensors[name].view(-1).__setitem__(3, value))
+
+
+def _fill_tensor_bytes(d: Path) -> None:
+    """Every byte of every tensor 0xFF (NaN in float32), the safetensors header intact."""
+    path = d / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start:] = b"\xff" * (len(data) - start)
+    path.write_bytes(bytes(data))
+
+
+def _carded_then_edited(real):
+    """A model card recording the real model's hash (the copy's files hash alike), then one byte of a tensor edited."""
+    def damage(d: Path) -> None:
+        from specter.quant.meta import model_hash
+
+        (d / "model_card.json").write_text(json.dumps({"name": "tiny", "weights_sha256": model_hash(real["model"])}))
+        path = d / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[8 + int.from_bytes(data[:8], "little") + 100] ^= 0x01  # a low mantissa bit of one weight
+        path.write_bytes(bytes(data))
+    return damage
+
+
+def _architecture(w: Path, **changes) -> str:
+    """A --cost-as config.json: the shipped Mixtral-8x7B's, with `changes`."""
+    shipped = Path(__file__).parents[1] / "specter/presets/architectures/mixtral-8x7b.json"
+    config = {**json.loads(shipped.read_text())["config"], **changes}
+    return _write(w, "arch.json", json.dumps(config))
+
+
+def _draft_scales(edit):
+    def damage(d: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(d / "experts.safetensors"))
+        for key in tensors:
+            if key.endswith(".scales"):
+                edit(tensors[key])
+                break
+        save_file(tensors, str(d / "experts.safetensors"))
+    return damage
+
+
+def _build(*settings: str) -> list[str]:
+    return ["build-model", "smollm2-moe", *(a for s in settings for a in ("--set", s)), "--out", "{out}"]
+
+
 def _run(real, *extra, out="{out}.jsonl", model=None, draft=None, system="specter"):
     """A valid `specter run` of the tiny Mixtral, with `extra` flags appended (later flags win)."""
     return ["run", "--system", system, "--model", model or real["model"], "--draft", draft or str(real["draft"]),
@@ -286,6 +412,98 @@ CASES = [
                                                                    "rtn", "--group-size", "32", "--out", _foreign(w)],
      "holds no draft"),
     ("memo_out_wrong_suffix", lambda w, r: _sweep(r, "--memo-out", "{out}.pkl"), ".json.gz"),
+    # --- memos: every record checked against the model it replays on, and bound to that model's content ---
+    ("memo_expert_id_out_of_range", lambda w, r: _replay(w, r, _route("step_routes", 0, "0", [0, 99])), "99"),
+    ("memo_expert_id_negative", lambda w, r: _replay(w, r, _route("prefill_routes", 1, "1", [-1, 3])), "-1"),
+    ("memo_expert_id_fraction", lambda w, r: _replay(w, r, _route("windows.0.draft_routes", 0, "0", [0.5, 3])),
+     "0.5"),
+    ("memo_expert_id_text", lambda w, r: _replay(w, r, _route("windows.0.verify_routes", 0, "0", ["01", 3])),
+     "'01'"),
+    ("memo_expert_id_bool", lambda w, r: _replay(w, r, _route("step_routes", 0, "1", [True, 3])), "True"),
+    ("memo_expert_ids_duplicate", lambda w, r: _replay(w, r, _route("step_routes", 0, "0", [3, 3])), "distinct"),
+    ("memo_every_expert_of_a_top_2_model", lambda w, r: _replay(w, r, _route("step_routes", 0, "0",
+                                                                                list(range(8)))), "exactly 2"),
+    ("memo_too_few_experts", lambda w, r: _replay(w, r, _route("prefill_routes", 0, "0", [3])), "exactly 2"),
+    ("memo_layer_not_a_moe_layer", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["step_routes"][0].update(
+        {"7": [0, 1]}))), "MoE layers"),
+    ("memo_layer_missing", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["step_routes"][0].pop("1"))),
+     "MoE layers"),
+    ("memo_token_outside_the_vocabulary", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["tokens"].__setitem__(
+        1, 100000))), "100000"),
+    ("memo_prompt_token_negative", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["prompt"].__setitem__(
+        0, -5))), "-5"),
+    ("memo_window_verify_too_short", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["windows"][0][
+        "verify_argmax"].pop())), "verify_argmax"),
+    ("memo_window_routes_too_long", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["windows"][0][
+        "draft_routes"].append(t["windows"][0]["draft_routes"][0]))), "draft_routes"),
+    ("memo_rebase_point_outside_the_trace", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["windows"][0].update(
+        t=999))), "999"),
+    ("memo_step_routes_missing_a_step", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["step_routes"].pop())),
+     "step_routes"),
+    ("memo_forged_token", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["tokens"].__setitem__(
+        1, (t["tokens"][1] + 1) % 256))), "digest"),
+    ("memo_forged_window", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["windows"][0]["draft_tokens"].__setitem__(
+        0, (t["windows"][0]["draft_tokens"][0] + 1) % 256))), "digest"),
+    # a forger who recomputes the digest passes it (see specter/numerics/memo.py); the disagreement the replay then
+    # meets blames the memo, not float noise (--quiet: the run was under way, its progress lines are not the error)
+    ("memo_forged_token_digest_recomputed_is_not_blamed_on_float_noise", lambda w, r: [*_replay(
+        w, r, _trace_edit(lambda t: t["tokens"].__setitem__(1, (t["tokens"][1] + 1) % 256)), redigest=True),
+        "--quiet"], "record the memo again"),
+    ("memo_trace_count_edited", lambda w, r: _replay(w, r, lambda h, _t: h.update(traces=5)), "header says"),
+    ("memo_without_a_digest", lambda w, r: _replay(w, r, lambda h, _t: h.pop("digest")), "no digest"),
+    ("memo_of_another_model_header_hash_edited", lambda w, r: _replay(w, r, _own_hash(r), system="on-demand",
+                                                                      foreign=True), "digest"),
+    ("memo_of_another_model_header_hash_and_digest_rewritten", lambda w, r: _replay(
+        w, r, _own_hash(r), system="on-demand", foreign=True, redigest=True), "does not reproduce"),
+    # --- models: every weight finite, a card's weights_sha256 held, configs that can make a model ---
+    ("weights_nan", lambda w, r: _run(r, model=_model_copy(w, r, _weight_set(
+        "model.layers.0.block_sparse_moe.experts.0.w2.weight", float("nan"))), system="on-demand"), "NaN"),
+    ("weights_inf", lambda w, r: _run(r, model=_model_copy(w, r, _weight_set("lm_head.weight", float("inf"))),
+                                      system="on-demand"), "lm_head.weight"),
+    ("weights_filled_with_0xff", lambda w, r: _run(r, model=_model_copy(w, r, _fill_tensor_bytes),
+                                                   system="on-demand"), "NaN"),
+    ("weights_nan_quantized", lambda w, r: ["quantize", "--model", _model_copy(w, r, _weight_set(
+        "model.layers.1.block_sparse_moe.experts.2.w1.weight", float("nan"))), "--method", "rtn", "--group-size", "32",
+        "--out", "{out}"], "NaN"),
+    ("draft_scales_nan", lambda w, r: _run(r, draft=_draft_copy(w, r, _draft_scales(lambda t: t.view(-1).__setitem__(
+        0, float("nan"))))), "scales"),
+    ("weights_byte_edited_under_a_model_card", lambda w, r: _run(r, model=_model_copy(w, r, _carded_then_edited(r)),
+                                                                 system="on-demand"), "model_card.json"),
+    ("model_card_not_json", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: (d / "model_card.json").write_text(
+        "{")), system="on-demand"), "model_card.json"),
+    ("config_rms_norm_eps_nan", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", rms_norm_eps=float("nan"))), system="on-demand"), "rms_norm_eps"),
+    ("config_hidden_size_negative_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", hidden_size=-1))], "hidden_size"),
+    ("config_top_k_above_experts_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", num_experts_per_tok=9))], "num_experts_per_tok"),
+    ("config_top_k_above_experts_run", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", num_experts_per_tok=9)), system="on-demand"), "num_experts_per_tok"),
+    ("config_size_not_whole", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", intermediate_size=2.5)), system="on-demand"), "intermediate_size"),
+    ("config_field_of_the_wrong_type", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", use_cache="x")), system="on-demand"), "use_cache"),
+    ("config_dtype_unknown", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", dtype="float7"))], "float7"),
+    ("config_not_an_object", lambda w, r: ["inspect", _model_copy(w, r, lambda d: (d / "config.json").write_text(
+        "[1, 2]"))], "config.json"),
+    ("cost_as_config_hidden_size_nan", lambda w, r: _run(r, "--cost-as", _architecture(w, hidden_size=float("nan")),
+                                                         system="on-demand"), "hidden_size"),
+    ("cost_as_config_top_k_above_experts", lambda w, r: _run(r, "--cost-as", _architecture(
+        w, num_experts_per_tok=9), system="on-demand"), "num_experts_per_tok"),
+    ("hardware_memory_overflows", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["device"].update(
+        memory_gb=1e300))), "memory_gb"),
+    # --- build settings: every one range-checked before any work ---
+    ("build_ridge_nan", lambda w, r: _build("ridge=nan"), "ridge"),
+    ("build_ridge_zero", lambda w, r: _build("ridge=0"), "ridge"),
+    ("build_lr_inf", lambda w, r: _build("distill_lr=inf"), "distill_lr"),
+    ("build_experts_zero", lambda w, r: _build("experts=0"), "experts"),
+    ("build_layers_negative", lambda w, r: _build("layers=-1"), "layers"),
+    ("build_calibration_sequences_zero", lambda w, r: _build("calibration_sequences=0"), "calibration_sequences"),
+    ("build_seq_len_negative", lambda w, r: _build("seq_len=-1"), "seq_len"),
+    ("build_top_k_above_experts", lambda w, r: _build("experts=4", "top_k=5"), "top_k"),
+    ("build_kmeans_iters_zero", lambda w, r: _build("kmeans_iters=0"), "kmeans_iters"),
+    ("build_bool_not_a_bool", lambda w, r: _build("truncate=maybe"), "truncate"),
 ]
 
 

@@ -96,6 +96,11 @@ def load_architecture(name_or_path: str | Path) -> Architecture:
         raise SpecterError(f"architecture {origin} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise SpecterError(f"architecture {origin} must be a JSON object (a config.json)")
+    if "config" in data and not isinstance(data["config"], dict):
+        raise SpecterError(f"architecture {origin}: its config must be a JSON object (a config.json)")
+    from specter.models.config_check import check_config
+
+    check_config(data.get("config", data), f"architecture {origin}", fix=f"fix {origin}")
     if "config" in data:  # the shipped form
         return Architecture(str(data.get("name") or default_name), str(data.get("title") or default_name),
                             str(data.get("source") or origin), dict(data["config"]),

@@ -16,13 +16,13 @@ from transformers.utils import logging as hf_logging
 
 from specter.errors import SpecterError
 from specter.models.adapter import ARCHITECTURES, MoEModel, supported_list
-
-# Config keys by which transformers' MoE configs declare experts; a config without any of them is dense.
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+from specter.models.config_check import EXPERT_KEYS, check_config
+from specter.models.integrity import check_card, check_finite
 
 
 def read_model_config(path: str | Path) -> dict:
-    """The checkpoint's config.json as a dict, after checking that it is a supported MoE architecture."""
+    """The checkpoint's config.json as a dict, after checking that it is a supported MoE architecture whose numbers
+    can make a model (`check_config`; a config without any expert key is dense)."""
     path = Path(path)
     if not path.is_dir():
         raise SpecterError(f"model directory {str(path)!r} does not exist; pass a directory written by save_pretrained")
@@ -34,14 +34,22 @@ def read_model_config(path: str | Path) -> dict:
         )
     try:
         config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SpecterError(f"{config_file} is not valid JSON ({err}); re-save the checkpoint") from None
+    if not isinstance(config, dict):
+        raise SpecterError(f"{config_file} is not a JSON object; re-save the checkpoint")
     model_type = config.get("model_type")
     if model_type in ARCHITECTURES:
+        check_config(config, str(config_file))
+        try:  # the class's own validation (field types, dtype names), before a tokenizer or model reads the config
+            CONFIG_MAPPING[model_type].from_dict(dict(config))
+        except Exception as err:  # noqa: BLE001 - whatever the config class refuses is the config's
+            raise SpecterError(f"{config_file} is not a valid {model_type} config ({type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:300]}); fix or re-download the checkpoint") from None
         return config
     if model_type is None:
         raise SpecterError(f"{config_file} has no model_type; supported architectures: {supported_list()}")
-    if model_type in CONFIG_MAPPING and not any(config.get(k) for k in _EXPERT_KEYS):
+    if model_type in CONFIG_MAPPING and not any(config.get(k) for k in EXPERT_KEYS):
         raise SpecterError(
             f"{str(path)!r} is a dense {model_type!r} model, not a mixture of experts; "
             f"supported MoE architectures: {supported_list()}"
@@ -49,13 +57,17 @@ def read_model_config(path: str | Path) -> dict:
     raise SpecterError(f"unsupported architecture {model_type!r} in {config_file}; supported: {supported_list()}")
 
 
-def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: str = "cpu") -> MoEModel:
+def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: str = "cpu",
+                   known_hash: str | None = None) -> MoEModel:
     """Load a checkpoint from a local directory (never the network) and wrap it in the adapter.
 
-    Experts run through the eager per-expert path: the batched paths are slow on CPU prefill, and the runtime replaces
-    expert execution anyway.
+    Refused before any weight is read: a config that cannot make a model (`read_model_config`), files that differ
+    from what the model card recorded (`check_card`; `known_hash`: the model hash where the caller has it); and once
+    read, a NaN or infinite weight (`check_finite`). Experts run through the eager per-expert path: the batched paths
+    are slow on CPU prefill, and the runtime replaces expert execution anyway.
     """
     read_model_config(path)
+    check_card(path, known_hash)
     hf_logging.disable_progress_bar()  # the loader's per-tensor bar says nothing about a local checkpoint
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -66,6 +78,9 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
         what = f"{bad.name} is truncated or corrupt" if bad else "truncated or corrupt weights?"
         raise SpecterError(f"cannot load the model in {str(path)!r}: {type(err).__name__}: {_first_line(err)} "
                            f"({what}); rebuild or re-download the checkpoint") from None
+    precision = str(dtype).removeprefix("torch.")
+    check_finite(model, f"the model in {str(path)!r}", f"its weights are damaged (or overflow {precision}); rebuild or "
+                 "re-download the checkpoint")
     moe = MoEModel(model.to(device).eval())
     moe.path = Path(path)
     return moe
@@ -114,12 +129,19 @@ class ModelSummary:
 def describe_model(path: str | Path) -> ModelSummary:
     """Summarize a checkpoint from its config alone: the model is built on the meta device, no weights are read."""
     read_model_config(path)
-    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    dtype = getattr(config, "dtype", None) or torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    config_file = Path(path) / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        dtype = getattr(config, "dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"dtype {getattr(config, 'dtype', None)!r} is not a torch dtype")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except Exception as err:  # noqa: BLE001 - what check_config lets through and transformers refuses
+        raise SpecterError(f"{config_file} does not build a model: {type(err).__name__}: {_first_line(err)}; fix or "
+                           "re-download the checkpoint") from None
     moe = MoEModel(model)
     first = moe.moe_layers[0]
     return ModelSummary(

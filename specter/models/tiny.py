@@ -122,8 +122,12 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def save_tiny_model(model_type: str, out_dir: str | Path, seed: int = 0) -> Path:
     """Build a tiny model and save it, with its byte tokenizer, to `out_dir`; returns the directory."""
+    from specter.models.integrity import check_finite
+
     out = Path(out_dir)
-    build_tiny_model(model_type, seed=seed).save_pretrained(out)
+    model = build_tiny_model(model_type, seed=seed)
+    check_finite(model, f"tiny-{model_type}", "report this with the seed")  # a random init is finite: a guard
+    model.save_pretrained(out)
     byte_tokenizer().save_pretrained(out)
     return out
 

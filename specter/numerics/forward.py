@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 
 TokenRoutes = dict[int, tuple[int, ...]]  # one token's routed experts: {decoder layer: sorted expert ids}
@@ -83,6 +84,24 @@ def _forward(moe: MoEModel, ids: list[int], cache, recorders: tuple[TraceRecorde
     for recorder, rec_log in zip(recorders, logs):
         extras.setdefault(recorder.name, []).extend(recorder.values(moe, rec_log))
     return out.logits[0].float(), routes, out.cache
+
+
+def greedy_prefill(moe: MoEModel, prompt: list[int]) -> tuple[int, list[TokenRoutes]]:
+    """The first greedy token after `prompt` and the routes of its tokens: one forward that no service counts (a
+    memo's spot check against the model it replays on)."""
+    logits, routes, _ = _forward(moe, list(prompt), None)
+    return int(logits[-1].argmax()), routes
+
+
+def disagreement_cause(trace: PromptTrace) -> str:
+    """What a disagreement between two computations of one trace means, for its error message: for a trace read from
+    a memo (whose lines were checked against this model, `specter.numerics.memo`), its recording; for one computed
+    here, a near-tie that float noise flipped."""
+    if trace.origin is not None:
+        return (f" (the trace comes from --memo {trace.origin!r}, whose records passed their checks: a near-tie "
+                "that flipped between two computations when it was recorded, or content rewritten with its digest "
+                "recomputed); record the memo again with `specter sweep --memo-out`, in float32")
+    return ": a near-tie flipped under float noise between two computations; run the model in float32"
 
 
 def _crop(cache, length: int):
@@ -172,6 +191,7 @@ class PromptTrace:
     extras: dict[str, list] = field(default_factory=dict)  # a recorder's values per decode step, by recorder name
     windows: dict[tuple[str, int], DraftWindow] = field(default_factory=dict)  # by (draft, rebase point)
     calibration: bool = False  # a prompt of the calibration split (a governor's or a warm-up's), not an evaluation one
+    origin: str | None = None  # the memo the trace was read from (None: computed in this process); never saved
     _cache: object = None  # target KV over seq[:-1]; never saved (memos rebuild it when a window needs it)
     _draft_caches: dict = field(default_factory=dict)  # a draft's own KV over seq[:-1] (separate-KV drafts)
     _derived: dict = field(default_factory=dict)  # what systems derive from the trace alone; never saved
@@ -220,8 +240,8 @@ class ForwardService:
             self.traces[key] = fresh
             return fresh
         if fresh.tokens != trace.tokens or fresh.step_routes != trace.step_routes:
-            raise RuntimeError(f"decoding prompt {prompt[:8]}... again for {', '.join(r.name for r in missing)} gave "
-                               "other tokens or routes than the recorded trace; run the model in float32")
+            raise SpecterError(f"decoding prompt {prompt[:8]}... again for {', '.join(r.name for r in missing)} gave "
+                               "other tokens or routes than the recorded trace" + disagreement_cause(trace))
         trace.extras.update(fresh.extras)
         return trace
 

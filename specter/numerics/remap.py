@@ -72,7 +72,7 @@ class MappedService:
             return PromptTrace(list(source.prompt), list(source.tokens), [routes(r) for r in source.prefill_routes],
                                [routes(r) for r in source.step_routes],
                                {name: self.inner.recorders[name].remap(source.extras[name], self.layer_map)
-                                for name in extras}, calibration=source.calibration)
+                                for name in extras}, calibration=source.calibration, origin=source.origin)
 
         mapped = trace.derive(("mapped", self.layer_map, extras), mapped_trace)
         self._sources[id(mapped)] = trace

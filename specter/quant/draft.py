@@ -19,6 +19,7 @@ from safetensors import safe_open
 from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.experts import Activation, module_ffn
+from specter.models.integrity import first_nonfinite
 from specter.quant.meta import DraftMeta, model_hash
 from specter.quant.packing import PackedLinear, dequantize
 from specter.quant.quantize import PROJECTIONS
@@ -145,6 +146,10 @@ def read_packed(target: MoEModel, draft_dir: str | Path, meta: DraftMeta | None 
                 except KeyError:
                     raise SpecterError(f"draft {draft_dir} lacks {key}; quantize the draft again") from None
                 _check_packed(draft_dir, key, parts, shapes[proj], meta)
+                bad = first_nonfinite([("scales", parts[2]), ("bias", tensors.get(f"{key}.bias"))])
+                if bad is not None:
+                    raise SpecterError(f"draft {draft_dir}: {key}.{bad} holds NaN or infinite values; the draft is "
+                                       "damaged, quantize it again")
                 projs[proj] = (PackedLinear(*parts, bits=meta.bits), tensors.get(f"{key}.bias"))
             out[layer.layer_index, e] = projs
     return out

@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 from specter.errors import SpecterError
 from specter.io import atomic_dir
+from specter.models.integrity import check_card
 from specter.models.loading import load_moe_model, read_model_config
 from specter.numerics import determinism
 from specter.quant.meta import METHODS, DraftMeta, model_hash, versions
@@ -52,6 +53,7 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int) -> PackedLine
 def check_request(model_dir: str | Path, method: str, bits: int, group_size: int) -> dict:
     """Validate a quantization request before any work; returns the model's config."""
     config = read_model_config(model_dir)
+    check_card(model_dir)
     if method not in METHODS:
         raise SpecterError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
     if bits not in SUPPORTED_BITS:
@@ -109,6 +111,7 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         packed, calibration_numerics = _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path,
                                                       device, dtype)
         calibration_used = calibration
+    _check_finite_codes(packed, model_dir)
     tensors = {}
     per_expert: dict[str, int] = {}
     for (layer, expert, proj), (p, bias) in sorted(packed.items()):
@@ -138,6 +141,18 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         save_file(tensors, str(tmp / "experts.safetensors"))
         meta.write(tmp)
     return meta
+
+
+def _check_finite_codes(packed: dict, model_dir) -> None:
+    """Every scale and bias of the quantized experts finite (a float16 scale overflows past 65504, a NaN weight makes
+    a NaN scale), before anything is written."""
+    from specter.models.integrity import first_nonfinite
+
+    for (layer, expert, proj), (p, bias) in sorted(packed.items()):
+        bad = first_nonfinite([*p.tensors().items(), ("bias", bias)])
+        if bad is not None:
+            raise SpecterError(f"quantizing {model_dir}: layer {layer} expert {expert} {proj}.{bad} holds NaN or "
+                               "infinite values (weights beyond float16's range, or damaged); nothing was written")
 
 
 def _quantize_rtn(model_dir, bits, group_size) -> dict:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from specter.errors import SpecterError
+from specter.numerics.forward import disagreement_cause
 from specter.speculation.lookahead import PlannerState
 from specter.systems.base import PredictionCounts, PromptContext, PromptResult
 
@@ -103,10 +105,8 @@ def _commit(ctx: PromptContext, result: PromptResult, new_tokens: list[int], acc
     new_tokens = new_tokens[: ctx.config.max_new_tokens - len(result.tokens)]
     expected = trace.tokens[len(result.tokens) : len(result.tokens) + len(new_tokens)]
     if check and new_tokens != expected:
-        raise RuntimeError(
-            f"verification at position {t} disagreed with the target's incremental greedy decode "
-            f"({new_tokens} vs {expected}): a near-tie flipped under float noise; run the model in float32"
-        )
+        raise SpecterError(f"verification at position {t} disagreed with the target's incremental greedy decode "
+                           f"({new_tokens} vs {expected})" + disagreement_cause(trace))
     result.tokens += new_tokens
     result.commit_times += [done] * len(new_tokens)
     result.proposed += k

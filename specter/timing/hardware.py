@@ -185,6 +185,9 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
             if value < minimum:
                 bound = "positive" if minimum > 0 else "non-negative"
                 raise SpecterError(f"hardware profile {origin}: {where} must be {bound}, got {value!r}")
+            if not math.isfinite(value * _unit_scale(key)):  # e.g. memory_gb 1e300: 1e309 bytes is inf
+                raise SpecterError(f"hardware profile {origin}: {where} {value!r} is too large to hold in SI units "
+                                   f"(x{_unit_scale(key):g} overflows); give a physical value")
             values[section][key] = float(value)
     points = []
     by_size = data["link"].get("h2d_by_size") or []
@@ -198,7 +201,7 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
             raise SpecterError(
                 f"hardware profile {origin}: link.h2d_by_size[{i}] needs bytes, pinned_gbps and pageable_gbps"
             ) from None
-        numbers = (point.size_bytes, point.pinned_gbps, point.pageable_gbps)
+        numbers = (point.size_bytes, point.pinned_gbps * 1e9, point.pageable_gbps * 1e9)
         if not all(math.isfinite(x) and x > 0 for x in numbers):
             raise SpecterError(f"hardware profile {origin}: link.h2d_by_size[{i}] must be finite and positive, got "
                                f"{row!r}")
@@ -226,6 +229,11 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         measured=bool(data.get("measured", False)),
         sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
     )
+
+
+def _unit_scale(key: str) -> float:
+    """The factor that turns a field's unit (named by its key's suffix) into SI units."""
+    return {"tflops": 1e12, "gbps": 1e9, "gb": 1e9, "us": 1e-6}[key.rsplit("_", 1)[-1]]
 
 
 def profile_summary(profile: HardwareProfile) -> str:

@@ -1,0 +1,63 @@
+"""A model's weights checked for what would make a run commit garbage with exit 0: a NaN or infinite weight (a build
+with a degenerate setting, weights filled with 0xFF bytes, a quantization scale past float16's range), and weights or
+config edited since the model card recorded their hash.
+
+`check_finite` runs where weights come into being or into memory: a build before it saves (`build-model`), a load
+(`load_moe_model`), a quantization before it writes and a draft as it is dequantized. `check_card` compares the card's
+`weights_sha256` (the model hash over config.json and every weight file, `specter.quant.meta.model_hash`) with the files
+now; the hash goes through the suite's file-hash cache, so a second check of unchanged files reads one small file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from specter.errors import SpecterError
+
+CARD = "model_card.json"
+
+
+def first_nonfinite(named_tensors: Iterable[tuple[str, object]]) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
+    import torch
+
+    for name, tensor in named_tensors:
+        if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def check_finite(model, what: str, fix: str) -> None:
+    """Refuse `model` (a torch module) if any parameter or buffer is NaN or infinite; `what` names it, `fix` the
+    remedy."""
+    bad = first_nonfinite([*model.named_parameters(), *model.named_buffers()])
+    if bad is not None:
+        raise SpecterError(f"{what}: tensor {bad} holds NaN or infinite values; {fix}")
+
+
+def check_card(model_dir: str | Path, known_hash: str | None = None) -> None:
+    """Where `model_dir` has a model card, its files must still have the hash the card recorded (`known_hash`: the
+    model hash where the caller has computed it already)."""
+    path = Path(model_dir) / CARD
+    if not path.is_file():
+        return
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SpecterError(f"{path} is not a readable model card ({type(err).__name__}); rebuild the model with "
+                           "`specter build-model`") from None
+    recorded = card.get("weights_sha256") if isinstance(card, dict) else None
+    if recorded is None:  # a card that records no hash has nothing to check
+        return
+    if not isinstance(recorded, str) or len(recorded) != 64:
+        raise SpecterError(f"{path}: weights_sha256 {recorded!r} is not a sha256; rebuild the model with "
+                           "`specter build-model`")
+    from specter.quant.meta import model_hash
+
+    actual = known_hash or model_hash(model_dir)
+    if actual != recorded:
+        raise SpecterError(f"{str(model_dir)!r}: its config.json or weights are not the ones {CARD} recorded "
+                           f"(weights_sha256 {recorded[:12]}, the files now {actual[:12]}): edited or damaged since "
+                           "the build; rebuild the model with `specter build-model` or copy it again")
