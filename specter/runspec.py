@@ -199,6 +199,17 @@ def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: boo
             "metavar": metavar}
 
 
+def check_positions(model_config: dict, parts: dict[str, int]) -> None:
+    """The longest sequence a command makes, the sum of `parts` (each named as the user gave it: a flag, or a phrase
+    such as "a window of"), fits the model's positions (`max_position_embeddings`, where its config gives one)."""
+    limit = model_config.get("max_position_embeddings")
+    need = sum(parts.values())
+    if isinstance(limit, int) and not isinstance(limit, bool) and need > limit:
+        said = " + ".join(f"{name} {value}" for name, value in parts.items()) + \
+            (f" is {need} positions, more than" if len(parts) > 1 else " positions are more than")
+        raise SpecterError(f"{said} the model's {limit} (max_position_embeddings); ask for fewer tokens")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Every setting of one run. `budget` and `k` are typed; everything else is a plain value."""
@@ -313,13 +324,9 @@ class RunSpec:
         """The run's longest sequence (prompt, new tokens, a window beyond them) fits the model's positions."""
         from specter.speculation.governor import PROFILE_KS
 
-        limit = model_config.get("max_position_embeddings")
         window = self.k.fixed or (max(PROFILE_KS) if self.k.governor else 0)
-        need = self.prefix_tokens + self.max_new_tokens + window
-        if isinstance(limit, int) and need > limit:
-            raise SpecterError(f"--prefix-tokens {self.prefix_tokens} + --max-new-tokens {self.max_new_tokens} + a "
-                               f"window of {window} is {need} positions, more than the model's {limit} "
-                               "(max_position_embeddings); ask for fewer tokens")
+        check_positions(model_config, {"--prefix-tokens": self.prefix_tokens,
+                                       "--max-new-tokens": self.max_new_tokens, "a window of": window})
 
     def _check_cost_as(self, structures: dict | None = None) -> None:
         from pathlib import Path
