@@ -128,6 +128,12 @@ def _sweep(real, *extra):
             "--out", "{out}.jsonl", *extra]
 
 
+# 400 bytes of YAML whose description expands to 9^7 strings (about 30 MB) wherever it is written out
+_ALIAS_BOMB = "l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 6)) + \
+    f"description: [{', '.join(['*l5'] * 9)}]\n"
+
+
 # (case id, argv builder (work dir, real outputs) -> argv, what the error line must say)
 CASES = [
     # --- silently wrong numbers: NaN, inf, 0, negative and huge values of every numeric option ---
@@ -158,6 +164,18 @@ CASES = [
     ("system_option_not_key_value", lambda w, r: _run(r, "--system-option", "noise"), "NAME=VALUE"),
     ("group_size_zero", lambda w, r: ["quantize", "--model", r["model"], "--method", "rtn", "--group-size", "0",
                                       "--out", "{out}"], "--group-size"),
+    ("fidelity_new_tokens_beyond_positions", lambda w, r: ["fidelity", "--model", r["model"], "--draft",
+                                                            str(r["draft"]), "--new-tokens", "1000",
+                                                            "--out", "{out}.csv"], "max_position_embeddings"),
+    ("fidelity_new_tokens_huge_unbounded_work", lambda w, r: ["fidelity", "--model", r["model"], "--draft",
+                                                               str(r["draft"]), "--new-tokens", str(10**6),
+                                                               "--out", "{out}.csv"], "--new-tokens 1000000"),
+    ("quantize_calibration_beyond_positions", lambda w, r: ["quantize", "--model", r["model"], "--group-size", "32",
+                                                            "--calibration-length", "2048", "--out", "{out}"],
+     "the model's 512 (max_position_embeddings)"),
+    ("quantize_calibration_one_beyond_positions_keeps_an_earlier_log", lambda w, r: [
+        "quantize", "--model", r["model"], "--group-size", "32", "--calibration-length", "513", "--gptq-log",
+        "{out}.txt", "--out", "{out}"], "--calibration-length 513"),
     ("stride_zero", lambda w, r: ["fidelity", "--model", r["model"], "--draft", str(r["draft"]), "--stride", "0",
                                   "--out", "{out}.csv"], "--stride"),
     ("repeats_below_ten", lambda w, r: ["profile-bandwidth", "--out", "{out}", "--repeats", "3"], "--repeats"),
@@ -190,6 +208,31 @@ CASES = [
         latency_us=-1))), "latency_us"),
     ("hardware_missing_section", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.pop("host"))),
      "host"),
+    ("hardware_tflops_astronomical", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["device"].update(
+        peak_tflops=1e300))), "device.peak_tflops"),
+    ("hardware_integer_too_large_for_a_float", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "host"].update(peak_tflops=10**400))), "host.peak_tflops"),
+    ("hardware_memory_astronomical_overflowed", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "device"].update(memory_gb=1e300))), "device.memory_gb"),
+    ("hardware_latency_astronomical", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
+        latency_us=1e12))), "link.latency_us"),
+    ("hardware_bandwidth_astronomical", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["host"].update(
+        memory_bandwidth_gbps=1e40))), "host.memory_bandwidth_gbps"),
+    ("hardware_bandwidth_point_astronomical_size", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "link"].update(h2d_by_size=[{"bytes": 1e300, "pinned_gbps": 5.0, "pageable_gbps": 5.0}]))),
+     "h2d_by_size[0].bytes"),
+    ("hardware_bandwidth_points_too_many", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "link"].update(h2d_by_size=[{"bytes": 4096 + i, "pinned_gbps": 5.0, "pageable_gbps": 5.0}
+                                    for i in range(5000)]))), "h2d_by_size"),
+    ("hardware_sources_not_a_mapping", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.update(
+        sources=["a", "b"]))), "sources"),
+    ("hardware_alias_bomb", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", _ALIAS_BOMB + yaml.safe_dump(
+        {k: v for k, v in r["preset"].items() if k != "description"})), system="on-demand"), "alias"),
+    ("hardware_file_too_large", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", yaml.safe_dump(r["preset"])
+                                                                           + "#" * (2 << 20))), "MAX_PROFILE_BYTES"),
+    ("hardware_nested_too_deeply", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", "[" * 100_000)),
+     "hw.yaml"),
+    ("hardware_not_text", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", b"\xff\xfe\x00" * 100)), "UTF-8"),
     ("hardware_not_yaml", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", "link: [unclosed\n")), "hw.yaml"),
     ("hardware_unknown_preset", lambda w, r: _run(r, "--hardware", "quantum-9000"), "quantum-9000"),
     # --- corrupt or truncated weights, drafts and memos ---
