@@ -8,8 +8,9 @@ worker's process group is killed, and `specter.cli.main` prints the line.
 Except inside an import. Libraries catch what an import raises and go on half-initialized: a Ctrl-C in torch's import
 of numpy left numpy partly imported, and the next `np.dtypes` recursed until a RecursionError (4 of 16 early
 interrupts), and a Ctrl-C inside torch's C++ initialization aborted the process. So a signal that arrives while any
-import is under way raises nothing: the handler removes the temporaries `specter.io` has open (every output is written
-through it) and ends the process at once with the same status and line. A child process (the GPTQ worker) dies with
+import is under way raises nothing: the handler removes the temporaries this process has open (`specter.io`, which
+every output goes through, tracks each here from its creation until it is renamed into place or removed) and ends the
+process at once with the same status and line. A child process (the GPTQ worker) dies with
 its parent (it asks Linux for that, see `gptq_worker.die_with_parent`).
 """
 
@@ -17,9 +18,22 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 INTERRUPTED = "specter: interrupted; outputs are written whole or not at all, so none is partial"
+#: the temporary files and directories this process has open: what an exit at once removes
+_OPEN: set = set()
+
+
+def track(path) -> None:
+    _OPEN.add(path)
+
+
+def forget(path) -> None:
+    _OPEN.discard(path)
+
+
+def tracked(path) -> bool:
+    return path in _OPEN
 
 
 def install() -> None:
@@ -46,9 +60,13 @@ def _importing(frame) -> bool:
 
 
 def _exit_now(signum: int) -> None:
-    remove = getattr(sys.modules.get("specter.io"), "remove_temporaries", None)  # none yet: nothing was written
-    if remove is not None:
-        remove()
+    import shutil
+
+    for path in list(_OPEN):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     if signum == signal.SIGINT:
         os.write(2, (INTERRUPTED + "\n").encode())  # not sys.stderr: the signal may have come in the middle of a print
     os._exit(128 + signum)

@@ -6,7 +6,7 @@ predictable name cannot be planted as a symlink), as `.NAME.HOST-PID.RANDOM.tmp`
 its way out): hidden, and naming the process that made it.
 
 Temporaries go away on every exit Python sees: an error or a signal unwinds through the writer, which removes its
-own; a signal during an import ends the process at once (`specter.interrupt`) after `remove_temporaries()`. Only a
+own; a signal during an import ends the process at once after removing those it tracks (`specter.interrupt`). Only a
 SIGKILL (or a power cut) leaves one behind, and the next writer into the same directory removes it: a temporary of
 this host whose process is gone (`sweep_stale`). Nothing else there is touched.
 """
@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-#: this process's temporaries not yet renamed into place or removed (what `remove_temporaries` removes)
-_LIVE: set[Path] = set()
+from specter import interrupt
+
 #: a temporary's name: `.NAME.HOST-PID.RANDOM.tmp` or `.old` (RANDOM from tempfile's alphabet: no dots)
 _TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>[0-9]+)\.[a-z0-9_]+\.(?:tmp|old)")
 
@@ -35,15 +35,15 @@ def _host() -> str:
 
 
 def _new(path: Path, directory: bool = False, suffix: str = ".tmp") -> tuple[int | None, Path]:
-    """A new temporary beside `path` (a file, open: its descriptor; or a directory), registered in `_LIVE`; stale
-    temporaries in the same directory are removed first."""
+    """A new temporary beside `path` (a file, open: its descriptor; or a directory), tracked by `specter.interrupt`;
+    stale temporaries in the same directory are removed first."""
     sweep_stale(path.parent)
     prefix = f".{path.name}.{_host()}-{os.getpid()}."
     if directory:
         fd, tmp = None, tempfile.mkdtemp(dir=path.parent, prefix=prefix, suffix=suffix)
     else:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
-    _LIVE.add(Path(tmp))
+    interrupt.track(Path(tmp))
     return fd, Path(tmp)
 
 
@@ -53,13 +53,7 @@ def _remove(tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.unlink(missing_ok=True)
-    _LIVE.discard(tmp)
-
-
-def remove_temporaries() -> None:
-    """Remove every temporary this process has open (for an exit that unwinds nothing: see `specter.interrupt`)."""
-    for tmp in list(_LIVE):
-        _remove(tmp)
+    interrupt.forget(tmp)
 
 
 def sweep_stale(directory: str | Path) -> list[Path]:
@@ -77,7 +71,7 @@ def sweep_stale(directory: str | Path) -> list[Path]:
         if m is None or m["host"] != host:
             continue
         path, pid = Path(entry.path), int(m["pid"])
-        if (pid == os.getpid() and path in _LIVE) or (pid != os.getpid() and _alive(pid)):
+        if (pid == os.getpid() and interrupt.tracked(path)) or (pid != os.getpid() and _alive(pid)):
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
@@ -117,7 +111,7 @@ def publish(tmp: Path, path: str | Path) -> Path:
     """Rename a temporary file from `temporary()` to `path` (beside it), with the permissions the umask gives."""
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private
     os.replace(tmp, path)
-    _LIVE.discard(tmp)
+    interrupt.forget(tmp)
     return Path(path)
 
 
@@ -183,7 +177,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
                 if path.exists() or not (old / path.name).exists():
                     _remove(old)
                 else:  # neither in place nor back: keep the previous one where it is, never remove it
-                    _LIVE.discard(old)
+                    interrupt.forget(old)
         else:
             os.replace(tmp, path)
     finally:

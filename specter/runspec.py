@@ -199,6 +199,13 @@ def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: boo
             "metavar": metavar}
 
 
+#: the whole-number run settings' bounds, (lowest, highest): the flags' and the workflow config's
+LIMITS = {"num_prompts": (1, 100_000), "prefix_tokens": (1, 1 << 20), "max_new_tokens": (2, 1 << 20),
+          "seed": (0, 2**63 - 1), "warmup_prompts": (0, 1000), "repeats": (1, 100)}
+#: the largest fixed K (proposals a window)
+MAX_WINDOW = 1024
+
+
 def check_positions(model_config: dict, parts: dict[str, int]) -> None:
     """The longest sequence a command makes, the sum of `parts` (each named as the user gave it: a flag, or a phrase
     such as "a window of"), fits the model's positions (`max_position_embeddings`, where its config gives one)."""
@@ -307,9 +314,7 @@ class RunSpec:
 
     def _check_numbers(self) -> None:
         """Every number finite and in range, before anything is loaded."""
-        ints = {"--num-prompts": (self.num_prompts, 1, 100_000), "--prefix-tokens": (self.prefix_tokens, 1, 1 << 20),
-                "--max-new-tokens": (self.max_new_tokens, 2, 1 << 20), "--seed": (self.seed, 0, 2**63 - 1),
-                "--warmup-prompts": (self.warmup_prompts, 0, 1000), "--repeats": (self.repeats, 1, 100)}
+        ints = {f"--{name.replace('_', '-')}": (getattr(self, name), low, high) for name, (low, high) in LIMITS.items()}
         for flag, (value, low, high) in ints.items():
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 hint = " (TPOT needs two tokens)" if flag == "--max-new-tokens" else ""
@@ -317,8 +322,8 @@ class RunSpec:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 100:
             raise SpecterError(f"--temperature must be a finite number from 0 (greedy) to 100, got {t!r}")
-        if self.k.fixed is not None and self.k.fixed > 1024:
-            raise SpecterError(f"--k {self.k.fixed} is more than 1024 proposals a window; give a smaller K")
+        if self.k.fixed is not None and self.k.fixed > MAX_WINDOW:
+            raise SpecterError(f"--k {self.k.fixed} is more than {MAX_WINDOW} proposals a window; give a smaller K")
 
     def _check_positions(self, model_config: dict) -> None:
         """The run's longest sequence (prompt, new tokens, a window beyond them) fits the model's positions."""

@@ -262,3 +262,29 @@ def test_a_signal_in_the_first_instants_exits_with_one_line_and_leaves_nothing(s
             assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["tmp"], (delay, trial)
             left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
             assert not left, (delay, trial, left)  # (torch makes its compile cache there once it starts)
+
+
+def test_a_signal_during_an_import_removes_the_open_temporaries_and_exits_at_once(tmp_path):
+    """An import is never interrupted by an exception (libraries catch it and go on half-initialized): the process
+    removes the temporaries it has open and exits 130 at once, with the CLI's line."""
+    import signal
+    import time
+
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(60)\n")
+    code = ("import sys; from specter import interrupt, io; interrupt.install(); "
+            "t = io.temporary(sys.argv[1], directory=True); d = t.__enter__(); (d / 'part').write_text('x'); "
+            "print(d, flush=True); import slow_import")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    made = proc.stdout.readline().strip()
+    assert made and os.path.isdir(made), proc.stderr.read()
+    time.sleep(0.5)  # inside the import
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err.strip() == "specter: interrupted; outputs are written whole or not at all, " \
+        "so none is partial" and time.monotonic() - start < 10, err
+    assert not os.path.exists(made) and [p.name for p in tmp_path.iterdir() if p.name != "__pycache__"] == [
+        "slow_import.py"]

@@ -424,3 +424,62 @@ def test_records_carry_the_checkouts_commit():
     if head.returncode != 0:
         pytest.skip("not a git checkout")
     assert git_commit() == head.stdout.strip()
+
+
+def test_a_writer_sweeps_what_killed_writers_left_and_nothing_else(tmp_path):
+    """A SIGKILLed writer leaves its hidden temporary; the next write into the directory removes those of processes
+    that no longer run on this host, and leaves a live process's, another host's, a planted link's target and every
+    other file alone."""
+    import subprocess
+    import sys
+
+    from specter import io
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = io._host()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("years of work\n")
+    stale = [f".records.jsonl.{host}-{dead.pid}.abc123_x.tmp", f".model.{host}-{dead.pid}.k2j4h5g6.tmp",
+             f".model.{host}-{dead.pid}.zz9yy8xx.old", f".link.{host}-{dead.pid}.q1w2e3r4.tmp"]
+    kept = [f".records.jsonl.{host}-{os.getppid()}.abc123_x.tmp",  # a live process (pytest's parent)
+            f".records.jsonl.another-node-{dead.pid}.abc123_x.tmp", ".records.jsonl.abc123_x.tmp",
+            "records.jsonl.bak", f"notes.{host}-{dead.pid}.abc123_x.tmp"]
+    for name in stale[:1] + kept:
+        (tmp_path / name).write_text("partial\n")
+    for name in stale[1:3]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"\0" * 64)
+    os.symlink(victim, tmp_path / stale[3])
+    io.atomic_write_text(tmp_path / "records.jsonl", "new\n")
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*kept, "records.jsonl", "victim"]), left
+    assert (victim / "precious").read_text() == "years of work\n"
+    with io.atomic_dir(tmp_path / "model") as tmp:  # this process's own temporaries stay while it writes them
+        (tmp / "config.json").write_text("{}")
+        assert tmp.name.startswith(f".model.{host}-{os.getpid()}.") and io.sweep_stale(tmp_path) == []
+    assert (tmp_path / "model" / "config.json").is_file() and tmp.name not in os.listdir(tmp_path)
+
+
+@pytest.mark.slow  # GPTQModel is imported before the worker finds the corpus too short: about a minute
+def test_a_failed_gptq_run_leaves_an_earlier_log_as_it_was_and_nothing_behind(real, tmp_path):
+    """The worker fails after every check passed (more calibration tokens than the corpus has): the error is one line
+    quoting the log's end, an earlier --gptq-log FILE is left as it was, and nothing is left beside the draft or in
+    TMPDIR (GPTQModel's and the worker's temporaries)."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "gptq.log"
+    log.write_text(SENTINEL)
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "specter", "quantize", "--model", real["model"], "--group-size", "32",
+                           "--calibration-sequences", "100000", "--calibration-length", "512", "--gptq-log", str(log),
+                           "--threads", "1", "--quiet", "--out", str(tmp_path / "draft")],
+                          capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "GPTQModel failed" in lines[0] and "is left as it was" in lines[0] and "calibration tokens" in lines[0]
+    assert log.read_text() == SENTINEL
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gptq.log", "tmp"]
+    assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
