@@ -1,11 +1,11 @@
 """`python -m specter` is the `specter` console script."""
 
-import sys
+from specter.interrupt import install
 
-try:
-    from specter.cli import main
-except KeyboardInterrupt:  # interrupted while Python imports the suite: nothing has started
-    print("specter: interrupted", file=sys.stderr)
-    sys.exit(130)
+install()  # the first instruction: a Ctrl-C from here on exits 130 with one line (see specter/interrupt.py)
+
+import sys  # noqa: E402
+
+from specter.cli import main  # noqa: E402
 
 sys.exit(main())

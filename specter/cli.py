@@ -125,11 +125,14 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from specter.data.prompts import load_prompts
-    from specter.models.loading import load_moe_model
+    from specter.models.loading import load_moe_model, read_model_config
     from specter.quant.draft import load_draft
     from specter.quant.fidelity import fidelity, write_fidelity
+    from specter.runspec import check_positions
 
     _threads_set(args)
+    check_positions(read_model_config(args.model), {"--prefix-tokens": args.prefix_tokens,
+                                                    "--new-tokens": args.new_tokens})  # as `run` checks its own
     target = load_moe_model(args.model, dtype=getattr(torch, args.dtype))
     draft = load_draft(target, args.draft)
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
@@ -596,20 +599,16 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _terminated(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds like an exception: temporary files and directories are removed
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    import signal
+    from specter import interrupt
 
+    interrupt.install()  # first: a Ctrl-C or SIGTERM from here on exits 130 (143) with one line, nothing left behind
     from specter.io import cache_bytecode
     from specter.numerics.determinism import pin_environment
 
     cache_bytecode()  # before the heavy imports (torch, transformers): see its docstring
     try:
         pin_environment()  # before torch computes anything: the same bits on any AVX2 CPU (see determinism.py)
-        signal.signal(signal.SIGTERM, _terminated)
         args = build_parser().parse_args(argv)
         from specter import progress
 
@@ -632,7 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _interrupted() -> int:
-    print("specter: interrupted; outputs are written whole or not at all, so none is partial", file=sys.stderr)
+    from specter.interrupt import INTERRUPTED
+
+    print(INTERRUPTED, file=sys.stderr)
     return 130
 
 

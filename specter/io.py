@@ -1,15 +1,22 @@
 """Writing outputs atomically: a unique temporary file (or directory) beside the target, renamed over it when complete.
 
-A reader (or a later run) therefore sees either the old file or the whole new one, never a partial write, and a killed
-writer leaves only its temporary file, whose name starts with a dot and ends in `.tmp`. The temporary name comes from
-`tempfile` in the target's own directory (so the rename stays on one file system and a predictable name cannot be
-planted as a symlink).
+A reader (or a later run) therefore sees either the old file or the whole new one, never a partial write. The
+temporary name comes from `tempfile` in the target's own directory (so the rename stays on one file system and a
+predictable name cannot be planted as a symlink), as `.NAME.HOST-PID.RANDOM.tmp` (`.old` for a replaced directory on
+its way out): hidden, and naming the process that made it.
+
+Temporaries go away on every exit Python sees: an error or a signal unwinds through the writer, which removes its
+own; a signal during an import ends the process at once after removing those it tracks (`specter.interrupt`). Only a
+SIGKILL (or a power cut) leaves one behind, and the next writer into the same directory removes it: a temporary of
+this host whose process is gone (`sweep_stale`). Nothing else there is touched.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -17,12 +24,102 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from specter import interrupt
+
+#: a temporary's name: `.NAME.HOST-PID.RANDOM.tmp` or `.old` (RANDOM from tempfile's alphabet: no dots)
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>[0-9]+)\.[a-z0-9_]+\.(?:tmp|old)")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+
+
+def _new(path: Path, directory: bool = False, suffix: str = ".tmp") -> tuple[int | None, Path]:
+    """A new temporary beside `path` (a file, open: its descriptor; or a directory), tracked by `specter.interrupt`;
+    stale temporaries in the same directory are removed first."""
+    sweep_stale(path.parent)
+    prefix = f".{path.name}.{_host()}-{os.getpid()}."
+    if directory:
+        fd, tmp = None, tempfile.mkdtemp(dir=path.parent, prefix=prefix, suffix=suffix)
+    else:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
+    interrupt.track(Path(tmp))
+    return fd, Path(tmp)
+
+
+def _remove(tmp: Path) -> None:
+    """Remove a temporary (file or directory, whatever is left of it) and forget it."""
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.unlink(missing_ok=True)
+    interrupt.forget(tmp)
+
+
+def sweep_stale(directory: str | Path) -> list[Path]:
+    """Remove what killed writers left in `directory`: the suite's temporaries (named as `_TEMPORARY` says) made on
+    this host by a process that no longer runs (or by an earlier process with this one's pid). A temporary of a live
+    process, of another host (a shared file system), or any other file is left alone. Returns what it removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    host = _host()
+    for entry in entries:
+        m = _TEMPORARY.fullmatch(entry.name)
+        if m is None or m["host"] != host:
+            continue
+        path, pid = Path(entry.path), int(m["pid"])
+        if (pid == os.getpid() and interrupt.tracked(path)) or (pid != os.getpid() and _alive(pid)):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:  # not ours to remove after all (permissions): a sweep never fails a command
+            continue
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextmanager
+def temporary(beside: str | Path, directory: bool = False) -> Iterator[Path]:
+    """A new empty temporary file (or directory) beside `beside`, named as the writers' are, removed when the block
+    ends, whatever happens (a caller that wants to keep it renames it first)."""
+    fd, tmp = _new(Path(beside), directory)
+    if fd is not None:
+        os.close(fd)
+    try:
+        yield tmp
+    finally:
+        _remove(tmp)
+
+
+def publish(tmp: Path, path: str | Path) -> Path:
+    """Rename a temporary file from `temporary()` to `path` (beside it), with the permissions the umask gives."""
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private
+    os.replace(tmp, path)
+    interrupt.forget(tmp)
+    return Path(path)
+
 
 def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = False) -> Path:
     """Call `write(f)` on a temporary file beside `path`, then rename it to `path`; returns `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new(path)
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; outputs get the usual permissions
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as f:
@@ -30,9 +127,8 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = F
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        _remove(tmp)  # after the rename there is nothing left to remove
     return path
 
 
@@ -63,21 +159,29 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     so a killed build never leaves anything that looks done."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    _, tmp = _new(path, directory=True)
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes the directory private; outputs get the usual permissions
         yield tmp
         _usual_permissions(tmp)
-        old = None
         if path.exists():
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
-            os.replace(path, old / path.name)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            _, old = _new(path, directory=True, suffix=".old")
+            try:
+                os.replace(path, old / path.name)
+                try:
+                    os.replace(tmp, path)
+                except BaseException:
+                    os.replace(old / path.name, path)  # the previous one back in place
+                    raise
+            finally:
+                if path.exists() or not (old / path.name).exists():
+                    _remove(old)
+                else:  # neither in place nor back: keep the previous one where it is, never remove it
+                    interrupt.forget(old)
+        else:
+            os.replace(tmp, path)
+    finally:
+        _remove(tmp)
 
 
 def writable_problem(path: str | Path, directory: bool = False) -> str | None:

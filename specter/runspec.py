@@ -199,6 +199,24 @@ def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: boo
             "metavar": metavar}
 
 
+#: the whole-number run settings' bounds, (lowest, highest): the flags' and the workflow config's
+LIMITS = {"num_prompts": (1, 100_000), "prefix_tokens": (1, 1 << 20), "max_new_tokens": (2, 1 << 20),
+          "seed": (0, 2**63 - 1), "warmup_prompts": (0, 1000), "repeats": (1, 100)}
+#: the largest fixed K (proposals a window)
+MAX_WINDOW = 1024
+
+
+def check_positions(model_config: dict, parts: dict[str, int]) -> None:
+    """The longest sequence a command makes, the sum of `parts` (each named as the user gave it: a flag, or a phrase
+    such as "a window of"), fits the model's positions (`max_position_embeddings`, where its config gives one)."""
+    limit = model_config.get("max_position_embeddings")
+    need = sum(parts.values())
+    if isinstance(limit, int) and not isinstance(limit, bool) and need > limit:
+        said = " + ".join(f"{name} {value}" for name, value in parts.items()) + \
+            (f" is {need} positions, more than" if len(parts) > 1 else " positions are more than")
+        raise SpecterError(f"{said} the model's {limit} (max_position_embeddings); ask for fewer tokens")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Every setting of one run. `budget` and `k` are typed; everything else is a plain value."""
@@ -296,9 +314,7 @@ class RunSpec:
 
     def _check_numbers(self) -> None:
         """Every number finite and in range, before anything is loaded."""
-        ints = {"--num-prompts": (self.num_prompts, 1, 100_000), "--prefix-tokens": (self.prefix_tokens, 1, 1 << 20),
-                "--max-new-tokens": (self.max_new_tokens, 2, 1 << 20), "--seed": (self.seed, 0, 2**63 - 1),
-                "--warmup-prompts": (self.warmup_prompts, 0, 1000), "--repeats": (self.repeats, 1, 100)}
+        ints = {f"--{name.replace('_', '-')}": (getattr(self, name), low, high) for name, (low, high) in LIMITS.items()}
         for flag, (value, low, high) in ints.items():
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 hint = " (TPOT needs two tokens)" if flag == "--max-new-tokens" else ""
@@ -306,20 +322,16 @@ class RunSpec:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 100:
             raise SpecterError(f"--temperature must be a finite number from 0 (greedy) to 100, got {t!r}")
-        if self.k.fixed is not None and self.k.fixed > 1024:
-            raise SpecterError(f"--k {self.k.fixed} is more than 1024 proposals a window; give a smaller K")
+        if self.k.fixed is not None and self.k.fixed > MAX_WINDOW:
+            raise SpecterError(f"--k {self.k.fixed} is more than {MAX_WINDOW} proposals a window; give a smaller K")
 
     def _check_positions(self, model_config: dict) -> None:
         """The run's longest sequence (prompt, new tokens, a window beyond them) fits the model's positions."""
         from specter.speculation.governor import PROFILE_KS
 
-        limit = model_config.get("max_position_embeddings")
         window = self.k.fixed or (max(PROFILE_KS) if self.k.governor else 0)
-        need = self.prefix_tokens + self.max_new_tokens + window
-        if isinstance(limit, int) and need > limit:
-            raise SpecterError(f"--prefix-tokens {self.prefix_tokens} + --max-new-tokens {self.max_new_tokens} + a "
-                               f"window of {window} is {need} positions, more than the model's {limit} "
-                               "(max_position_embeddings); ask for fewer tokens")
+        check_positions(model_config, {"--prefix-tokens": self.prefix_tokens,
+                                       "--max-new-tokens": self.max_new_tokens, "a window of": window})
 
     def _check_cost_as(self, structures: dict | None = None) -> None:
         from pathlib import Path

@@ -1,15 +1,22 @@
-"""What the workflow checks in its config before any job runs, beyond the schema: names that become paths, files that
-must exist, and settings that only make sense together (systems, builds, presets, prompt sets, architectures, cases,
-group sizes against the models' widths). Each problem is one error naming the key, the value and the fix.
+"""What the workflow checks in its config before any job runs: the schema (`check_schema`), then what the schema
+cannot say (`check_config`): names that become paths, matched whole; every path-like value; every number finite and
+within the bounds of the flag it becomes, and the sequences it makes within the models' positions; settings that only
+make sense together (systems, builds, presets, prompt sets, architectures, cases, system options, group sizes against
+the models' widths). Each problem is one ConfigError naming the key, the value and the fix; the workflow prints it as
+one line and exits 2, before Snakemake plans anything (workflow/rules/common.smk).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
-#: names that become path components: letters, digits, `._-`, no leading dot or dash, no `..`
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: names that become path components: letters, digits, `._-`, no leading dot or dash, no `..` (matched whole: `$`
+#: alone would let a name end in a newline)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: SmolLM2-135M's positions, the built smollm2-moe models' (its GGUF's llama.context_length)
+SMOLLM2_POSITIONS = 8192
 
 
 class ConfigError(ValueError):
@@ -17,13 +24,106 @@ class ConfigError(ValueError):
 
 
 def check_name(key: str, name: str) -> None:
-    if not isinstance(name, str) or not NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
         raise ConfigError(f"config {key}: {name!r} is not a safe name (letters, digits, '.', '_' and '-', starting "
                           "with a letter or digit, no '..'); rename it")
 
 
-def _model_widths(name: str, spec: dict) -> tuple[int, int, int, int]:
-    """(hidden size, expert width, routed experts, top-k) of a configured model, before it is built."""
+def check_schema(config: dict, schema_file: str | Path) -> None:
+    """The config against the workflow's JSON schema; the most relevant problem as one ConfigError naming its key."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_file).read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(the top level)"
+        message = " ".join(error.message.split())
+        raise ConfigError(f"config {where}: {message[:400]}; fix it (workflow/schemas/config.schema.yaml describes "
+                          "every key)")
+
+
+def _check_path(key: str, value: str) -> None:
+    """A path from the config: text on one line, without `..` (a path that climbs out of where the workflow runs
+    reads files nobody meant it to)."""
+    if not isinstance(value, str) or not value.strip() or any(c in value for c in "\0\n\r"):
+        raise ConfigError(f"config {key}: {value!r} is not a path; give a file's path on one line")
+    if ".." in Path(value).parts:
+        raise ConfigError(f"config {key}: {value!r} climbs out with '..'; give the path without it (absolute, or "
+                          "below the directory the workflow runs in)")
+
+
+def _check_prompt_file(key: str, value: str) -> None:
+    """A prompt set given as a file: a safe path to an existing file of a format the suite reads."""
+    from specter.data.prompts import READERS
+
+    _check_path(key, value)
+    path = Path(value)
+    if not path.is_file():
+        raise ConfigError(f"config {key}: {value!r} does not exist (or is not a file); fix the path")
+    if path.suffix.lower() not in READERS:
+        raise ConfigError(f"config {key}: {value!r} is not a prompt file ({', '.join(READERS)}); give one of those")
+
+
+def _whole(key: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"config {key}: {value!r} must be a whole number from {low} to {high}; fix it")
+
+
+def _real(key: str, value, low: float, high: float, above_low: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and math.isfinite(float(value)) and (low < value if above_low else low <= value) and value <= high
+    if not ok:
+        bound = f"above {low:g} and at most {high:g}" if above_low else f"from {low:g} to {high:g}"
+        raise ConfigError(f"config {key}: {value!r} must be a finite number {bound}; fix it")
+
+
+def _check_numbers(config: dict) -> None:
+    """Every number of the config finite and within the bounds of the flag it becomes (the schema gives lower bounds
+    only, and lets NaN and infinity through)."""
+    from specter.runspec import LIMITS, MAX_WINDOW
+    from specter.timing.hardware import MAX_GB
+
+    wide = (1, 1 << 20)  # the CLI's bound of a count of tokens or inputs
+    whole = {
+        **{f"protocol.{name}": LIMITS[name] for name in ("num_prompts", "prefix_tokens", "max_new_tokens", "seed",
+                                                          "repeats")},
+        "fidelity.num_prompts": LIMITS["num_prompts"], "fidelity.prefix_tokens": LIMITS["prefix_tokens"],
+        "fidelity.new_tokens": LIMITS["max_new_tokens"], "fidelity.stride": wide,
+        "calibration.num_sequences": LIMITS["num_prompts"], "calibration.seq_len": (2, wide[1]),
+    }
+    for key, (low, high) in whole.items():
+        section, name = key.split(".")
+        if name in config[section]:
+            _whole(key, config[section][name], low, high)
+    drafts = [("drafts", d) for d in config["drafts"]] + [(f"models.{m}.drafts", d) for m, spec in
+                                                          config["models"].items() for d in spec.get("drafts") or []]
+    for where, draft in drafts:
+        _whole(f"{where} group_size", draft["group_size"], *wide)
+    for name, case in config["cases"].items():
+        _whole(f"cases.{name}.k", case["k"], 1, MAX_WINDOW)
+        _whole(f"cases.{name}.slots", case["slots"], *wide)
+    for name, entry in config["experiments"].items():
+        axes = entry.get("axes") or {}
+        where = f"experiments.{name}.axes"
+        for k in axes.get("k") or []:
+            if not isinstance(k, str):
+                _whole(f"{where}.k", k, 1, MAX_WINDOW)
+        for axis, (low, high) in {"prefix_tokens": LIMITS["prefix_tokens"], "resident_per_layer": wide,
+                                  "same_memory_as": wide}.items():
+            for value in axes.get(axis) or []:
+                _whole(f"{where}.{axis}", value, low, high)
+        for value in axes.get("resident_fraction") or []:
+            _real(f"{where}.resident_fraction", value, 0, 1, above_low=True)
+        for value in axes.get("device_memory_gb") or []:
+            _real(f"{where}.device_memory_gb", value, 0, MAX_GB, above_low=True)
+        for value in axes.get("temperature") or []:
+            _real(f"{where}.temperature", value, 0, 100)
+
+
+def _model_widths(name: str, spec: dict) -> tuple[int, int, int, int, int | None]:
+    """(hidden size, expert width, routed experts, top-k, positions) of a configured model, before it is built."""
     if "path" in spec:
         import json
 
@@ -32,29 +132,32 @@ def _model_widths(name: str, spec: dict) -> tuple[int, int, int, int]:
         cfg = json.loads((Path(spec["path"]) / "config.json").read_text())
         arch = ARCHITECTURES[cfg["model_type"]]
         experts = next(cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if k in cfg)
-        return cfg["hidden_size"], cfg[arch.intermediate_key], experts, cfg["num_experts_per_tok"]
+        return (cfg["hidden_size"], cfg[arch.intermediate_key], experts, cfg["num_experts_per_tok"],
+                cfg.get("max_position_embeddings"))
     build = spec["build"]
     from specter.models.proxies import PROXIES
 
     if build in PROXIES:
         experts, top_k, shared, _ = PROXIES[build]
-        return 576, (1536 - shared) // experts, experts, top_k  # SmolLM2-135M: hidden 576, FFN 1536
+        return 576, (1536 - shared) // experts, experts, top_k, SMOLLM2_POSITIONS  # SmolLM2-135M: hidden 576, FFN 1536
     from specter.models.tiny import tiny_config
 
     cfg = tiny_config(build.removeprefix("tiny-"))
     experts = next(getattr(cfg, k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
                    if getattr(cfg, k, None))
     width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-    return cfg.hidden_size, width, experts, cfg.num_experts_per_tok
+    return cfg.hidden_size, width, experts, cfg.num_experts_per_tok, cfg.max_position_embeddings
 
 
-def _check_models(config: dict) -> dict[str, tuple[int, int, int, int]]:
+def _check_models(config: dict) -> dict[str, tuple[int, int, int, int, int | None]]:
     from specter.models.builders import builders
 
     known = builders()
     widths = {}
     for name, spec in config["models"].items():
         check_name("models", name)
+        if "path" in spec:
+            _check_path(f"models.{name}.path", spec["path"])
         if "path" in spec and not (Path(spec["path"]) / "config.json").is_file():
             raise ConfigError(f"config models.{name}.path: {spec['path']!r} holds no checkpoint (no config.json); "
                               "fix the path")
@@ -79,10 +182,13 @@ def _check_cases(config: dict, widths: dict) -> None:
         if case["model"] not in config["models"]:
             raise ConfigError(f"config cases.{name}.model: {case['model']!r} is not a configured model; models: "
                               f"{', '.join(config['models'])}")
-        _, _, experts, top_k = widths[case["model"]]
+        _, _, experts, top_k, _ = widths[case["model"]]
         if not 1 <= case["slots"] <= experts:
             raise ConfigError(f"config cases.{name}.slots: {case['slots']} must be between 1 and {experts} (the "
                               f"experts per layer of {case['model']})")
+        for key in ("cost_as", "hardware"):
+            if case.get(key) and ("/" in case[key] or Path(case[key]).suffix):
+                _check_path(f"cases.{name}.{key}", case[key])
         if case.get("cost_as"):
             try:
                 arch = load_architecture(case["cost_as"])
@@ -144,6 +250,68 @@ def _check_same_memory(config: dict) -> None:
                         "on a device with more memory")
 
 
+def _check_positions(config: dict, widths: dict) -> None:
+    """The longest sequence each job makes fits its model's positions (`max_position_embeddings`), as the command
+    would check once its job runs: a fidelity report's prompt and new tokens; a GPTQ draft's calibration sequences;
+    and in each case the longest prompt, the new tokens and the largest window of the experiments run there."""
+    from specter.experiments import EXPERIMENTS
+    from specter.speculation.governor import PROFILE_KS
+
+    protocol, fidelity, calibration = config["protocol"], config["fidelity"], config["calibration"]
+    for model, (*_, positions) in widths.items():
+        if not isinstance(positions, int):
+            continue
+        need = fidelity["prefix_tokens"] + fidelity["new_tokens"]
+        if need > positions:
+            raise ConfigError(f"config fidelity.new_tokens: fidelity.prefix_tokens {fidelity['prefix_tokens']} + "
+                              f"fidelity.new_tokens {fidelity['new_tokens']} is {need} positions, more than model "
+                              f"{model}'s {positions} (max_position_embeddings); lower fidelity.new_tokens")
+        gptq = any(d["method"] == "gptq" for d in config["models"][model].get("drafts") or config["drafts"])
+        if gptq and calibration["seq_len"] > positions:
+            raise ConfigError(f"config calibration.seq_len: {calibration['seq_len']} positions are more than model "
+                              f"{model}'s {positions} (max_position_embeddings); lower calibration.seq_len")
+    for case_name, case in config["cases"].items():
+        positions = widths[case["model"]][4]
+        if not isinstance(positions, int):
+            continue
+        windows, prefixes = [case["k"]], [protocol["prefix_tokens"]]
+        for name, entry in config["experiments"].items():
+            cases = entry.get("cases") or (list(config["cases"]) if name in EXPERIMENTS and EXPERIMENTS[name].all_cases
+                                           else list(config["cases"])[:1])
+            if case_name in cases:
+                axes = entry.get("axes") or {}
+                windows += [k if isinstance(k, int) else max(PROFILE_KS) for k in axes.get("k") or []]
+                prefixes += axes.get("prefix_tokens") or []
+        need = max(prefixes) + protocol["max_new_tokens"] + max(windows)
+        if need > positions:
+            raise ConfigError(
+                f"config protocol.max_new_tokens: a prompt of {max(prefixes)} tokens (protocol.prefix_tokens or an "
+                f"experiment's prefix_tokens) + protocol.max_new_tokens {protocol['max_new_tokens']} + a window of "
+                f"{max(windows)} (the case's k or an experiment's) is {need} positions in case {case_name}, more than "
+                f"model {case['model']}'s {positions} (max_position_embeddings); lower protocol.max_new_tokens")
+
+
+def _check_options(name: str, entry: dict, systems: dict) -> None:
+    """An experiment's system options: each one some listed system has, each value one that system takes."""
+    from specter.errors import SpecterError
+    from specter.systems import get_system
+
+    listed = [s for s in entry.get("systems") or [] if s in systems]
+    for option, values in (entry.get("options") or {}).items():
+        where = f"config experiments.{name}.options.{option}"
+        having = [s for s in listed if option in systems[s].options]
+        if not having:
+            raise ConfigError(f"{where}: no listed system ({', '.join(listed)}) has option {option!r}; see "
+                              "`specter systems`")
+        for value in values:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            for system in having:
+                try:
+                    get_system(system, {option: text})
+                except SpecterError as err:
+                    raise ConfigError(f"{where}: {err}") from None
+
+
 def _check_arms(name: str, entry: dict, systems: dict) -> None:
     """An experiment's arms, as `specter sweep` would refuse them, before any job runs."""
     from specter.errors import SpecterError
@@ -163,16 +331,21 @@ def _check_arms(name: str, entry: dict, systems: dict) -> None:
 
 def check_config(config: dict) -> None:
     """Every check the schema cannot make; raises ConfigError naming the first problem."""
+    from specter.data.prompts import DATASETS
     from specter.errors import SpecterError
     from specter.experiments import EXPERIMENTS, records_experiment
     from specter.systems import registry
     from specter.timing import load_profile
 
+    _check_numbers(config)
     widths = _check_models(config)
     for name, spec in config["datasets"].items():
         check_name("datasets", name)
-        if "path" in spec and not Path(spec["path"]).is_file():
-            raise ConfigError(f"config datasets.{name}.path: {spec['path']!r} does not exist; fix the path")
+        if "path" in spec:
+            _check_prompt_file(f"datasets.{name}.path", spec["path"])
+    if config["fidelity"]["dataset"] not in DATASETS:  # a shipped set, else a file
+        _check_prompt_file("fidelity.dataset", config["fidelity"]["dataset"])
+    _check_positions(config, widths)
     _check_cases(config, widths)
     systems = registry()
     for name, entry in config["experiments"].items():
@@ -187,6 +360,7 @@ def check_config(config: dict) -> None:
             if system not in systems:
                 raise ConfigError(f"config experiments.{name}.systems: unknown system {system!r}; known: "
                                   f"{', '.join(sorted(systems))}")
+        _check_options(name, entry, systems)
         _check_arms(name, entry, systems)
         for case in entry.get("cases") or []:
             if case not in config["cases"]:
@@ -195,6 +369,8 @@ def check_config(config: dict) -> None:
         cases = [config["cases"][c].get("hardware") for c in config["cases"]]
         for profile in [config["hardware"]["main"], *filter(None, cases), *((entry.get("axes") or {}).get("hardware")
                                                                              or [])]:
+            if "/" in profile or Path(profile).suffix:  # a file, not a preset's name
+                _check_path("hardware", profile)
             try:
                 load_profile(profile)
             except SpecterError as err:

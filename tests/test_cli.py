@@ -228,3 +228,63 @@ def test_a_reader_that_goes_away_stops_a_listing_quietly():
     proc.stdout.close()  # before the listing is written (the command takes a second to start)
     stderr = proc.stderr.read().decode()
     assert proc.wait() == 141 and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_in_the_first_instants_exits_with_one_line_and_leaves_nothing(sig, code, tmp_path):
+    """From the suite's first instruction on, a Ctrl-C (or SIGTERM) while torch, numpy and transformers import exits
+    130 (143) with one line: an interrupt raised inside torch's import of numpy left numpy half-imported (a
+    RecursionError on `np.dtypes`, 4 of 16 early interrupts) or aborted in C++. The delays start after the
+    interpreter's own start (about 40 ms here), which precedes any code of the suite."""
+    import signal
+    import time
+
+    signum = getattr(signal, sig)
+    delays = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65) if sig == "SIGINT" else (0.2, 0.4, 0.6)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    for trial in range(3 if sig == "SIGINT" else 1):
+        for delay in delays:
+            out = tmp_path / "model"
+            proc = subprocess.Popen([sys.executable, "-m", "specter", "build-model", "tiny-mixtral", "--threads", "1",
+                                     "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                    env=env, cwd=tmp_path,
+                                    # as from a terminal (a library loaded by pytest may leave SIGINT ignored)
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            time.sleep(delay)
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=120)
+            lines = [line for line in err.splitlines() if line.strip()]
+            if sig == "SIGINT":
+                assert proc.returncode == code and len(lines) == 1 and "interrupted" in lines[0], (delay, err[-3000:])
+            else:
+                assert proc.returncode == code and not lines, (delay, err[-3000:])
+            assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["tmp"], (delay, trial)
+            left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+            assert not left, (delay, trial, left)  # (torch makes its compile cache there once it starts)
+
+
+def test_a_signal_during_an_import_removes_the_open_temporaries_and_exits_at_once(tmp_path):
+    """An import is never interrupted by an exception (libraries catch it and go on half-initialized): the process
+    removes the temporaries it has open and exits 130 at once, with the CLI's line."""
+    import signal
+    import time
+
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(60)\n")
+    code = ("import sys; from specter import interrupt, io; interrupt.install(); "
+            "t = io.temporary(sys.argv[1], directory=True); d = t.__enter__(); (d / 'part').write_text('x'); "
+            "print(d, flush=True); import slow_import")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    made = proc.stdout.readline().strip()
+    assert made and os.path.isdir(made), proc.stderr.read()
+    time.sleep(0.5)  # inside the import
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err.strip() == "specter: interrupted; outputs are written whole or not at all, " \
+        "so none is partial" and time.monotonic() - start < 10, err
+    assert not os.path.exists(made) and [p.name for p in tmp_path.iterdir() if p.name != "__pycache__"] == [
+        "slow_import.py"]

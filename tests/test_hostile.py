@@ -254,6 +254,12 @@ def _sweep(real, *extra):
             "--out", "{out}.jsonl", *extra]
 
 
+# 400 bytes of YAML whose description expands to 9^7 strings (about 30 MB) wherever it is written out
+_ALIAS_BOMB = "l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 6)) + \
+    f"description: [{', '.join(['*l5'] * 9)}]\n"
+
+
 # (case id, argv builder (work dir, real outputs) -> argv, what the error line must say)
 CASES = [
     # --- silently wrong numbers: NaN, inf, 0, negative and huge values of every numeric option ---
@@ -284,6 +290,18 @@ CASES = [
     ("system_option_not_key_value", lambda w, r: _run(r, "--system-option", "noise"), "NAME=VALUE"),
     ("group_size_zero", lambda w, r: ["quantize", "--model", r["model"], "--method", "rtn", "--group-size", "0",
                                       "--out", "{out}"], "--group-size"),
+    ("fidelity_new_tokens_beyond_positions", lambda w, r: ["fidelity", "--model", r["model"], "--draft",
+                                                            str(r["draft"]), "--new-tokens", "1000",
+                                                            "--out", "{out}.csv"], "max_position_embeddings"),
+    ("fidelity_new_tokens_huge_unbounded_work", lambda w, r: ["fidelity", "--model", r["model"], "--draft",
+                                                               str(r["draft"]), "--new-tokens", str(10**6),
+                                                               "--out", "{out}.csv"], "--new-tokens 1000000"),
+    ("quantize_calibration_beyond_positions", lambda w, r: ["quantize", "--model", r["model"], "--group-size", "32",
+                                                            "--calibration-length", "2048", "--out", "{out}"],
+     "the model's 512 (max_position_embeddings)"),
+    ("quantize_calibration_one_beyond_positions_keeps_an_earlier_log", lambda w, r: [
+        "quantize", "--model", r["model"], "--group-size", "32", "--calibration-length", "513", "--gptq-log",
+        "{out}.txt", "--out", "{out}"], "--calibration-length 513"),
     ("stride_zero", lambda w, r: ["fidelity", "--model", r["model"], "--draft", str(r["draft"]), "--stride", "0",
                                   "--out", "{out}.csv"], "--stride"),
     ("repeats_below_ten", lambda w, r: ["profile-bandwidth", "--out", "{out}", "--repeats", "3"], "--repeats"),
@@ -316,6 +334,31 @@ CASES = [
         latency_us=-1))), "latency_us"),
     ("hardware_missing_section", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.pop("host"))),
      "host"),
+    ("hardware_tflops_astronomical", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["device"].update(
+        peak_tflops=1e300))), "device.peak_tflops"),
+    ("hardware_integer_too_large_for_a_float", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "host"].update(peak_tflops=10**400))), "host.peak_tflops"),
+    ("hardware_memory_astronomical_overflowed", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "device"].update(memory_gb=1e300))), "device.memory_gb"),
+    ("hardware_latency_astronomical", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
+        latency_us=1e12))), "link.latency_us"),
+    ("hardware_bandwidth_astronomical", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["host"].update(
+        memory_bandwidth_gbps=1e40))), "host.memory_bandwidth_gbps"),
+    ("hardware_bandwidth_point_astronomical_size", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "link"].update(h2d_by_size=[{"bytes": 1e300, "pinned_gbps": 5.0, "pageable_gbps": 5.0}]))),
+     "h2d_by_size[0].bytes"),
+    ("hardware_bandwidth_points_too_many", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "link"].update(h2d_by_size=[{"bytes": 4096 + i, "pinned_gbps": 5.0, "pageable_gbps": 5.0}
+                                    for i in range(5000)]))), "h2d_by_size"),
+    ("hardware_sources_not_a_mapping", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.update(
+        sources=["a", "b"]))), "sources"),
+    ("hardware_alias_bomb", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", _ALIAS_BOMB + yaml.safe_dump(
+        {k: v for k, v in r["preset"].items() if k != "description"})), system="on-demand"), "alias"),
+    ("hardware_file_too_large", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", yaml.safe_dump(r["preset"])
+                                                                           + "#" * (2 << 20))), "MAX_PROFILE_BYTES"),
+    ("hardware_nested_too_deeply", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", "[" * 100_000)),
+     "hw.yaml"),
+    ("hardware_not_text", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", b"\xff\xfe\x00" * 100)), "UTF-8"),
     ("hardware_not_yaml", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", "link: [unclosed\n")), "hw.yaml"),
     ("hardware_unknown_preset", lambda w, r: _run(r, "--hardware", "quantum-9000"), "quantum-9000"),
     # --- corrupt or truncated weights, drafts and memos ---
@@ -599,3 +642,62 @@ def test_records_carry_the_checkouts_commit():
     if head.returncode != 0:
         pytest.skip("not a git checkout")
     assert git_commit() == head.stdout.strip()
+
+
+def test_a_writer_sweeps_what_killed_writers_left_and_nothing_else(tmp_path):
+    """A SIGKILLed writer leaves its hidden temporary; the next write into the directory removes those of processes
+    that no longer run on this host, and leaves a live process's, another host's, a planted link's target and every
+    other file alone."""
+    import subprocess
+    import sys
+
+    from specter import io
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = io._host()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("years of work\n")
+    stale = [f".records.jsonl.{host}-{dead.pid}.abc123_x.tmp", f".model.{host}-{dead.pid}.k2j4h5g6.tmp",
+             f".model.{host}-{dead.pid}.zz9yy8xx.old", f".link.{host}-{dead.pid}.q1w2e3r4.tmp"]
+    kept = [f".records.jsonl.{host}-{os.getppid()}.abc123_x.tmp",  # a live process (pytest's parent)
+            f".records.jsonl.another-node-{dead.pid}.abc123_x.tmp", ".records.jsonl.abc123_x.tmp",
+            "records.jsonl.bak", f"notes.{host}-{dead.pid}.abc123_x.tmp"]
+    for name in stale[:1] + kept:
+        (tmp_path / name).write_text("partial\n")
+    for name in stale[1:3]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"\0" * 64)
+    os.symlink(victim, tmp_path / stale[3])
+    io.atomic_write_text(tmp_path / "records.jsonl", "new\n")
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*kept, "records.jsonl", "victim"]), left
+    assert (victim / "precious").read_text() == "years of work\n"
+    with io.atomic_dir(tmp_path / "model") as tmp:  # this process's own temporaries stay while it writes them
+        (tmp / "config.json").write_text("{}")
+        assert tmp.name.startswith(f".model.{host}-{os.getpid()}.") and io.sweep_stale(tmp_path) == []
+    assert (tmp_path / "model" / "config.json").is_file() and tmp.name not in os.listdir(tmp_path)
+
+
+@pytest.mark.slow  # GPTQModel is imported before the worker finds the corpus too short: about a minute
+def test_a_failed_gptq_run_leaves_an_earlier_log_as_it_was_and_nothing_behind(real, tmp_path):
+    """The worker fails after every check passed (more calibration tokens than the corpus has): the error is one line
+    quoting the log's end, an earlier --gptq-log FILE is left as it was, and nothing is left beside the draft or in
+    TMPDIR (GPTQModel's and the worker's temporaries)."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "gptq.log"
+    log.write_text(SENTINEL)
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "specter", "quantize", "--model", real["model"], "--group-size", "32",
+                           "--calibration-sequences", "100000", "--calibration-length", "512", "--gptq-log", str(log),
+                           "--threads", "1", "--quiet", "--out", str(tmp_path / "draft")],
+                          capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "GPTQModel failed" in lines[0] and "is left as it was" in lines[0] and "calibration tokens" in lines[0]
+    assert log.read_text() == SENTINEL
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gptq.log", "tmp"]
+    assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]

@@ -67,26 +67,43 @@ def _workers_of(pid: int) -> list[int]:
     return found
 
 
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
 def _kill_and_rerun(argv, out: Path, result, points, sig=signal.SIGKILL, during=None):
     """Reference run, then for each kill point: start, wait, kill the whole process group, check `out` holds nothing
-    or the complete result, and run again; every rerun's result must equal the reference."""
-    duration = _run(argv)
+    or the complete result, and run again; every rerun's result must equal the reference. Every run has a private
+    TMPDIR: after a signal Python sees (SIGTERM, SIGINT) nothing is left beside `out` or in TMPDIR beyond what an
+    uninterrupted run leaves there (torch's compile cache); after a SIGKILL the rerun has swept what it left."""
+    tmp = out.parent / "private-tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    duration = _run(argv, env)
     want = result(out)
+    in_tmp = _tree(tmp)
     for point in points:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                env=env)
         if point == "worker":
             during(proc)
         else:
             time.sleep(point * duration)
         os.killpg(proc.pid, sig)
-        proc.wait(timeout=120)
+        _, err = proc.communicate(timeout=120)
+        if sig != signal.SIGKILL:
+            assert proc.returncode == 128 + sig, (point, err.decode()[-2000:])
         if out.exists():
             assert result(out) == want, f"killed at {point}: {out} holds a different result"
         leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
-        if sig == signal.SIGTERM:
-            assert not leftovers, f"killed at {point} by SIGTERM, left {leftovers}"
-        _run(argv)
+        if sig != signal.SIGKILL:
+            assert not leftovers, f"killed at {point} by {sig.name}, left {leftovers}"
+            assert _tree(tmp) == in_tmp, f"killed at {point} by {sig.name}, left {set(_tree(tmp)) - set(in_tmp)}"
+        _run(argv, env)
         assert result(out) == want, f"killed at {point}, then run again: a different result"
+        leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+        assert not leftovers, f"killed at {point} by {sig.name}, then run again: {leftovers} still there"
+        assert _tree(tmp) == in_tmp, f"killed at {point} by {sig.name}, left {set(_tree(tmp)) - set(in_tmp)}"
     return want
 
 
@@ -109,8 +126,11 @@ def _wait_for_worker(proc: subprocess.Popen) -> None:
     time.sleep(1.0)  # inside GPTQModel
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
 def test_killed_gptq_quantize_takes_its_worker_along_and_reruns_the_same(sig, tiny_dirs, tmp_path):
+    """Killed while GPTQModel works: its worker goes too, and so do the worker's directory and GPTQModel's own
+    temporaries (`gptqmodel_*`, a weight copy per module: gigabytes for a real checkpoint), at once for a signal Python
+    sees, on the next run after a SIGKILL."""
     out = tmp_path / "draft"
     argv = _argv("quantize", "--model", tiny_dirs["mixtral"], "--method", "gptq", "--bits", "4", "--group-size",
                  "32", "--calibration-sequences", "4", "--calibration-length", "64", "--quiet", "--out", str(out))

@@ -152,7 +152,7 @@ def test_unknown_preset_lists_known_ones():
         (lambda d: d["link"].pop("h2d_pinned_gbps"), "missing field link.h2d_pinned_gbps"),
         (lambda d: d["device"].__setitem__("peak_tflops", -3), "device.peak_tflops must be positive"),
         (lambda d: d["link"].__setitem__("latency_us", -1), "link.latency_us must be non-negative"),
-        (lambda d: d["host"].__setitem__("memory_bandwidth_gbps", "fast"), "must be a number"),
+        (lambda d: d["host"].__setitem__("memory_bandwidth_gbps", "fast"), "must be a finite number"),
         (lambda d: d.pop("host"), "missing section 'host'"),
     ],
 )

@@ -311,3 +311,77 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     embedded = {base64.b64decode(m) for m in re.findall(r"data:text/html[^,\"]*;base64,([A-Za-z0-9+/=]+)", html)}
     for name in experiments:  # every experiment's table page is in the report, byte for byte
         assert (tmp_path / "results" / "tables" / f"{name}.html").read_bytes() in embedded, name
+
+
+def _edited(edit, base=".test/config.yaml") -> dict:
+    config = yaml.safe_load((ROOT / base).read_text())
+    edit(config)
+    return config
+
+
+@pytest.mark.parametrize("edit, key, message", [
+    (lambda c: c["models"].update({"tiny\n": {"build": "tiny-olmoe"}}), "models", "'tiny\\n' is not a safe name"),
+    (lambda c: c["datasets"].update({"code\n": {}}), "datasets", "is not a safe name"),
+    (lambda c: c["fidelity"].update(dataset="../../etc/passwd"), "fidelity.dataset", "climbs out with '..'"),
+    (lambda c: c["fidelity"].update(dataset="/etc/passwd"), "fidelity.dataset", "is not a prompt file"),
+    (lambda c: c["fidelity"].update(dataset="nowhere.jsonl"), "fidelity.dataset", "does not exist"),
+    (lambda c: c["datasets"].update(mine={"path": "../prompts.jsonl"}), "datasets.mine.path", "climbs out"),
+    (lambda c: c["datasets"].update(mine={"path": "a\nb.jsonl"}), "datasets.mine.path", "is not a path"),
+    (lambda c: c["models"].update(mine={"path": "../../models/x"}), "models.mine.path", "climbs out"),
+    (lambda c: c["hardware"].update(main="../../etc/hw.yaml"), "hardware", "climbs out"),
+    (lambda c: c["experiments"]["oracle"].update(options={"noise": ["abc"]}), "experiments.oracle.options.noise",
+     "'abc' is not a float"),
+    (lambda c: c["experiments"]["oracle"].update(options={"noise": [float("nan")]}),
+     "experiments.oracle.options.noise", "must be finite"),
+    (lambda c: c["experiments"]["oracle"].update(options={"depth": [2]}), "experiments.oracle.options.depth",
+     "no listed system"),
+    (lambda c: c["protocol"].update(max_new_tokens=100_000), "protocol.max_new_tokens", "max_position_embeddings"),
+    (lambda c: c["protocol"].update(max_new_tokens=10**9), "protocol.max_new_tokens", "from 2 to 1048576"),
+    (lambda c: c["protocol"].update(seed=-1), "protocol.seed", "whole number from 0"),
+    (lambda c: c["protocol"].update(repeats=10**6), "protocol.repeats", "maximum of 100"),
+    (lambda c: c["experiments"]["prefix_sweep"]["axes"].update(prefix_tokens=[8, 600]), "protocol.max_new_tokens",
+     "a prompt of 600 tokens"),
+    (lambda c: c["fidelity"].update(new_tokens=1000), "fidelity.new_tokens", "max_position_embeddings"),
+    (lambda c: c["fidelity"].update(stride=10**9), "fidelity.stride", "from 1 to 1048576"),
+    (lambda c: c["calibration"].update(seq_len=2048), "calibration.seq_len", "max_position_embeddings"),
+    (lambda c: c["calibration"].update(num_sequences=10**9), "calibration.num_sequences", "from 1 to 100000"),
+    (lambda c: c["cases"]["small"].update(k=5000), "cases.small.k", "from 1 to 1024"),
+    (lambda c: c["experiments"]["k_sweep"]["axes"].update(k=[2, 4096]), "experiments.k_sweep.axes.k", "1024"),
+    (lambda c: c["experiments"]["sensitivity"]["axes"].update(temperature=[0, float("nan")]),
+     "experiments.sensitivity.axes.temperature", "finite number"),
+    (lambda c: c["experiments"]["budget"]["axes"].update(resident_fraction=[float("nan")]),
+     "experiments.budget.axes.resident_fraction", "finite number"),
+    (lambda c: c["experiments"].update(budget={"systems": ["specter"], "axes": {"device_memory_gb": [float("inf")]}}),
+     "experiments.budget.axes.device_memory_gb", "finite number"),
+], ids=["model_name_trailing_newline", "dataset_name_trailing_newline", "fidelity_dataset_climbs_out",
+        "fidelity_dataset_not_a_prompt_file", "fidelity_dataset_missing", "dataset_path_climbs_out",
+        "dataset_path_two_lines", "model_path_climbs_out", "hardware_path_climbs_out", "option_not_a_number",
+        "option_nan", "option_no_system_has", "max_new_tokens_beyond_positions", "max_new_tokens_beyond_the_flag",
+        "seed_negative", "repeats_huge", "prefix_axis_beyond_positions", "fidelity_new_tokens_beyond_positions",
+        "fidelity_stride_huge", "calibration_beyond_positions", "calibration_sequences_huge", "case_k_huge",
+        "k_axis_huge", "temperature_nan", "resident_fraction_nan", "device_memory_inf"])
+def test_every_config_value_is_checked_naming_its_key(edit, key, message):
+    """What the schema lets through (a name ending in a newline, NaN, infinity, numbers past the flag they become or
+    the model's positions, a path that climbs out, a non-number option) is refused with the config, naming the key."""
+    from specter.workflow_checks import ConfigError, check_config, check_schema
+
+    config = _edited(edit)
+    with pytest.raises(ConfigError) as err:
+        check_schema(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+        check_config(config)
+    text = str(err.value)
+    assert "\n" not in text and key in text and message in text, text
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["fidelity"].update(strides=3), "config fidelity: Additional properties are not allowed ('strides'"),
+    (lambda c: c["protocol"].update(max_new_tokens=100_000), "config protocol.max_new_tokens:"),
+], ids=["schema", "check"])
+def test_a_config_error_is_one_line_and_exit_2_before_snakemake_plans(edit, message, tmp_path):
+    """Snakemake's own validation error ran to many lines with exit 1; the workflow's is one line, exit 2."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _snakemake("-n", "--cores", "1", "--configfile", _config(tmp_path, edit), "--directory", str(work))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"specter: error: {message}"), \
+        proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -13,11 +13,9 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,12 +24,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specter.errors import SpecterError
-from specter.io import atomic_dir
+from specter.io import atomic_dir, publish, temporary
 from specter.models.integrity import check_card
 from specter.models.loading import load_moe_model, read_model_config
 from specter.numerics import determinism
 from specter.quant.meta import METHODS, DraftMeta, model_hash, versions
 from specter.quant.packing import SUPPORTED_BITS, PackedLinear, pack
+from specter.runspec import check_positions
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 DEFAULT_CALIBRATION = dict(corpus="code", num_sequences=64, seq_len=256)
@@ -50,8 +49,10 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int) -> PackedLine
     return pack(codes.reshape(out_features, in_features), zero, scale, group_size, bits)
 
 
-def check_request(model_dir: str | Path, method: str, bits: int, group_size: int) -> dict:
-    """Validate a quantization request before any work; returns the model's config."""
+def check_request(model_dir: str | Path, method: str, bits: int, group_size: int,
+                  calibration: dict | None = None) -> dict:
+    """Validate a quantization request before any work (and before any file is written); returns the model's
+    config."""
     config = read_model_config(model_dir)
     check_card(model_dir)
     if method not in METHODS:
@@ -65,6 +66,8 @@ def check_request(model_dir: str | Path, method: str, bits: int, group_size: int
             f"--group-size {group_size} does not divide the expert input widths {sorted(set(widths))}; "
             f"choose a divisor of {_gcd(widths)} (e.g. {_gcd(widths)})"
         )
+    if method == "gptq" and calibration is not None:  # GPTQ's calibration forwards run whole sequences
+        check_positions(config, {"--calibration-length": calibration["seq_len"]})
     return config
 
 
@@ -92,7 +95,8 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
     runs on oneDNN's AVX2 path under the pinned numerics, 2.8 times slower; GPTQModel's choice on CUDA, bfloat16
     unless the checkpoint is float16); the sidecar's `numerics` records both. RTN needs neither: it rounds the float32
     weights."""
-    check_request(model_dir, method, bits, group_size)
+    calibration = {**DEFAULT_CALIBRATION, **(calibration or {})}
+    check_request(model_dir, method, bits, group_size, calibration)
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecterError("--device cuda, but torch sees no CUDA device here (torch.cuda.is_available() is false); "
                            "give --device cpu or auto")
@@ -101,15 +105,14 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
     if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in draft_files):
         raise SpecterError(f"{str(out)!r} is a non-empty directory that holds no draft; choose another --out (a "
                            "draft already there is replaced, anything else is left alone)")
-    calibration = {**DEFAULT_CALIBRATION, **(calibration or {})}
     t0 = time.perf_counter()
     if method == "rtn":
         packed = _quantize_rtn(model_dir, bits, group_size)
         calibration_used, calibration_numerics = None, {}
     else:
         log_path = Path(third_party_log) if third_party_log else gptq_log_path(out)
-        packed, calibration_numerics = _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path,
-                                                      device, dtype)
+        packed, calibration_numerics = _quantize_gptq(model_dir, out, bits, group_size, calibration, progress,
+                                                      log_path, device, dtype)
         calibration_used = calibration
     _check_finite_codes(packed, model_dir)
     tensors = {}
@@ -210,72 +213,87 @@ def worker_command(module: str, *args: str, root: str | Path | None = None) -> l
     return [sys.executable, "-c", _BOOTSTRAP, root, module, *args]
 
 
-def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> tuple[int, dict]:
+def _run_worker(argv: list[str], cwd: Path, log_path: Path, progress: bool) -> tuple[int, dict, str]:
     """Run the GPTQ worker in its own process group, its output (GPTQModel's) into `log_path`, and follow the progress
     lines it writes to a pipe of its own: phases, then one line per layer. If this process is interrupted or
     terminated meanwhile, the whole group is killed before the exception goes on (and the worker dies with us if we
-    are killed outright)."""
+    are killed outright). The worker's temporary files (GPTQModel's offloaded layers, a weight copy per module) go
+    under `cwd` (its TMPDIR), which the caller removes.
+
+    The log is written beside `log_path` under a temporary name and moved there when the worker ends: on success, or
+    on failure where no file was there before (a failed run never replaces an earlier log; its error quotes the
+    log's end). Returns the exit status, the numerics the worker reports and, for a failure, where its log is and
+    how it ends."""
     from specter.progress import Progress, log
 
     read_end, write_end = os.pipe()
     request = json.loads(argv[-1])
     argv = [*argv[:-1], json.dumps({**request, "progress_fd": write_end})]
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    if progress:
-        log.info("GPTQ: GPTQModel's own output goes to %s", log_path)
+    (cwd / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(cwd / "tmp")}  # GPTQModel's `gptqmodel_*` directories: inside ours
     bar, numerics = None, {}
-    with open(log_path, "w") as log_file, subprocess.Popen(
-            argv, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_end,),
-            start_new_session=True) as proc:
-        os.close(write_end)
-        try:
-            with os.fdopen(read_end) as lines:
-                for line in lines:
-                    kind, _, rest = line.strip().partition(" ")
-                    if kind == "numerics":  # where and at what precision GPTQModel calibrated
-                        device_used, dtype_used = rest.split()
-                        numerics = {"calibration_device": device_used, "calibration_dtype": dtype_used}
-                    if not progress:
-                        continue
-                    if kind == "phase":
-                        if bar is not None:  # the layers are done once the worker moves on
-                            bar.update(bar.total - bar.done)
-                            bar.close()
-                            bar = None
-                        log.info("GPTQ: %s", rest)
-                    elif kind == "layers":
-                        bar = Progress("GPTQ layers", int(rest), unit="layer")
-                    elif kind == "layer" and bar is not None:  # layer I started: layers 0..I-1 are done
-                        bar.update(int(rest) - bar.done)
-            proc.wait()
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-    return proc.returncode, numerics
+    with temporary(log_path) as partial_log:
+        if progress:
+            log.info("GPTQ: GPTQModel's own output goes to %s once it ends (meanwhile to %s)", log_path, partial_log)
+        with open(partial_log, "w") as log_file, subprocess.Popen(
+                argv, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_end,), env=env,
+                start_new_session=True) as proc:
+            os.close(write_end)
+            try:
+                with os.fdopen(read_end) as lines:
+                    for line in lines:
+                        kind, _, rest = line.strip().partition(" ")
+                        if kind == "numerics":  # where and at what precision GPTQModel calibrated
+                            device_used, dtype_used = rest.split()
+                            numerics = {"calibration_device": device_used, "calibration_dtype": dtype_used}
+                        if not progress:
+                            continue
+                        if kind == "phase":
+                            if bar is not None:  # the layers are done once the worker moves on
+                                bar.update(bar.total - bar.done)
+                                bar.close()
+                                bar = None
+                            log.info("GPTQ: %s", rest)
+                        elif kind == "layers":
+                            bar = Progress("GPTQ layers", int(rest), unit="layer")
+                        elif kind == "layer" and bar is not None:  # layer I started: layers 0..I-1 are done
+                            bar.update(int(rest) - bar.done)
+                proc.wait()
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+            finally:
+                if bar is not None:
+                    bar.close()
+        tail = "" if proc.returncode == 0 else _log_tail(partial_log)
+        kept = proc.returncode == 0 or not log_path.exists()
+        if kept:
+            publish(partial_log, log_path)
+    where = f"its log {str(log_path)!r}" if kept else \
+        f"its log (not kept: {str(log_path)!r}, from an earlier run, is left as it was)"
+    return proc.returncode, numerics, f"{where} ends: {tail}"
 
 
-def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path: Path, device: str,
+def _quantize_gptq(model_dir, out: Path, bits, group_size, calibration, progress, log_path: Path, device: str,
                    dtype: str) -> tuple[dict, dict]:
     """GPTQ through GPTQModel in a child process, restricted to routed experts; reads back its checkpoint.
 
     A child process because importing GPTQModel patches transformers' MoE block classes process-wide (its defuser),
-    which would change every model loaded afterwards in this process.
+    which would change every model loaded afterwards in this process. It works in a temporary directory beside `out`
+    (named as `specter.io` names its temporaries: removed on every exit, and by the next run after a SIGKILL), which
+    also holds GPTQModel's own temporary files.
     """
-    tmp = Path(tempfile.mkdtemp(prefix="specter-gptq-"))
-    try:
+    with temporary(out, directory=True) as tmp:
         request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(tmp), bits=bits, group_size=group_size,
                        threads=torch.get_num_threads(), parent_pid=os.getpid(), device=device, dtype=dtype,
                        **calibration)
-        returncode, numerics = _run_worker(
+        returncode, numerics, tail = _run_worker(
             worker_command("specter.quant.gptq_worker", json.dumps(request)), tmp, log_path, progress)
         if returncode != 0:
-            raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}); its log {str(log_path)!r} "
-                               f"ends: {_log_tail(log_path)}")
+            raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}); {tail}")
         packed: dict = {}
         fields: dict = {}
         for path in sorted(tmp.glob("*.safetensors")):
@@ -291,5 +309,3 @@ def _quantize_gptq(model_dir, bits, group_size, calibration, progress, log_path:
                 raise SpecterError(f"GPTQModel left expert {k} unquantized; report this with the model's config")
             packed[k] = (PackedLinear(f["qweight"], f["qzeros"], f["scales"], f["g_idx"], bits), f.get("bias"))
         return packed, numerics
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -24,24 +24,35 @@ def _preset_dir():
 
     return files("specter.presets").joinpath("hardware")
 
-# section -> {field: (required, minimum allowed value)}; every number must be finite and at least the minimum.
-_FIELDS: dict[str, dict[str, tuple[bool, float]]] = {
+#: the largest profile file read: a profile is a few hundred bytes (a measured one a few KB); a 50 MB one took 75 s
+MAX_PROFILE_BYTES = 1 << 20
+#: the most measured bandwidth points (a transfer's bandwidth is interpolated over them; `profile-bandwidth` writes 24)
+MAX_POINTS = 1024
+# Physical bounds, generous: orders of magnitude beyond any device, link or host built, so that only a typo or a
+# forged file reaches them (1e300 TFLOP/s became inf in the records).
+MAX_TFLOPS = 1e6  # TFLOP/s: an exaflop per device
+MAX_GBPS = 1e6  # GB/s: a petabyte per second
+MAX_US = 1e6  # microseconds: a second per launch, sync or transfer start
+MAX_GB = 1e6  # GB: a petabyte of device memory
+MAX_TRANSFER_BYTES = 1 << 50  # a pebibyte in one transfer
+# section -> {field: (minimum, maximum)}; every field is required, a finite number within its bounds.
+_FIELDS: dict[str, dict[str, tuple[float, float]]] = {
     "device": {
-        "peak_tflops": (True, 1e-9),
-        "memory_bandwidth_gbps": (True, 1e-9),
-        "launch_overhead_us": (True, 0.0),
-        "host_sync_us": (True, 0.0),
-        "memory_gb": (True, 1e-9),
+        "peak_tflops": (1e-9, MAX_TFLOPS),
+        "memory_bandwidth_gbps": (1e-9, MAX_GBPS),
+        "launch_overhead_us": (0.0, MAX_US),
+        "host_sync_us": (0.0, MAX_US),
+        "memory_gb": (1e-9, MAX_GB),
     },
     "link": {
-        "h2d_pinned_gbps": (True, 1e-9),
-        "h2d_pageable_gbps": (True, 1e-9),
-        "latency_us": (True, 0.0),
+        "h2d_pinned_gbps": (1e-9, MAX_GBPS),
+        "h2d_pageable_gbps": (1e-9, MAX_GBPS),
+        "latency_us": (0.0, MAX_US),
     },
     "host": {
-        "peak_tflops": (True, 1e-9),
-        "memory_bandwidth_gbps": (True, 1e-9),
-        "launch_overhead_us": (True, 0.0),
+        "peak_tflops": (1e-9, MAX_TFLOPS),
+        "memory_bandwidth_gbps": (1e-9, MAX_GBPS),
+        "launch_overhead_us": (0.0, MAX_US),
     },
 }
 
@@ -146,21 +157,72 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
                 f"unknown hardware preset {str(name_or_path)!r}; known presets: {', '.join(preset_names())}; "
                 "or pass the path of a profile YAML (e.g. from `specter profile-bandwidth`)"
             )
-        return _parse_profile(preset.read_text(), f"preset {name_or_path}")
+        return _parse_profile(preset.read_bytes(), f"preset {name_or_path}")
     if not path.is_file():
         raise SpecterError(f"hardware profile file {str(path)!r} does not exist")
-    return _parse_profile(path.read_text(), str(path))
-
-
-def _parse_profile(text: str, origin: str) -> HardwareProfile:
     try:
-        data = yaml.safe_load(text)
+        with path.open("rb") as f:
+            data = f.read(MAX_PROFILE_BYTES + 1)
+    except OSError as err:
+        raise SpecterError(f"hardware profile {str(path)!r} cannot be read ({err.strerror}); fix its permissions") \
+            from None
+    return _parse_profile(data, str(path))
+
+
+class _AliasRefused(yaml.MarkedYAMLError):
+    """An anchor or alias in a profile."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without anchors and aliases: a profile never needs them, and a few KB of nested aliases expand to
+    gigabytes (a 2.8 KB alias bomb made a 69 MB JSONL)."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _AliasRefused(problem_mark=event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _parse_profile(data: bytes, origin: str) -> HardwareProfile:
+    if len(data) > MAX_PROFILE_BYTES:
+        raise SpecterError(f"hardware profile {origin} is larger than {MAX_PROFILE_BYTES} bytes (MAX_PROFILE_BYTES); "
+                           "a profile is a few hundred bytes: pass the right file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecterError(f"hardware profile {origin} is not UTF-8 text (byte {err.start}); pass a profile YAML") \
+            from None
+    try:
+        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader, without aliases)
+    except _AliasRefused as err:
+        mark = err.problem_mark
+        raise SpecterError(f"hardware profile {origin} uses a YAML anchor or alias (& or *) at line {mark.line + 1}, "
+                           f"column {mark.column + 1}; a profile needs none: write the values out") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecterError(f"hardware profile {origin} is not valid YAML{where}: "
                            f"{getattr(err, 'problem', None) or type(err).__name__}; fix the file") from None
+    except RecursionError:
+        raise SpecterError(f"hardware profile {origin} nests too deeply to be a profile; pass a profile YAML") \
+            from None
     return profile_from_dict(data, origin=origin)
+
+
+def _number(value: object, where: str, low: float, high: float, origin: str) -> float:
+    """`value` as a float, if it is a finite number within [low, high] (else an error naming `where`)."""
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(float(value))
+    except OverflowError:  # an integer too large for a float
+        ok = False
+    if not ok:
+        raise SpecterError(f"hardware profile {origin}: {where} must be a finite number, got {value!r:.80}")
+    if not low <= value <= high:
+        bound = "positive" if low > 0 else "non-negative"
+        raise SpecterError(f"hardware profile {origin}: {where} must be {bound} and at most {high:g}, got "
+                           f"{value!r:.80}")
+    return float(value)
 
 
 def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
@@ -173,40 +235,31 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         if not isinstance(block, dict):
             raise SpecterError(f"hardware profile {origin}: missing section {section!r} (needs {', '.join(fields_)})")
         values[section] = {}
-        for key, (_required, minimum) in fields_.items():
+        for key, (low, high) in fields_.items():
             where = f"{section}.{key}"
             if key not in block:
                 hint = (" (microseconds per point where the host reads a device result; the presets "
                         "assume 15, `specter profile-bandwidth` measures it)" if key == "host_sync_us" else "")
                 raise SpecterError(f"hardware profile {origin}: missing field {where}{hint}")
-            value = block[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise SpecterError(f"hardware profile {origin}: {where} must be a number, got {value!r}")
-            if value < minimum:
-                bound = "positive" if minimum > 0 else "non-negative"
-                raise SpecterError(f"hardware profile {origin}: {where} must be {bound}, got {value!r}")
-            if not math.isfinite(value * _unit_scale(key)):  # e.g. memory_gb 1e300: 1e309 bytes is inf
-                raise SpecterError(f"hardware profile {origin}: {where} {value!r} is too large to hold in SI units "
-                                   f"(x{_unit_scale(key):g} overflows); give a physical value")
-            values[section][key] = float(value)
+            values[section][key] = _number(block[key], where, low, high, origin)
     points = []
     by_size = data["link"].get("h2d_by_size") or []
-    if not isinstance(by_size, list):
-        raise SpecterError(f"hardware profile {origin}: link.h2d_by_size must be a list of {{bytes, pinned_gbps, "
-                           f"pageable_gbps}} points, got {by_size!r}")
+    if not isinstance(by_size, list) or len(by_size) > MAX_POINTS:
+        raise SpecterError(f"hardware profile {origin}: link.h2d_by_size must be a list of at most {MAX_POINTS} "
+                           f"{{bytes, pinned_gbps, pageable_gbps}} points, got {by_size!r:.80}")
     for i, row in enumerate(by_size):
-        try:
-            point = BandwidthPoint(int(row["bytes"]), float(row["pinned_gbps"]), float(row["pageable_gbps"]))
-        except (KeyError, TypeError, ValueError, OverflowError):
-            raise SpecterError(
-                f"hardware profile {origin}: link.h2d_by_size[{i}] needs bytes, pinned_gbps and pageable_gbps"
-            ) from None
-        numbers = (point.size_bytes, point.pinned_gbps * 1e9, point.pageable_gbps * 1e9)
-        if not all(math.isfinite(x) and x > 0 for x in numbers):
-            raise SpecterError(f"hardware profile {origin}: link.h2d_by_size[{i}] must be finite and positive, got "
-                               f"{row!r}")
-        points.append(point)
+        where = f"link.h2d_by_size[{i}]"
+        if not isinstance(row, dict) or not {"bytes", "pinned_gbps", "pageable_gbps"} <= set(row):
+            raise SpecterError(f"hardware profile {origin}: {where} needs bytes, pinned_gbps and pageable_gbps")
+        size = _number(row["bytes"], f"{where}.bytes", 1, MAX_TRANSFER_BYTES, origin)
+        points.append(BandwidthPoint(int(size), _number(row["pinned_gbps"], f"{where}.pinned_gbps", 1e-9, MAX_GBPS,
+                                                        origin),
+                                     _number(row["pageable_gbps"], f"{where}.pageable_gbps", 1e-9, MAX_GBPS, origin)))
     points.sort(key=lambda p: p.size_bytes)
+    sources = data.get("sources") or {}
+    if not isinstance(sources, dict):
+        raise SpecterError(f"hardware profile {origin}: sources must map fields to where their numbers come from, got "
+                           f"{sources!r:.80}")
     d, link, host = values["device"], values["link"], values["host"]
     return HardwareProfile(
         name=str(data.get("name") or Path(origin).stem),
@@ -227,13 +280,8 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         host_launch_overhead=host["launch_overhead_us"] * 1e-6,
         h2d_by_size=tuple(points),
         measured=bool(data.get("measured", False)),
-        sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
+        sources={str(k): str(v) for k, v in sources.items()},
     )
-
-
-def _unit_scale(key: str) -> float:
-    """The factor that turns a field's unit (named by its key's suffix) into SI units."""
-    return {"tflops": 1e12, "gbps": 1e9, "gb": 1e9, "us": 1e-6}[key.rsplit("_", 1)[-1]]
 
 
 def profile_summary(profile: HardwareProfile) -> str:

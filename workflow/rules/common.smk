@@ -5,15 +5,19 @@ import shlex
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
-validate(config, schema="../schemas/config.schema.yaml")
-
 sys.path.insert(0, workflow.basedir)  # the suite of this repository: its registry and run settings plan the jobs
-from specter.experiments import EXPERIMENTS as REGISTRY, own_numerics, records_experiment, sweep_flags  # noqa: E402
-from specter.workflow_checks import check_config  # noqa: E402
+from specter.workflow_checks import ConfigError, check_config, check_schema  # noqa: E402
 
-check_config(config)  # names, paths and cross-field checks, before any job runs
+# The schema, then names, paths, numbers and cross-field checks, before Snakemake plans any job: a problem is one
+# line naming the key, and exit 2 (as the CLI's errors), not a traceback.
+try:
+    check_schema(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
+    check_config(config)
+except ConfigError as err:
+    print(f"specter: error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+from specter.experiments import EXPERIMENTS as REGISTRY, own_numerics, records_experiment, sweep_flags  # noqa: E402
 
 # Every rule runs the suite from this repository, in the environment of ENV under `--use-conda` (else the current one).
 ENV = "../envs/specter.yaml"

@@ -1,0 +1,72 @@
+"""How the CLI stops on Ctrl-C (SIGINT) and SIGTERM: exit 130 (143) with one line, leaving no partial output.
+
+`install()` runs as the first instruction of both entry points (`python -m specter`, `specter.cli.main`), before any
+heavy import, and imports nothing heavy itself. A signal then raises, as Python's own handler would, KeyboardInterrupt
+(SIGINT) or SystemExit(143) (SIGTERM), which unwinds the command: atomic writers remove their temporaries, the GPTQ
+worker's process group is killed, and `specter.cli.main` prints the line.
+
+Except inside an import. Libraries catch what an import raises and go on half-initialized: a Ctrl-C in torch's import
+of numpy left numpy partly imported, and the next `np.dtypes` recursed until a RecursionError (4 of 16 early
+interrupts), and a Ctrl-C inside torch's C++ initialization aborted the process. So a signal that arrives while any
+import is under way raises nothing: the handler removes the temporaries this process has open (`specter.io`, which
+every output goes through, tracks each here from its creation until it is renamed into place or removed) and ends the
+process at once with the same status and line. A child process (the GPTQ worker) dies with
+its parent (it asks Linux for that, see `gptq_worker.die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+INTERRUPTED = "specter: interrupted; outputs are written whole or not at all, so none is partial"
+#: the temporary files and directories this process has open: what an exit at once removes
+_OPEN: set = set()
+
+
+def track(path) -> None:
+    _OPEN.add(path)
+
+
+def forget(path) -> None:
+    _OPEN.discard(path)
+
+
+def tracked(path) -> bool:
+    return path in _OPEN
+
+
+def install() -> None:
+    """Handle SIGINT and SIGTERM as the module docstring says; from the main thread, before the heavy imports."""
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+
+
+def _on_signal(signum: int, frame) -> None:
+    if _importing(frame):
+        _exit_now(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)  # unwinds like an exception: temporary files and directories are removed
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` or a frame below it runs the import machinery (an import, however deep, is under way)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _exit_now(signum: int) -> None:
+    import shutil
+
+    for path in list(_OPEN):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if signum == signal.SIGINT:
+        os.write(2, (INTERRUPTED + "\n").encode())  # not sys.stderr: the signal may have come in the middle of a print
+    os._exit(128 + signum)
