@@ -26,10 +26,10 @@ def git_commit() -> str:
 
 
 def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict | None = None,
-               k_source: str | None = None, numerics_device: str = "cpu") -> dict:
+               k_source: str | None = None, numerics_device: str = "cpu", expert_storage: dict | None = None) -> dict:
     """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at;
     `k_source`: where a speculative run's K came from; `numerics_device`: where the target's forwards ran, beside
-    their dtype in `config.dtype`)."""
+    their dtype in `config.dtype`; `expert_storage`: how the target's routed experts are stored and priced)."""
     from specter.numerics import determinism
     from specter.quant.meta import versions
 
@@ -37,7 +37,7 @@ def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict 
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
                 "initial_cache": "empty", "numerics": {**determinism.settings(), "device": numerics_device},
                 "cost": priced_at,
-                "k_source": k_source}
+                "k_source": k_source, "expert_storage": expert_storage}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
                 cost_as=priced_at["architecture"] if priced_at else None, config=resolved, versions=versions(),

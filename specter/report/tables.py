@@ -63,7 +63,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             link_gbps=((cfg.get("hardware_profile") or {}).get("link") or {}).get("h2d_pinned_gbps"),
             budget_kind=next((kind for kind, name in Budget.KINDS.items() if cfg.get(name) is not None), ""),
             budget_value=next((cfg[name] for name in Budget.KINDS.values() if cfg.get(name) is not None), None),
-            draft_kernel=cfg.get("draft_kernel", "fused"),
+            draft_kernel=cfg.get("draft_kernel", "fused"), expert_bits=cfg.get("expert_bits", 16),
             k_setting=str(cfg.get("k")) if cfg.get("k") is not None else "",
             prefetch=cfg.get("prefetch") if r["k"] is not None else "", slots_per_layer=r["slots_per_layer"],
             experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
