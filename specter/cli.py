@@ -559,7 +559,7 @@ def _report_commands(sub) -> None:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("summary", help="the headline numbers of a results tree as Markdown: hashes of its models, "
-                       "drafts and tables; main, ablation, k_sweep and paper_check (no wall-clock times)")
+                       "drafts and tables; main, ablation, k_sweep, sensitivity and calibration (no wall-clock times)")
     p.add_argument("results", metavar="DIR", help="the results directory (holding tables/, models/, drafts/)")
     p.add_argument("--out", metavar="FILE.md", type=_out(".md"), help="write it there (default: print it)")
     p.set_defaults(func=cmd_summary)

@@ -13,12 +13,18 @@
 - tables: the mean over prompts of every time and rate (the paper reports means), with the median, p90, p99,
   fastest and slowest of TPOT and n (the runs: prompts x timed repeats) beside; a speedup is a ratio of means
   (`specter.report.tables`).
-- hit rate = demand hits / (demand hits + demand misses): the share of the experts the target's passes needed that were
-  already in a slot (the paper's Table 3 measure).
+- hit rates, each named (`HIT_RATES`; the artifact's is `ARTIFACT_HIT_RATE`): `hit_rate` = demand hits / (demand
+  hits + demand misses) over every target pass, prefill included (of the distinct experts each MoE layer of a pass
+  needs, those already in a slot); `hit_rate_pass`, the same over the decode passes only (the artifact's
+  `benchmarks/routing.py`); `hit_rate_token`, per (token, layer) routing over the decode passes (an expert k tokens of
+  a pass route to counts k times); for speculative runs the prefetch's `prefetch_precision` = experts a window's
+  prefetch placed (copied, or kept and protected) that its verification used / experts it placed, and
+  `prefetch_recall` = the same over the experts the verification used (the window recall).
 - lower bound: max(the run's passes at roofline after the first commit, Belady's fewest expert loads over the link,
   per pass for speculative systems and per committed token for the others) / (N - 1); see `specter.timing.bounds`.
 Field names carry their units. A record keeps the raw values these are computed from (`extra.commit_ms`, every
-commit's time, and `extra.counts`: proposals, checked, accepted, window hits and needs), so any table can be
+commit's time, and `extra.counts`: proposals, checked, accepted, window hits, needs and placements, the decode
+passes' demand hits and misses per pass and per token), so any table can be
 recomputed from its records through these definitions.
 """
 
@@ -43,8 +49,33 @@ def window_utilization(accepted: int, proposed: int) -> float:
 
 def hit_rate(hits: int, misses: int) -> float | None:
     """The share of the experts a run's target passes needed that were already in a slot when the pass asked (a
-    prefetch still landing counts: its copy was issued before the need), as the paper's Table 3 counts them."""
+    prefetch still landing counts: its copy was issued before the need). Per pass (distinct experts of each MoE layer
+    of a pass) or per token (each token's routings), by what is counted; see `HIT_RATES`."""
     return share(hits, hits + misses)
+
+
+#: every hit rate a record carries, by name: what it counts over what (the paper's Table 3 does not define its own)
+HIT_RATES = {
+    "hit_rate": "per pass, every target pass (prefill included): distinct experts of each MoE layer of a pass already "
+                "in a slot, over those it needs",
+    "hit_rate_pass": "per pass, decode passes only: as hit_rate, after the prompt's prefill (the artifact's: "
+                     "benchmarks/routing.py counts the unique expert requests of each target layer invocation over "
+                     "completed windows, prefill outside, an in-flight copy a hit)",
+    "hit_rate_token": "per token and layer, decode passes: (token, layer) routings to an expert already in a slot, "
+                      "over all routings (an expert k tokens of a pass route to counts k times)",
+    "prefetch_precision": "placed and used / placed: of the experts a window's prefetch placed on the device (copied, "
+                          "or kept and protected), those its verification used (speculative systems)",
+    "prefetch_recall": "placed and used / used: of the experts a verification used, those its window's prefetch had "
+                       "placed (speculative systems; the window recall)",
+}
+#: the definition the authors' artifact computes
+ARTIFACT_HIT_RATE = "hit_rate_pass"
+
+
+def decode_demand(target_passes: list) -> tuple[int, int, int, int]:
+    """(hits, misses, token hits, token misses) over a prompt's decode passes: every target pass after the first,
+    the prompt's prefill (`TransferStats.target_passes`)."""
+    return tuple(sum(p[i] for p in target_passes[1:]) for i in range(4))
 
 
 #: the parts of a run's decode time (`breakdown`), in the order they stack
@@ -142,6 +173,10 @@ class RunRecord:
     git_commit: str
     wall_s: float = 0.0  # wall-clock metadata: the only field that differs between identical simulated runs
     cost_as: str | None = None  # the architecture whose shapes priced every op (`--cost-as`), else None
+    hit_rate_pass: float | None = None  # see HIT_RATES (None where the decode passes needed no expert)
+    hit_rate_token: float | None = None
+    prefetch_precision: float | None = None  # None for a run that placed nothing ahead (no speculative prefetch)
+    prefetch_recall: float | None = None
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:

@@ -13,7 +13,16 @@ from pathlib import Path
 
 from specter.errors import SpecterError
 from specter.io import atomic_write
-from specter.metrics import RunRecord, acceptance_rate, breakdown, hit_rate, share, tpot_seconds, window_utilization
+from specter.metrics import (
+    RunRecord,
+    acceptance_rate,
+    breakdown,
+    decode_demand,
+    hit_rate,
+    share,
+    tpot_seconds,
+    window_utilization,
+)
 
 
 def git_commit() -> str:
@@ -26,10 +35,10 @@ def git_commit() -> str:
 
 
 def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict | None = None,
-               k_source: str | None = None, numerics_device: str = "cpu") -> dict:
+               k_source: str | None = None, numerics_device: str = "cpu", expert_storage: dict | None = None) -> dict:
     """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at;
     `k_source`: where a speculative run's K came from; `numerics_device`: where the target's forwards ran, beside
-    their dtype in `config.dtype`)."""
+    their dtype in `config.dtype`; `expert_storage`: how the target's routed experts are stored and priced)."""
     from specter.numerics import determinism
     from specter.quant.meta import versions
 
@@ -37,7 +46,7 @@ def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict 
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
                 "initial_cache": "empty", "numerics": {**determinism.settings(), "device": numerics_device},
                 "cost": priced_at,
-                "k_source": k_source}
+                "k_source": k_source, "expert_storage": expert_storage}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
                 cost_as=priced_at["architecture"] if priced_at else None, config=resolved, versions=versions(),
@@ -67,12 +76,16 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
     """One prompt's record."""
     stats = result.stats
     governor = prepared.governor
+    hits, misses, token_hits, token_misses = decode_demand(stats.target_passes)
     return RunRecord(
         prompt_index=index, prompt_token_ids=prompt, output_token_ids=result.tokens,
         ttft_ms=result.commit_times[0] * 1e3, tpot_ms=tpot_seconds(result.commit_times) * 1e3,
         lower_bound_tpot_ms=lower_bound.seconds * 1e3, k=result.k,
         demand_hits=stats.demand.hits, demand_misses=stats.demand.misses,
-        hit_rate=hit_rate(stats.demand.hits, stats.demand.misses),
+        hit_rate=hit_rate(stats.demand.hits, stats.demand.misses), hit_rate_pass=hit_rate(hits, misses),
+        hit_rate_token=hit_rate(token_hits, token_misses),
+        prefetch_precision=share(result.window_hits, result.window_placed),
+        prefetch_recall=share(result.window_hits, result.window_needed) if result.proposed else None,
         h2d_bytes_prefetch=stats.h2d_bytes_prefetch, h2d_bytes_demand=stats.h2d_bytes_demand,
         stall_ms=timeline.stall_seconds() * 1e3, wall_s=wall_s, seed=seed,
         **speculative_fields(result), **prepared.common,
@@ -84,7 +97,9 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
                "commit_ms": [t * 1e3 for t in result.commit_times],
                "counts": {"proposed": result.proposed, "checked": result.checked, "accepted": result.accepted,
                           "window_hits": result.window_hits, "window_needed": result.window_needed,
-                          "window_layers": result.window_layers},
+                          "window_layers": result.window_layers, "window_placed": result.window_placed,
+                          "decode_hits": hits, "decode_misses": misses, "decode_token_hits": token_hits,
+                          "decode_token_misses": token_misses},
                "breakdown_ms": {part: seconds * 1e3 for part, seconds in breakdown(
                    timeline.spans, result.commit_times[0], result.commit_times[-1]).items()}, **measured},
     )

@@ -32,11 +32,14 @@ DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
-                           "device", "numerics", "cost", "k_source"})
+                           "device", "numerics", "cost", "k_source", "expert_storage"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
-SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "prefix_tokens", "budget")
-#: the RunSpec fields a sweep arm may set (besides system options): none changes what the model computes
-ARM_SETTINGS = ("prefetch", "draft_kernel")
+SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "expert_bits", "prefix_tokens",
+              "budget")
+#: the RunSpec fields a sweep arm may set (besides system options and a budget): none changes what the model computes
+ARM_SETTINGS = ("prefetch", "draft_kernel", "hardware", "expert_bits")
+#: the target's routed experts as stored: FP16 (16, the paper's targets) or HQQ at 2, 3 or 4 bits (Mixtral-Offloading's)
+EXPERT_BITS = (16, 2, 3, 4)
 
 
 # Budgets ------------------------------------------------------------------------------------------------------------
@@ -93,8 +96,9 @@ class Budget:
 @dataclass(frozen=True)
 class Arm:
     """A named set of settings a sweep runs at every point of its grid (`specter sweep --arm`), for comparisons that
-    are not a grid, such as an ablation's cumulative arms: run settings of `ARM_SETTINGS` and system options (applied
-    to the systems that have them). Its name goes into every record (`config.arm`)."""
+    are not a grid, such as an ablation's cumulative arms or a peer paper's configurations: run settings of
+    `ARM_SETTINGS`, a budget (one of `Budget.KINDS`' names, e.g. resident_per_layer=4) and system options (applied to
+    the systems that have them). Its name goes into every record (`config.arm`)."""
 
     name: str = ""
     settings: tuple[tuple[str, Any], ...] = ()
@@ -116,19 +120,23 @@ class Arm:
             key, value = key.strip(), value.strip()
             if not sep or not key or not value:
                 raise SpecterError(f"--arm {text!r}: {item!r} must look like SETTING=VALUE")
-            if key.replace("-", "_") in ARM_SETTINGS:  # draft-kernel and draft_kernel alike
+            if key.replace("-", "_") in (*ARM_SETTINGS, *Budget.KINDS.values()):  # draft-kernel and draft_kernel
                 key = key.replace("-", "_")
-            if key in settings or key in options:
-                raise SpecterError(f"--arm {text!r} sets {key} twice")
-            if key in ARM_SETTINGS:
+            if key in settings or key in options or (key in Budget.KINDS.values() and "budget" in settings):
+                raise SpecterError(f"--arm {text!r} sets {key} twice (or two budgets)")
+            if key in Budget.KINDS.values():
+                kind = next(k for k, name in Budget.KINDS.items() if name == key)
+                settings["budget"] = Budget(kind, _budget_value(kind, value))
+                settings["budget"].check()
+            elif key in ARM_SETTINGS:
                 f = next(f for f in fields(RunSpec) if f.name == key)
                 choices = f.metadata["choices"]
                 if choices and value not in choices:
                     raise SpecterError(f"--arm {text!r}: {key}={value!r} is not one of {', '.join(choices)}")
                 settings[key] = f.metadata["parse"](value)
             elif key.replace("-", "_") in {f.name for f in fields(RunSpec)}:
-                raise SpecterError(f"--arm {text!r}: an arm cannot set {key} (arms set {', '.join(ARM_SETTINGS)} "
-                                   "and system options; sweep the others as axes)")
+                raise SpecterError(f"--arm {text!r}: an arm cannot set {key} (arms set {', '.join(ARM_SETTINGS)}, "
+                                   "a budget and system options; sweep the others as axes)")
             else:
                 options[key] = value
         return cls(name, tuple(settings.items()), tuple(options.items()))
@@ -150,7 +158,8 @@ class Arm:
 
     def flag(self) -> str:
         """This arm as `--arm` takes it."""
-        items = [f"{k}={v}" for k, v in (*self.settings, *self.options)]
+        items = [f"{Budget.KINDS[v.kind]}={v.value:g}" if k == "budget" else f"{k}={v}"
+                 for k, v in (*self.settings, *self.options)]
         return f"{self.name}:{','.join(items)}" if items else self.name
 
 
@@ -249,6 +258,10 @@ class RunSpec:
         "--draft-kernel", "how the draft's routed experts are priced: fused (one INT4 MoE kernel per layer and "
                           "step, as the paper's) or unfused (one kernel group per expert)", sweep=True,
         choices=DRAFT_KERNELS))
+    expert_bits: int = setting(default=16, metadata=_flag(
+        "--expert-bits", "the target's routed experts as stored and copied: 16 (FP16) or HQQ at 2, 3 or 4 bits as "
+                         "Mixtral-Offloading stores them (codes, 8-bit scales and zeros); priced only: the numerics "
+                         "stay the model's own", int, sweep=True, metavar="BITS"))
     temperature: float = setting(default=0.0, metadata=_flag(
         "--temperature", "0 = greedy; above 0, sampling at this temperature with rejection sampling (drawn live, "
                          "not replayed from a memo)", float, sweep=True, metavar="T"))
@@ -322,6 +335,9 @@ class RunSpec:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 100:
             raise SpecterError(f"--temperature must be a finite number from 0 (greedy) to 100, got {t!r}")
+        if isinstance(self.expert_bits, bool) or self.expert_bits not in EXPERT_BITS:
+            raise SpecterError(f"--expert-bits must be one of {', '.join(map(str, EXPERT_BITS))} (16: FP16 experts), "
+                               f"got {self.expert_bits!r}")
         if self.k.fixed is not None and self.k.fixed > MAX_WINDOW:
             raise SpecterError(f"--k {self.k.fixed} is more than {MAX_WINDOW} proposals a window; give a smaller K")
 
@@ -386,6 +402,9 @@ class RunSpec:
             if not torch.cuda.is_available():
                 raise SpecterError("--engine cuda needs a CUDA device, and torch sees none; use --engine sim "
                                    "(simulated time from the --hardware profile)")
+            if self.expert_bits != 16:
+                raise SpecterError(f"--expert-bits {self.expert_bits} prices quantized experts; the CUDA engine "
+                                   "copies this model's own FP16 experts, so use --engine sim (or drop --expert-bits)")
             if self.temperature > 0:
                 raise SpecterError(f"--engine cuda times greedy runs (their numerics are recorded before the timed "
                                    f"run); --temperature {self.temperature} samples live: use --engine sim or "

@@ -168,19 +168,20 @@ def test_a_wheel_install_runs_a_first_session(tmp_path):
     assert record["system"] == "specter" and record["simulated"] and record["tpot_ms"] > 0
 
 
-def test_paper_check_figure_draws_rows_without_a_comparison(tmp_path):
-    """A published figure of Specter itself has no comparison (an empty cell, NaN once the CSV is read back)."""
+def test_calibration_figure_draws_rows_with_and_without_a_suite_figure(tmp_path):
+    """A published figure whose configuration did not run has no suite figure (NaN once the CSV is read back)."""
     import pandas as pd
 
     from specter.report.figures import plot
 
-    table = pd.DataFrame([dict(id="a", where="Fig 13", architecture="phi-3.5-moe", slots=2, system="specter",
-                               comparison=float("nan"), metric="tpot_ms", paper=163.1, suite=150.0,
-                               suite_over_paper=0.92, prompts=5, proxy="p", hardware="a100-40gb-pcie4",
-                               simulated=True, note="", paper_source="v1"),
-                          dict(id="b", where="Fig 13", architecture="phi-3.5-moe", slots=2, system="naive",
-                               comparison="same_slots", metric="speedup_of_specter", paper=5.9, suite=4.0,
-                               suite_over_paper=0.68, prompts=5, proxy="p", hardware="a100-40gb-pcie4",
-                               simulated=True, note="", paper_source="v1")])
-    plot("paper_check", table, tmp_path / "p.png")
+    table = pd.DataFrame([dict(paper="specter-v1", id="a", where="Fig 13", page=None, architecture="phi-3.5-moe",
+                               hardware="a100-40gb-pcie4", system="specter", configuration="", metric="tpot_ms",
+                               published=163.1, suite=150.0, suite_over_published=0.92, in_band=True, reason="",
+                               prompts=5, proxy="p", simulated=True, note="", source="v1"),
+                          dict(paper="moe-infinity", id="b", where="README", page=None, architecture="mixtral-8x7b",
+                               hardware="rtx-a5000-pcie4", system="hf-offload", configuration="",
+                               metric="s_per_token", published=6.6, suite=float("nan"),
+                               suite_over_published=float("nan"), in_band=None, reason="not run", prompts=0,
+                               proxy="", simulated=None, note="", source="README")])
+    plot("calibration", table, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -206,7 +206,7 @@ def test_arms_run_in_order_at_every_point_and_name_their_records(tiny_dirs, draf
             Arm.parse(bad)
     with pytest.raises(SpecterError, match="two arms have the same name"):
         grid(_req(tiny_dirs, draft), {}, arms=[arms[0], arms[0]])
-    with pytest.raises(SpecterError, match="arm 'no prefetch' sets prefetch, which the sweep also sets"):
+    with pytest.raises(SpecterError, match="arm 'no prefetch' sets prefetch, which the sweep also varies"):
         grid(_req(tiny_dirs, draft), {"prefetch": ["adaptive", "late"]}, arms=arms[:2])
     with pytest.raises(SpecterError,
                        match="no listed system has option 'depth'; their options: bandwidth-estimate, draft-kv"):

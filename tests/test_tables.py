@@ -56,6 +56,10 @@ def _recomputed(rs: list[dict]) -> dict:
         "window_utilization": mean([metrics.window_utilization(c["accepted"], c["proposed"]) for c in spec_counts]),
         "window_recall": mean([metrics.share(c["window_hits"], c["window_needed"]) for c in spec_counts]),
         "window_working_set": mean([metrics.share(c["window_needed"], c["window_layers"]) for c in spec_counts]),
+        "hit_rate_pass": mean([metrics.hit_rate(c["decode_hits"], c["decode_misses"]) for c in counts]),
+        "hit_rate_token": mean([metrics.hit_rate(c["decode_token_hits"], c["decode_token_misses"]) for c in counts]),
+        "prefetch_precision": mean([metrics.share(c["window_hits"], c["window_placed"]) for c in counts]),
+        "prefetch_recall": mean([metrics.share(c["window_hits"], c["window_needed"]) for c in spec_counts]),
         "demand_misses": sum(r["demand_misses"] for r in rs), "n": len(rs),
     }
 
@@ -118,3 +122,25 @@ def test_breakdown_parts_sum_to_each_systems_time(records):
     assert set(table["system"]) == {"on-demand", "specter", "specter-oracle"}
     for _, row in table.iterrows():
         assert math.isclose(sum(row[p] for p in BREAKDOWN), row["tpot_ms"], rel_tol=1e-9)
+
+
+def test_every_hit_rate_definition_is_named_and_carried_with_its_counts(records):
+    """Each definition of `metrics.HIT_RATES` is a record field recomputed from extra.counts; the decode passes'
+    counts are part of the run's; at one token a pass (no speculation) a pass's distinct experts are its token's
+    routings, so the per-pass and per-token rates agree; only speculative runs place experts ahead."""
+    assert set(metrics.HIT_RATES) == {"hit_rate", "hit_rate_pass", "hit_rate_token", "prefetch_precision",
+                                      "prefetch_recall"} and metrics.ARTIFACT_HIT_RATE in metrics.HIT_RATES
+    for r in records:
+        c = r["extra"]["counts"]
+        assert c["decode_hits"] <= r["demand_hits"] and c["decode_misses"] <= r["demand_misses"]
+        assert c["decode_hits"] + c["decode_misses"] < r["demand_hits"] + r["demand_misses"]  # the prefill's are out
+        assert r["hit_rate_pass"] == metrics.hit_rate(c["decode_hits"], c["decode_misses"])
+        assert r["hit_rate_token"] == metrics.hit_rate(c["decode_token_hits"], c["decode_token_misses"])
+        if r["k"] is None:
+            assert r["hit_rate_pass"] == r["hit_rate_token"]
+            assert r["prefetch_precision"] is None and r["prefetch_recall"] is None
+        else:
+            assert c["decode_token_hits"] + c["decode_token_misses"] > c["decode_hits"] + c["decode_misses"]
+            assert r["prefetch_recall"] == r["window_recall"]
+            placed = r["prefetch_precision"]
+            assert placed is None if r["config"]["prefetch"] == "none" and not c["window_placed"] else 0 <= placed <= 1

@@ -125,13 +125,32 @@ def test_bandwidth_by_size_interpolates_in_log_size():
 
 
 @pytest.mark.parametrize("name", ["a100-40gb-pcie4", "rtx4090-pcie4", "rtx3090-pcie4", "h100-pcie5", "h200-pcie5",
-                                  "t4-pcie3"])
+                                  "t4-pcie3", "rtx-a5000-pcie4"])
 def test_every_preset_loads_with_sources(name):
     assert name in preset_names()
     p = load_profile(name)
     assert p.name == name and p.h2d_pinned_bandwidth > p.h2d_pageable_bandwidth
-    for key in ("device.peak_tflops", "device.memory_bandwidth_gbps", "link.h2d_pageable_gbps"):
-        assert key in p.sources, f"{name}: no source for {key}"
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_number_of_every_preset_has_a_source(name):
+    """Each number of a shipped preset (device, link, host) names where it comes from, in a sentence."""
+    from importlib.resources import files
+
+    data = yaml.safe_load(files("specter.presets").joinpath("hardware", f"{name}.yaml").read_text())
+    numbers = [f"{section}.{key}" for section in ("device", "link", "host")
+               for key, value in data[section].items() if isinstance(value, (int, float)) and not isinstance(
+                   value, bool)]
+    assert len(numbers) >= 11
+    missing = [key for key in numbers if len(str(data["sources"].get(key, "")).split()) < 3]
+    assert not missing, f"{name}: no source for {missing}"
+
+
+def test_the_paper_machine_prices_its_host_from_the_paper_s_cpu():
+    p = load_profile("a100-40gb-pcie4")
+    assert "Xeon Silver 4310" in p.host_name and "Xeon Silver 4310" in p.sources["host.name"]
+    assert p.host_peak_flops == pytest.approx(24 * 2.1e9 * 32, rel=1e-3)
+    assert p.host_memory_bandwidth == pytest.approx(2 * 8 * 2666.67e6 * 8, rel=1e-3)
 
 
 def test_profile_round_trips_through_yaml(tmp_path):
@@ -216,3 +235,20 @@ def test_cuda_engine_overlaps_copy_and_compute():
     mm = next(s for s in timeline.spans if s.label == "mm")
     assert copy.start < mm.end and mm.start < copy.end  # they overlapped
     assert torch.equal(dst.cpu(), src)
+
+
+def test_hqq_experts_cross_the_link_at_mixtral_offloadings_stored_bytes():
+    """HQQ as Mixtral-Offloading stores an expert: packed codes, 8-bit scales and zeros of every 16 weights, FP16
+    meta-scales and zeros of every 128 scales and one of the zeros."""
+    from specter.timing.cost import hqq_expert_bytes, hqq_linear_bytes
+
+    # [16, 128] at 2 bits: 16 / 4 rows of 128 code bytes; 128 groups of 16: 128 scale codes + one FP16 (scale,
+    # zero) pair for them, 128 zero codes + one FP16 pair
+    assert hqq_linear_bytes(16, 128, 2) == 512 + (128 + 4) + (128 + 4)
+    assert hqq_linear_bytes(20, 128, 3) == 2 * 128 * 4 + (160 + 2 * 2 * 2) + (160 + 4)  # ten 3-bit codes an int32
+    assert hqq_linear_bytes(16, 128, 4) == 8 * 128 + (128 + 4) + (128 + 4)
+    mixtral = ((14336, 4096), (14336, 4096), (4096, 14336))
+    params = 3 * 4096 * 14336
+    assert hqq_expert_bytes(mixtral, 2) * 8 / params == pytest.approx(2 + 8 / 16 + 8 / 16 + 32 / (16 * 128), rel=1e-4)
+    with pytest.raises(ValueError, match="2, 3 or 4 bits"):
+        hqq_linear_bytes(16, 128, 8)

@@ -292,7 +292,7 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
         digest = hashlib.sha256((tmp_path / "results" / "tables" / f"{name}.csv").read_bytes()).hexdigest()
         assert f"| {name}.csv | {len(pd.read_csv(tmp_path / 'results' / 'tables' / f'{name}.csv'))} | `{digest}` |" \
             in summary
-    for section in ("## main", "## ablation", "## k_sweep", "## paper_check"):
+    for section in ("## main", "## ablation", "## k_sweep", "## calibration"):
         assert section in summary
     specter = main[(main["system"] == "specter") & (main["memory"] == "same slots")].iloc[0]
     row = f"| specter | {int(specter['slots_per_layer'])} | {int(specter['k'])} | {fmt_ms(specter['tpot_ms'])} |"

@@ -37,12 +37,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class HitMiss:
-    """Hits and misses, in total and per MoE layer."""
+    """Hits and misses, in total and per MoE layer: of the distinct experts a layer of a pass needs (`hits`,
+    `misses`), and of its (token, expert) routings (`token_hits`, `token_misses`: an expert that k tokens of the pass
+    route to counts k times)."""
 
     hits: int = 0
     misses: int = 0
     per_layer_hits: Counter = field(default_factory=Counter)
     per_layer_misses: Counter = field(default_factory=Counter)
+    token_hits: int = 0
+    token_misses: int = 0
+
+    def counts(self) -> tuple[int, int, int, int]:
+        return self.hits, self.misses, self.token_hits, self.token_misses
 
     def hit(self, layer: int, n: int = 1) -> None:
         self.hits += n
@@ -60,6 +67,8 @@ class TransferStats:
     h2d_bytes_prefetch: int = 0
     link_bytes_activations: int = 0  # activations moved instead of weights (experts computed on the host)
     prefetches: int = 0
+    # per target pass, in order (the first is the prompt's prefill): its demand (hits, misses, token hits, token misses)
+    target_passes: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 class PassHooks:
@@ -232,6 +241,8 @@ class Executor:
             self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}")
             self.cache.touch(layer, e)
         self.stats.demand.hit(layer, len(resident))
+        self.stats.demand.token_hits += sum(tokens_per_expert[e] for e in resident)
+        self.stats.demand.token_misses += sum(tokens_per_expert[e] for e in missing)
         for e in missing:
             self.stats.demand.miss(layer)
             self.stats.h2d_bytes_demand += self.work.expert_bytes
@@ -250,6 +261,7 @@ class Executor:
         """A full target pass over len(routes) tokens after `context` cached tokens; returns its end event (logits)."""
         n = len(routes)
         self._acc = []
+        before = self.stats.demand.counts()
         for layer in self.work.layers:
             per_token = [r[layer] for r in routes] if layer in self.work.moe_layers else []
             self.layer(layer, per_token, context + n, tag)
@@ -258,6 +270,7 @@ class Executor:
         used = tuple((layer, frozenset(e for r in routes for e in r[layer])) for layer in self.work.moe_layers)
         self.passes.append(PassWork(n, sum(o.flops for o in ops), sum(o.bytes_read for o in ops),
                                     sum(o.launches for o in ops), used))
+        self.stats.target_passes.append(tuple(a - b for a, b in zip(self.stats.demand.counts(), before)))
         return self.engine.record(COMPUTE)
 
     def draft_step(self, routes: dict[int, tuple[int, ...]], context: int, expert_bytes: int, tag: str) -> Event:

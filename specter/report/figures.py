@@ -325,56 +325,35 @@ def _plot_fidelity(figure, table: pd.DataFrame, out, timing: str) -> None:
     _finish(fig, f"{figure.title} ({models}, {', '.join(sorted(table['dataset'].unique()))} prompts)", out)
 
 
-def _plot_paper_check(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """Per metric, the paper's figure and the suite's for every configuration the run included (log scale)."""
-    shown = table[table["suite"].notna()]
-    if shown.empty:  # say so in the figure, with what the paper publishes
+def _plot_calibration(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Per published figure the suite could compute, the suite's over the paper's on a log axis, grouped by paper,
+    with the 0.8-1.25 band shaded; the rows without a suite figure are counted in the title."""
+    from specter.report.calibration import BAND
+
+    shown = table[table["suite_over_published"].notna()].reset_index(drop=True)
+    if shown.empty:  # say so in the figure, with what the papers publish
         fig, ax = plt.subplots(figsize=(9, 3))
         ax.axis("off")
-        cases = sorted({f"{a} at {s} slots" for a, s in zip(table["architecture"], table["slots"])})
-        ax.text(0, 1, "No case of this run matches a configuration the paper publishes figures for.\n"
-                      f"Published: {'; '.join(cases)}.\nAdd such a case (config/paper.yaml has them) to compare.",
+        ax.text(0, 1, f"No run of this workflow matches a published configuration ({len(table)} figures listed in "
+                      "results/tables/calibration.csv, each with why).\nconfig/paper.yaml runs more of them.",
                 va="top", fontsize=9, wrap=True)
         _finish(fig, figure.title, out)
         return
-    metrics = list(dict.fromkeys(shown["metric"]))
-    height = 0.55 * shown.groupby("metric").size().max() + 1.8
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), height), squeeze=False)
-    units = {"tpot_ms": "TPOT (ms)", "speedup_of_specter": "baseline TPOT / Specter TPOT",
-             "hit_rate": "hit rate", "tokens_per_s": "tokens / s"}
-    for ax, metric in zip(axes[0], metrics):
-        part = shown[shown["metric"] == metric].reset_index(drop=True)
-        ys = range(len(part))
-        ax.barh([y + 0.2 for y in ys], part["paper"], height=0.38, color="#8c8c8c", label="paper (measured)")
-        ax.barh([y - 0.2 for y in ys], part["suite"], height=0.38, color=SPECTER_COLOR,
-                label=f"suite ({timing})")
-        for y, (p, s) in enumerate(zip(part["paper"], part["suite"])):
-            ax.text(max(p, s) * 1.05, y, f"x{s / p:.2f}", va="center", fontsize=7)
-        labels = [f"{a}\n{s}{' ' + c.replace('_', ' ') if isinstance(c, str) and c else ''}" for a, s, c in
-                  zip(part["architecture"], part["system"], part["comparison"])]
-        ax.set_yticks(list(ys), labels, fontsize=7)
-        ax.invert_yaxis()
-        top = float(part[["paper", "suite"]].max().max())
-        if metric != "hit_rate":
-            from matplotlib.ticker import LogLocator, ScalarFormatter
-
-            ax.set_xscale("log")
-            ax.set_xlim(float(part[["paper", "suite"]].min().min()) / 1.5, top * 2.2)  # room for the ratios
-            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
-            ax.xaxis.set_minor_locator(LogLocator(base=10, subs=()))
-            ax.xaxis.set_major_formatter(ScalarFormatter())
-        else:
-            ax.set_xlim(0, top * 1.25)
-        ax.set_xlabel(units.get(metric, metric))
-        ax.set_title(f"{metric}: suite / paper beside each pair", fontsize=9)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.suptitle(figure.title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(shown) + 1.8))
+    colors = {paper: c for paper, c in zip(dict.fromkeys(shown["paper"]), sns.color_palette("deep"))}
+    ys = range(len(shown))
+    ax.axvspan(*BAND, color="#dddddd", zorder=0)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.scatter(shown["suite_over_published"], list(ys), c=[colors[p] for p in shown["paper"]], zorder=3, s=18)
+    ax.set_yticks(list(ys), [f"{i} ({m})" for i, m in zip(shown["id"], shown["metric"])], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(f"suite / published (suite {timing}; grey: {BAND[0]}-{BAND[1]})")
+    for paper, color in colors.items():
+        ax.scatter([], [], c=[color], label=paper, s=18)
+    ax.legend(fontsize=7, loc="lower right")
+    missing = len(table) - len(shown)
+    _finish(fig, f"{figure.title} ({missing} published figures not run here: see the table)", out)
 
 
 def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
@@ -492,7 +471,7 @@ def _plot_routing_entropy(figure, table: pd.DataFrame, out, timing: str) -> None
     _finish(fig, f"{figure.title} (the target's routes on the prompts it decoded)", out)
 
 
-KINDS = {"system_bars": _plot_system_bars, "paper_check": _plot_paper_check, "bars": _plot_bars,
+KINDS = {"system_bars": _plot_system_bars, "calibration": _plot_calibration, "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
          "working_set": _plot_working_set, "fidelity": _plot_fidelity, "hit_rate": _plot_hit_rate,
          "breakdown": _plot_breakdown, "memory": _plot_memory,

@@ -8,7 +8,7 @@ each draft's and each table's sha256) say at a glance whether two trees agree.
 Sections, each present when its table is: the models and drafts, the tables, `main` (every system's TPOT, its lower
 bound and its TPOT over Specter's, per case, prompt set and comparison), Specter's TPOT over its lower bound beside
 each baseline's, `ablation` (its arms in order, with the hit rates), `k_sweep` (each governor's K against the best
-fixed K), `sensitivity` (greedy against sampling) and `paper_check` (each published figure beside the suite's).
+fixed K), `sensitivity` (greedy against sampling) and `calibration` (each published figure beside the suite's).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ NEEDS = {
                  "hit_rate"),
     "k_sweep": ("model", "dataset", "hardware", "k_setting", "k", "tpot_ms", "n"),
     "sensitivity": ("model", "dataset", "temperature", "system", "tpot_ms", "speedup_of_specter"),
-    "paper_check": ("id", "architecture", "slots", "system", "comparison", "metric", "paper", "suite",
-                    "suite_over_paper"),
+    "calibration": ("paper", "id", "where", "architecture", "hardware", "system", "configuration", "metric",
+                    "published", "suite", "suite_over_published", "reason"),
 }
 
 
@@ -209,14 +209,22 @@ def _sensitivity(df: pd.DataFrame) -> list[str]:
                                   "over Specter"])
 
 
-def _paper_check(df: pd.DataFrame) -> list[str]:
-    out = ["## paper_check: the paper's figures beside the suite's", "",
-           "Rows whose case this run did not include have no suite value.", ""]
-    rows = [[r["id"], r["architecture"], str(r["slots"]), r["system"], r["comparison"] if isinstance(
-        r["comparison"], str) else "", r["metric"], f"{r['paper']:.4g}", fmt_ms(r["suite"]),
-        _num(r["suite_over_paper"], 2)] for _, r in df.iterrows()]
-    return out + _markdown(rows, ["id", "architecture", "slots", "system", "comparison", "metric", "paper", "suite",
-                                  "suite / paper"])
+def _calibration(df: pd.DataFrame) -> list[str]:
+    from specter.report.calibration import BAND, log_ratio_stats
+
+    median, largest = log_ratio_stats(df)
+    spread = (f"Median |log(suite / published)| {median:.3f}, largest {largest:.3f}, over the "
+              f"{int(df['suite_over_published'].notna().sum())} rows with a suite figure." if median is not None else
+              "No row has a suite figure.")
+    out = ["## calibration: published figures beside the suite's", "",
+           f"Rows whose configuration this run did not include have no suite figure and say why; a ratio outside "
+           f"{BAND[0]}-{BAND[1]} has its reason. {spread}", ""]
+    rows = [[r["paper"], r["id"], r["system"] if isinstance(r["system"], str) else "", r["metric"],
+             f"{r['published']:.4g}", "" if pd.isna(r["suite"]) else f"{r['suite']:.4g}",
+             _num(r["suite_over_published"], 2), r["reason"] if isinstance(r["reason"], str) else ""]
+            for _, r in df.iterrows()]
+    return out + _markdown(rows, ["paper", "id", "system", "metric", "published", "suite", "suite / published",
+                                  "reason"])
 
 
 def summary(results: str | Path, root: str | Path | None = None) -> str:
@@ -236,7 +244,7 @@ def summary(results: str | Path, root: str | Path | None = None) -> str:
     lines += _models(results)
     lines += _tables(tables)
     for name, section in (("main", _main), ("ablation", _ablation), ("k_sweep", _k_sweep),
-                          ("sensitivity", _sensitivity), ("paper_check", _paper_check)):
+                          ("sensitivity", _sensitivity), ("calibration", _calibration)):
         df = _read(tables_dir / f"{name}.csv")
         if df is not None and not df.empty:
             lines += section(df)
@@ -247,4 +255,4 @@ def _hardware(path: Path) -> list[str]:
     df = pd.read_csv(path)
     if "hardware" not in df:
         return []
-    return [h for cell in df["hardware"].dropna().unique() for h in str(cell).split(", ") if h]  # paper_check joins
+    return [h for cell in df["hardware"].dropna().unique() for h in str(cell).split(", ") if h and h != "any"]

@@ -2,7 +2,7 @@
 
 `records_frame` flattens records to one row per (run, prompt) with the settings that tell runs apart; an experiment's
 table is built by its registry entry's table kind (`specter.experiments`): `stats` (per setting, means over prompts
-with TPOT's median, p90, p99 and n beside; the records keep every prompt), `routing`, `paper_check` or `fidelity`.
+with TPOT's median, p90, p99 and n beside; the records keep every prompt), `routing`, `calibration` or `fidelity`.
 Every table keeps `simulated` and `hardware`, so a figure drawn from it can say what its times are.
 """
 
@@ -19,10 +19,11 @@ from specter.io import atomic_write
 from specter.runspec import Budget
 
 #: the table kinds an experiment's registry entry can name
-KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "paper_check", "fidelity")
+KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "fidelity")
 
 _STATS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
-            "window_working_set", "stall_ms", "hit_rate"]
+            "window_working_set", "stall_ms", "hit_rate", "hit_rate_pass", "hit_rate_token", "prefetch_precision",
+            "prefetch_recall"]
 _SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
 
 
@@ -63,7 +64,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             link_gbps=((cfg.get("hardware_profile") or {}).get("link") or {}).get("h2d_pinned_gbps"),
             budget_kind=next((kind for kind, name in Budget.KINDS.items() if cfg.get(name) is not None), ""),
             budget_value=next((cfg[name] for name in Budget.KINDS.values() if cfg.get(name) is not None), None),
-            draft_kernel=cfg.get("draft_kernel", "fused"),
+            draft_kernel=cfg.get("draft_kernel", "fused"), expert_bits=cfg.get("expert_bits", 16),
             k_setting=str(cfg.get("k")) if cfg.get("k") is not None else "",
             prefetch=cfg.get("prefetch") if r["k"] is not None else "", slots_per_layer=r["slots_per_layer"],
             experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
@@ -114,10 +115,10 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
         return breakdown_table(records)
     if spec.kind == "memory":
         return memory_table(records)
-    if spec.kind == "paper_check":
-        from specter.report.paper import paper_check_table
+    if spec.kind == "calibration":
+        from specter.report.calibration import calibration_table
 
-        return paper_check_table(records_frame(records))
+        return calibration_table(records)
     if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records)

@@ -26,7 +26,7 @@ from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
 from specter.systems import DecodeConfig, PromptContext, System
 from specter.timing.bounds import LowerBound, lower_bound
-from specter.timing.cost import CostModel
+from specter.timing.cost import CostModel, hqq_expert_bytes
 from specter.timing.hardware import HardwareProfile
 
 
@@ -99,6 +99,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     priced_at = None
     if spec.cost_as is not None:
         work, service, draft_bytes, priced_at = _priced_at(spec, session, work, service, draft)
+    work, storage = _expert_storage(spec, work)
     cost = CostModel(profile)
     k_setting, k_source = _k_setting(spec, system)
     slots, memory = _memory(spec, system, work, draft_bytes, k_setting, profile.device_memory_bytes)
@@ -107,7 +108,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
                           spec.draft_kernel)
     common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
-                        next(target.model.parameters()).device.type)
+                        next(target.model.parameters()).device.type, storage)
     return PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
                        governor, _warmup(calibration, spec, service), common, online=online)
 
@@ -161,6 +162,18 @@ def _priced_at(spec: RunSpec, session: Session, proxy_work: ModelWork, service, 
     info = {"architecture": arch.name, "title": arch.title, "source": arch.source, "proxy": Path(spec.model).name,
             "layer_map": layer_map.as_dict(), "expert_bytes": work.expert_bytes, "draft_expert_bytes": draft_bytes}
     return work, MappedService(service, layer_map), draft_bytes, info
+
+
+def _expert_storage(spec: RunSpec, work: ModelWork) -> tuple[ModelWork, dict]:
+    """The work with the target's routed experts at `--expert-bits` (copied, held in slots and read at their stored
+    size) and what the records say of it: the format, the bytes of one expert, and that the numerics are the model's
+    own (the quantized experts' own tokens and routes are not computed)."""
+    if spec.expert_bits == 16:
+        return work, {"bits": 16, "format": "fp16", "expert_bytes": work.expert_bytes}
+    work = replace(work, expert_bytes=hqq_expert_bytes(work.expert_shapes, spec.expert_bits))
+    return work, {"bits": spec.expert_bits, "format": "hqq (Mixtral-Offloading's storage; specter.timing.cost)",
+                  "expert_bytes": work.expert_bytes,
+                  "numerics": "the model's own FP weights: tokens and routes are not those of quantized experts"}
 
 
 def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k: Window,

@@ -25,7 +25,8 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
 
     Settings that cannot change a system's run are dropped for it, so no run repeats within an arm: K and the prefetch
     policy for systems that do not speculate, an option for systems that do not have it (an option no listed system
-    has is an error, and so is a setting both swept and set by an arm). A system that no setting of an arm changes
+    has is an error, and so is a setting both swept over several values and set by an arm; an arm's setting replaces
+    the one value the sweep gives it). A system that no setting of an arm changes
     still runs in it, under the arm's name, so every arm's rows compare the same systems."""
     for name in axes:
         if name not in SWEEP_AXES:
@@ -43,9 +44,11 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
     if len(set(seen)) < len(seen):
         raise SpecterError(f"two arms have the same name ({', '.join(seen)}); give each arm its own name")
     for arm in arms:
-        both = [key for key, _ in (*arm.settings, *arm.options) if key in axes or key in options]
+        # an arm may replace a setting the sweep gives one value (the main hardware, the main budget), never one it
+        # varies
+        both = [key for key, _ in (*arm.settings, *arm.options) if len(axes.get(key, ())) > 1 or key in options]
         if both:
-            raise SpecterError(f"arm {arm.name!r} sets {both[0]}, which the sweep also sets (its flag or "
+            raise SpecterError(f"arm {arm.name!r} sets {both[0]}, which the sweep also varies (its flag or "
                                "--system-option); set it in one place")
     out: list[RunSpec] = []
     for values in itertools.product(*(axes[n] for n in names)):

@@ -64,6 +64,7 @@ class PromptResult:
     window_hits: int = 0  # planned experts the verification used
     window_needed: int = 0  # experts the verification used, summed over windows and MoE layers
     window_layers: int = 0  # (window, MoE layer) pairs counted in window_needed
+    window_placed: int = 0  # experts the window's prefetch had placed (copied, or kept and protected), summed
     first_decode_pass: int = 1  # index in executor.passes of the first pass after the first commit
     ks: list[int] = field(default_factory=list)  # the window of every cycle (one value unless K was re-chosen)
     decode_routes: list | None = None  # routes of the committed decode inputs, where they differ from the trace's

@@ -118,7 +118,8 @@ def _commit(ctx: PromptContext, result: PromptResult, new_tokens: list[int], acc
 def _book_prediction(ctx: PromptContext, result: PromptResult, forecast, verify, placed: dict, k: int) -> None:
     """Expert prediction per (layer, lookahead distance), and the window recall: of the experts the verification
     used, the share the window's prefetch had placed on the device (copied, or found resident and protected), the
-    same for every system, whatever its planner meant to copy."""
+    same for every system, whatever its planner meant to copy; and what it placed (the prefetch's precision's
+    denominator)."""
     for d in range(1, k + 1):  # draft step d and verification input d - 1 read the same token
         for layer in ctx.work.moe_layers:
             predicted, actual = set(forecast[d - 1][layer]), set(verify[d - 1][layer])
@@ -130,4 +131,5 @@ def _book_prediction(ctx: PromptContext, result: PromptResult, forecast, verify,
         used = {e for r in verify for e in r[layer]}
         result.window_needed += len(used)
         result.window_hits += len(used & placed.get(layer, set()))
+        result.window_placed += len(placed.get(layer, set()))
     result.window_layers += len(ctx.work.moe_layers)

@@ -3,6 +3,9 @@
 - device or host compute = launches x launch overhead + max(FLOPs / peak, bytes read / memory bandwidth) (a roofline);
 - host-to-device copy = latency + bytes / bandwidth(size, pinned or pageable).
 
+A run with quantized target experts (`--expert-bits`, Mixtral-Offloading's HQQ experts) copies and reads each routed
+expert at its stored size (`hqq_expert_bytes`); its numerics stay the proxy's (its records say so).
+
 Every simulated time in the suite comes from these two lines and the profile's numbers; nothing here knows which system
 asked.
 """
@@ -51,3 +54,40 @@ class CostModel:
 def linear_flops(tokens: int, in_features: int, out_features: int) -> float:
     """FLOPs of `tokens` rows through an [out, in] matrix: one multiply and one add per weight per token."""
     return 2.0 * tokens * in_features * out_features
+
+
+#: HQQ as Mixtral-Offloading configures its experts (`src/build_model.py`, `get_default_ffn_quant_config`, and the demo
+#: notebook's `ffn_config`): weights in groups of 16 along the output axis, their scales and zeros quantized too
+#: (`quant_scale=True, quant_zero=True`, HQQ's `hqq_base_quant_config` at mobiusml/hqq@37502be, the commit its
+#: requirements pin): scales to 8 bits in groups of 128 with an FP16 scale and zero per group, zeros to 8 bits with one
+#: FP16 scale and zero per tensor. Upstream ships only the 2-bit configuration; 3 and 4 bits take the same groups here.
+HQQ_GROUP_SIZE = 16
+HQQ_META_GROUP = 128
+HQQ_BITS = (2, 3, 4)
+
+
+def hqq_linear_bytes(out_features: int, in_features: int, bits: int, group_size: int = HQQ_GROUP_SIZE) -> int:
+    """Bytes of one [out, in] linear as Mixtral-Offloading stores an HQQ expert's projection (the tensors its
+    `MixtralExpertWrapper` packs into one storage: W_q, scale_q, zero_q and their FP16 meta-scales and zeros; no bias).
+    W_q is repacked to the weight's shape (`HQQLinearTritonSavable.repack`) with HQQ's packing: 2 bits, four codes a
+    byte along the rows (`2bit_u8`); 3 bits, ten codes an int32 (`3bit_32`, rows padded to a multiple of 10); 4 bits,
+    two a byte (`4bit_u8`)."""
+    if bits not in HQQ_BITS:
+        raise ValueError(f"HQQ experts have 2, 3 or 4 bits, got {bits}")
+    n = out_features * in_features
+    if bits == 2:
+        weight = -(-out_features // 4) * in_features
+    elif bits == 3:
+        weight = -(-out_features // 10) * in_features * 4
+    else:
+        weight = -(-out_features // 2) * in_features
+    groups = -(-n // group_size)  # one scale and one zero per group
+    meta_groups = -(-groups // HQQ_META_GROUP)
+    scale = groups + 2 * 2 * meta_groups  # 8-bit codes, FP16 scale and zero per group of 128
+    zero = groups + 2 * 2  # 8-bit codes, one FP16 scale and zero
+    return weight + scale + zero
+
+
+def hqq_expert_bytes(shapes: tuple[tuple[int, int], ...], bits: int, group_size: int = HQQ_GROUP_SIZE) -> int:
+    """One routed expert's stored bytes at `bits` (its projections' (out, in) shapes, `ModelWork.expert_shapes`)."""
+    return sum(hqq_linear_bytes(out_f, in_f, bits, group_size) for out_f, in_f in shapes)
