@@ -93,7 +93,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     k, governor, online = _window(spec, k_setting, system, calibration, service, work, cost, slots, draft_bytes,
                                   profile)
     config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
-                          spec.draft_kernel)
+                          spec.draft_kernel, spec.cache_start)
     common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
                         next(target.model.parameters()).device.type)
     prepared = PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
@@ -199,7 +199,8 @@ def _govern(spec, k_setting, system, calibration, service, work, cost, slots, dr
         return choose_k_auto(service, traces, model, spec.max_new_tokens)
 
     def tpot_with(k: int) -> float:
-        config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, draft_kernel=spec.draft_kernel)
+        config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, draft_kernel=spec.draft_kernel,
+                              cache_start=spec.cache_start)
         tpots = []
         for trace in traces:
             ctx = PromptContext.fresh(system, timing.make_engine("sim", profile), work, service, trace, config, cost)
