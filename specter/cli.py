@@ -421,9 +421,19 @@ def build_parser() -> argparse.ArgumentParser:
                            help="warnings and errors only: no phases or progress")
         noise.add_argument("-v", "--verbose", action="store_const", dest="verbosity", const=1,
                            help="debug lines too")
-        p.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the example's lines as written
+        p.formatter_class = _HelpFormatter  # keeps the example's lines as written
         p.epilog = "example:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name].split("\n"))
     return parser
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The example's lines as written, and option help wrapped between words only (a name such as moe-infinity is
+    never split at its hyphen)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def _model_commands(sub) -> None:
