@@ -56,3 +56,21 @@ def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     """{model_type: directory of a saved tiny checkpoint}."""
     root = tmp_path_factory.mktemp("tiny")
     return {arch: str(save_tiny_model(arch, root / arch, seed=0)) for arch in ARCHS}
+
+
+#: the classes the runtime's equality tests decode (attention variants: grouped, MLA, sliding window)
+EQUALITY_ARCHS = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss")
+
+
+@pytest.fixture(scope="session")
+def rtn_drafts(tiny_dirs, tmp_path_factory) -> dict[str, str]:
+    """{model_type: directory of a round-to-nearest INT4 draft of its tiny checkpoint}, for the equality classes and
+    OLMoE."""
+    from specter.quant.quantize import quantize_draft
+
+    root = tmp_path_factory.mktemp("rtn")
+    out = {}
+    for arch in EQUALITY_ARCHS + ("olmoe",):
+        quantize_draft(tiny_dirs[arch], root / arch, method="rtn", bits=4, group_size=32)
+        out[arch] = str(root / arch)
+    return out

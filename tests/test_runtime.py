@@ -9,25 +9,13 @@ import sys
 import pytest
 import torch
 
-from conftest import spec
+from conftest import EQUALITY_ARCHS, spec
 from specter.models import load_moe_model
 from specter.numerics.sampling import SamplingSession, probabilities, rejection_sample
-from specter.quant.quantize import quantize_draft
 from specter.runs import run
 from specter.session import Session
 
 SYSTEMS = ("resident", "on-demand", "specter")
-EQUALITY_ARCHS = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss")
-
-
-@pytest.fixture(scope="module")
-def rtn_drafts(tiny_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rtn")
-    out = {}
-    for arch in EQUALITY_ARCHS + ("olmoe",):
-        quantize_draft(tiny_dirs[arch], root / arch, method="rtn", bits=4, group_size=32)
-        out[arch] = str(root / arch)
-    return out
 
 
 def _request(tiny_dirs, rtn_drafts, arch, system, out, **over):

@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import spec
+from conftest import EQUALITY_ARCHS, spec
 from specter.numerics.forward import ForwardService, WindowPath, _crop, _forward
-from specter.quant.quantize import quantize_draft
 from specter.runs import run
 from specter.session import Session
 
-ARCHS = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss")
 TOKENS = 20
-
-
-@pytest.fixture(scope="module")
-def drafts(tiny_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rtn")
-    out = {}
-    for arch in ARCHS + ("olmoe",):
-        quantize_draft(tiny_dirs[arch], root / arch, method="rtn", bits=4, group_size=32)
-        out[arch] = str(root / arch)
-    return out
 
 
 def _service(session: Session, model: str, draft: str) -> ForwardService:
@@ -49,10 +37,10 @@ def _one_row(service: ForwardService, trace, t: int, k: int):
     return tokens, routes, logits.argmax(-1).tolist(), verify_routes
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_batched_windows_are_the_one_row_draft(arch, tiny_dirs, drafts):
+@pytest.mark.parametrize("arch", EQUALITY_ARCHS)
+def test_batched_windows_are_the_one_row_draft(arch, tiny_dirs, rtn_drafts):
     session = Session()
-    service = _service(session, tiny_dirs[arch], drafts[arch])
+    service = _service(session, tiny_dirs[arch], rtn_drafts[arch])
     traces = [service.trace(p, TOKENS) for p in _prompts(session, tiny_dirs[arch])]
     # rows of two traces at different rebase points and K (the batch left-pads them and drops the shorter K's rows)
     requests = [(traces[0], 13, 6), (traces[1], 20, 3), (traces[2], 16, 6), (traces[0], 25, 1)]
@@ -68,10 +56,10 @@ def test_batched_windows_are_the_one_row_draft(arch, tiny_dirs, drafts):
     assert same / total >= 0.9, f"{arch}: {same} of {total} tokens routed alike"  # a near-tie may flip a route
 
 
-def test_the_same_requests_give_the_same_bits(tiny_dirs, drafts):
+def test_the_same_requests_give_the_same_bits(tiny_dirs, rtn_drafts):
     def windows():
         session = Session()
-        service = _service(session, tiny_dirs["mixtral"], drafts["mixtral"])
+        service = _service(session, tiny_dirs["mixtral"], rtn_drafts["mixtral"])
         traces = [service.trace(p, TOKENS) for p in _prompts(session, tiny_dirs["mixtral"])]
         paths = [WindowPath(trace, TOKENS, lambda committed: 4) for trace in traces]
         service.walk(paths)
@@ -80,9 +68,9 @@ def test_the_same_requests_give_the_same_bits(tiny_dirs, drafts):
     assert windows() == windows()
 
 
-def test_a_window_extended_in_a_batch_keeps_serving_smaller_k(tiny_dirs, drafts):
+def test_a_window_extended_in_a_batch_keeps_serving_smaller_k(tiny_dirs, rtn_drafts):
     session = Session()
-    service = _service(session, tiny_dirs["qwen2_moe"], drafts["qwen2_moe"])
+    service = _service(session, tiny_dirs["qwen2_moe"], rtn_drafts["qwen2_moe"])
     trace = service.trace(_prompts(session, tiny_dirs["qwen2_moe"], 1)[0], TOKENS)
     small = service.window(trace, 14, 2)
     large = service.window(trace, 14, 5)  # recomputed at the larger K, memoized in its place
@@ -90,8 +78,8 @@ def test_a_window_extended_in_a_batch_keeps_serving_smaller_k(tiny_dirs, drafts)
     assert large.draft_tokens[:2] == small.draft_tokens
 
 
-def _run(tiny_dirs, drafts, system, out, session, **over):
-    settings = dict(system=system, model=tiny_dirs["olmoe"], draft=drafts["olmoe"], dataset="code",
+def _run(tiny_dirs, rtn_drafts, system, out, session, **over):
+    settings = dict(system=system, model=tiny_dirs["olmoe"], draft=rtn_drafts["olmoe"], dataset="code",
                     hardware="a100-40gb-pcie4", out=str(out), num_prompts=3, prefix_tokens=12, max_new_tokens=TOKENS,
                     resident_per_layer=2)
     return run(spec(**{**settings, **over}), session, progress=False)
@@ -99,7 +87,7 @@ def _run(tiny_dirs, drafts, system, out, session, **over):
 
 @pytest.mark.parametrize(("system", "k"), [("specter", "4"), ("specmoeoff", None), ("specter", "online"),
                                            ("specter", "profile"), ("specter", "auto")])
-def test_a_walked_run_schedules_without_a_forward(system, k, tiny_dirs, drafts, tmp_path, monkeypatch):
+def test_a_walked_run_schedules_without_a_forward(system, k, tiny_dirs, rtn_drafts, tmp_path, monkeypatch):
     """Every window a run visits was computed before its first prompt was scheduled: scheduling itself (and every
     governor's scheduling of its calibration prompts) runs no model forward."""
     import importlib
@@ -133,10 +121,10 @@ def test_a_walked_run_schedules_without_a_forward(system, k, tiny_dirs, drafts, 
         return choose(counted, tokens)
 
     monkeypatch.setattr(governor, "choose_k_profile", counting_profile)
-    records = _run(tiny_dirs, drafts, system, tmp_path / "r.jsonl", session, **({"k": k} if k else {}))
+    records = _run(tiny_dirs, rtn_drafts, system, tmp_path / "r.jsonl", session, **({"k": k} if k else {}))
     assert scheduled == [0, 0, 0]
     assert all(n == 0 for n in profiled) and (k != "profile" or len(profiled) > 1)
     assert records[0].extra["live_forwards"] > 0 and all(r.extra["live_forwards"] == 0 for r in records[1:])
-    replay = _run(tiny_dirs, drafts, system, tmp_path / "again.jsonl", session, **({"k": k} if k else {}))
+    replay = _run(tiny_dirs, rtn_drafts, system, tmp_path / "again.jsonl", session, **({"k": k} if k else {}))
     assert all(r.extra["live_forwards"] == 0 for r in replay)
     assert [r.output_token_ids for r in replay] == [r.output_token_ids for r in records]
