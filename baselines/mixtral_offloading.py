@@ -1,22 +1,43 @@
-"""`mixtral-offloading`: per-layer LRU expert cache plus speculative expert loading.
+"""`mixtral-offloading`: per-layer LRU expert cache whose loads swap experts, as Mixtral-Offloading's code runs it.
 
 Source: Eliseev and Mazur, "Fast Inference of Mixture-of-Experts Language Models with Offloading" (arXiv 2312.17238),
-github.com/dvmazur/mixtral-offloading. Mechanism: each MoE layer keeps an LRU cache of k experts (the run's budget);
-missing experts are copied on demand; and while layer l runs, the gate of the layer `depth` MoE layers ahead is applied
-to layer l's hidden state (its router input) and that layer's top choices are prefetched into its cache. The paper tries
-1, 2 and 10 layers ahead; `--system-option depth=N` (default 1; 0 turns speculative loading off).
-Simplifications: experts stay FP16 instead of HQQ 2/3-bit (every system here commits the target's exact tokens, and
-quantized experts would change them); the guess uses the router input of layer l, as the paper's code applies the next
-gate to the current layer's normalized hidden states.
+github.com/dvmazur/mixtral-offloading, `src/expert_cache.py`: `ExpertCache.load_experts(..., unordered=True)` and
+`ExpertCache._swap`, called by `src/custom_layers.py` `SparseMoeWrapper.forward`; as the Specter artifact runs it
+(`baselines/mixtral_offloading/`: upstream's cache unchanged, FP16 experts, 4 buffers, `"predictive_prefetch":
+False`). Mechanism, per MoE layer of a pass: the host reads the layer's routed experts (`unique().tolist()`), orders
+them resident first (a stable sort, ids ascending within each group) and marks every one used (least recently used
+first per layer, `OrderedDict.move_to_end`). Each missing expert is swapped in: the least recently used resident expert
+is evicted, the missing one copied host to device and the evicted one device to host (a write-back into the freed host
+buffer), both `copy_(..., non_blocking=True)` on the current stream, which is the compute stream: the copies and the
+experts' compute run one after another in issue order. `buffer_size - 1` swaps (3 of the 4 buffers) are issued before
+the first expert computes; each later swap is issued after the expert ahead of it computed.
+
+Departures (the code's behaviour is the default):
+- experts stay FP16, as the artifact runs them (upstream quantizes them with HQQ to 2 or 3 bits; quantized experts
+  would change the tokens every system here commits);
+- the write-back leaves the evicted expert's slot before the load enters it (upstream loads into a spare buffer and
+  retires the evicted one's: the same copies, in compute order either way);
+- a missing expert with no slot free of this pass's experts streams through a staging buffer without entering the
+  cache (upstream evicts one the pass still needs and reloads it next time: only when a pass needs more experts than a
+  layer has slots);
+- `--system-option depth=N` turns on the paper's speculative loading (gate-ahead prefetch: while layer l runs, the
+  gate of the layer N MoE layers ahead is applied to layer l's router input and its top choices are prefetched on
+  the copy stream; the paper tries 1, 2 and 10 layers ahead). The public code does not have it (its README lists it
+  as not yet released) and the artifact runs with it off, so the default is 0.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from specter.numerics.forward import TraceRecorder
+from specter.offload.executor import Executor
+from specter.offload.memory import STAGING_BUFFERS
 from specter.systems import PassHooks, PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
+from specter.timing.engine import COMPUTE, H2D
 
 GUESS_DEPTH = 10  # the paper tried 1, 2 and 10 layers ahead: the guesses are recorded this deep
 
@@ -81,12 +102,65 @@ class _SpeculativeLoading(PassHooks):
             self.ctx.executor.prefetch(self.order[i + self.depth], list(guess))
 
 
+class SwapExecutor(Executor):
+    """`load_experts(unordered=True)` over `_swap`: resident experts first, `buffers - 1` swaps in flight, each swap a
+    load and a write-back in the compute stream's order."""
+
+    buffers = STAGING_BUFFERS  # upstream's buffer_size (the artifact's 4)
+
+    def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
+        tokens_per_expert = Counter(e for r in routes for e in r)
+        needed = sorted(tokens_per_expert)  # unique(): ids ascending
+        order = sorted(needed, key=lambda e: (layer, e) not in self.cache)  # resident first (a stable sort)
+        resident = [e for e in order if (layer, e) in self.cache]
+        to_load = [e for e in order if (layer, e) not in self.cache]
+        for e in resident:  # mark_used: each moves to the most recently used end, in this order
+            self.cache.touch(layer, e)
+        self.stats.demand.hit(layer, len(resident))
+        self.stats.demand.miss(layer, len(to_load))
+        pending = set(needed)  # experts of this pass not yet computed: a swap never evicts one
+        window = min(self.buffers - 1, self.cache.slots_per_layer, len(to_load))
+        staged = {e: self._swap(layer, e, pending, tag) for e in to_load[:window]}  # before any expert computes
+        for e in resident + to_load:
+            if e in resident and self.cache.slot(layer, e).ready is not None:  # a prefetch may still be landing
+                self.engine.wait(COMPUTE, self.cache.slot(layer, e).ready)
+            self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}", staging=staged.get(e))
+            pending.discard(e)
+            if e in staged and len(staged) < len(to_load):  # the next swap, once the expert ahead has computed
+                nxt = to_load[len(staged)]
+                staged[nxt] = self._swap(layer, nxt, pending, tag)
+
+    def _swap(self, layer: int, e: int, pending: set[int], tag: str) -> int | None:
+        """Load `e` in the compute stream's order, writing the evicted expert back first; returns None (it entered the
+        cache) or the staging buffer it streamed through."""
+        self.stats.h2d_bytes_demand += self.work.expert_bytes
+        label = f"{tag}.L{layer}.demand.e{e}"
+        self.engine.wait(H2D, self.engine.record(COMPUTE))  # the current stream: after the compute issued so far
+        if not self.cache.has_room(layer, keep=pending):
+            ready, staging = self._copy_to_staging(layer, e, label)
+        else:
+            victim = self.cache.victim(layer, keep=pending)
+            if victim is not None:  # the write-back of the evicted expert, from its slot, before the load reuses it
+                slot = self.cache.slot(layer, victim)
+                if slot.last_use is not None:
+                    self.engine.wait(H2D, slot.last_use)
+                self.engine.launch(H2D, self.write_back(layer, victim, slot.index,
+                                                        f"{tag}.L{layer}.writeback.e{victim}"))
+            ready, staging = self._copy_into_slot(layer, e, pending, label), None
+        self.engine.wait(COMPUTE, ready)  # the compute after it, in the stream's order
+        return staging
+
+
 class MixtralOffloading(System):
     name = "mixtral-offloading"
-    options = {"depth": (int, 1, "MoE layers ahead whose gate guesses the experts to prefetch (0: off)",
-                         (0, GUESS_DEPTH))}
+    options = {"depth": (int, 0, "the paper's speculative loading: MoE layers ahead whose gate guesses the experts to "
+                                 "prefetch (0: off, as the public code and the artifact run it)", (0, GUESS_DEPTH))}
     trace_recorders = (GateGuesses(),)
 
+    def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:
+        return SwapExecutor(engine, work, cache, stats, device, cost)
+
     def run(self, ctx: PromptContext) -> PromptResult:
-        ctx.executor.hooks.append(_SpeculativeLoading(ctx, self.depth))
+        if self.depth:
+            ctx.executor.hooks.append(_SpeculativeLoading(ctx, self.depth))
         return decode_one_by_one(ctx, self.prefill(ctx))

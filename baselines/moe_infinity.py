@@ -1,16 +1,30 @@
-"""`moe-infinity`: activation-aware prefetching and caching from a store of past expert activation matrices.
+"""`moe-infinity`: on-demand expert fetching with a visit-count cache, as MoE-Infinity's released code serves; its
+paper's activation-aware prefetching as an option.
 
 Source: Xue et al., "MoE-Infinity: Offloading-Efficient MoE Model Serving" (arXiv 2401.14361),
-github.com/EfficientMoE/MoE-Infinity. Mechanism: each request keeps an Expert Activation Matrix (EAM, layers x experts
-token counts). A bounded store holds the EAMs of past requests; during decoding the request's EAM so far is matched to
-the store by cosine similarity, and the best match predicts which experts the coming layers will use. After each layer's
-routing, experts of the layers ahead are prefetched in order of predicted activation weighted by 1 - (i - l) / L for a
-layer i ahead of the current layer l (nearer layers first). Eviction drops the cached expert of lowest predicted
-activation instead of the least recently used. The store is filled from warm-up prompts of the calibration split, never
-from the evaluation prompts (`--system-option warmup=N`, default 8; 0 leaves it empty).
-Simplifications: the suite's budgets are per-layer slots (equal capacity for every system), so eviction chooses within
-a layer and the paper's preference for keeping earlier layers' experts, which arbitrates between layers of a global
-cache, does not arise; prefetches per step are capped at `per_step` (default 2 x top-k) so they do not flood the link.
+github.com/EfficientMoE/MoE-Infinity. As its code runs:
+- `moe_infinity/models/mixtral.py` and `deepseek.py` (`forward` of the MoE block) hand each layer's routed experts to
+  `ExpertDispatcher::dispatch_local`; their calls of `ExpertPredictor.predict` and `ExpertPrefetcher.prefetch_experts`
+  are commented out (since the release that added DeepSeek, and in the one whose README publishes the DeepSeek-V2-Lite
+  TPOT), so nothing is prefetched: a missing expert is fetched when its layer runs, on a fetch stream of its own (the
+  suite's copy stream), and computed once it lands;
+- `core/parallel/expert_dispatcher.cpp` `ExpertDispatcher::GPUFetchFunc`: when the cache is full, the resident expert
+  with the fewest `incache_visit_count` is evicted (ties to the lowest expert id: the scan's first minimum); every
+  dispatch of an expert adds one to its count, and the counts outlive requests (`clear_expert_cache_counts` in
+  `entrypoints/big_modeling.py` sits after a `return`), so the suite starts each prompt from the counts of the warm-up
+  prompts (the calibration split, never the evaluation prompts), one visit per expert per layer and pass.
+With `--system-option prefetch=true`, the paper's activation-aware prefetch as `expert_predictor.py`
+`ExpertPredictor.predict` and `expert_prefetcher.py` `ExpertPrefetcher.prefetch_experts` write it: the request's
+Expert Activation Matrix so far (EAM, layers x experts token counts) is matched to a store of past requests' EAMs (the
+warm-up prompts', `--system-option warmup=N`, default 8) by cosine similarity, the best match's rows of the layers
+ahead are weighted by 1 - (x - l) / (L + 1) for layer x ahead of the current layer l, and every expert of positive
+score is prefetched, highest first (`per-step=N` caps them per layer step; 0, the default, does not), displacing only an
+expert predicted to be used less. `eviction=activation` evicts the expert of lowest predicted activation (the paper's
+activation-aware caching) instead of the fewest visits.
+
+Departures: the suite's budgets are per-layer slots (equal capacity for every system), so eviction chooses within a
+layer (the code's cache is one pool over every layer); the EAM match is the cosine of the whole flattened matrices
+(the tracer's `find_most_similar` compares layer-normalized rows of the layers ahead).
 """
 
 from __future__ import annotations
@@ -38,7 +52,8 @@ def _count_experts(trace, experts: int) -> torch.Tensor:
 
 
 class PriorityCache(ExpertCache):
-    """Evicts the expert of lowest priority (predicted activation) rather than the least recently used."""
+    """Evicts the expert of lowest priority rather than the least recently used: the fewest visits (the code's), or
+    the lowest predicted activation (`eviction=activation`); ties to the lowest expert id."""
 
     priority = None  # callable (layer, expert) -> float, set by the system
 
@@ -64,9 +79,9 @@ class _ActivationAware(PassHooks):
         self.pred_rows: list | None = None
         self.step = 0
         n = len(self.order)
-        self.weights = [torch.tensor([1 - (ahead - i) / n for ahead in range(i + 1, n)], dtype=torch.float64)
-                        for i in range(n)]  # layer distance weights of the layers after row i
-        ctx.cache.priority = lambda layer, e: self.pred_rows[self.row[layer]][e] if self.pred is not None else 0.0
+        self.weights = [torch.tensor([1 - (ahead - i) / (n + 1) for ahead in range(i + 1, n)], dtype=torch.float64)
+                        for i in range(n)]  # layer_decay_func of the layers after row i
+        self.priority = lambda layer, e: self.pred_rows[self.row[layer]][e] if self.pred is not None else 0.0
 
     def predicted(self) -> torch.Tensor | None:
         if not self.store:
@@ -107,15 +122,15 @@ class _ActivationAware(PassHooks):
         cache, issued = self.ctx.cache, 0
         lowest: dict[int, float | None] = {}  # per layer ahead: its victim's priority, until a prefetch changes it
         for ahead, e in self.ranked_ahead(i):
-            if issued >= self.per_step:
+            if self.per_step and issued >= self.per_step:
                 break
             target = self.order[ahead]
             if (target, e) in cache:
                 continue
             if target not in lowest:
                 victim = cache.victim(target)
-                lowest[target] = None if victim is None else cache.priority(target, victim)
-            if lowest[target] is not None and lowest[target] >= cache.priority(target, e):
+                lowest[target] = None if victim is None else self.priority(target, victim)
+            if lowest[target] is not None and lowest[target] >= self.priority(target, e):
                 continue  # only displace an expert predicted to be used less
             done = self.ctx.executor.prefetch(target, [e])
             if done:
@@ -123,20 +138,59 @@ class _ActivationAware(PassHooks):
                 lowest.pop(target)
 
 
+class _VisitCounts(PassHooks):
+    """One visit per routed expert per layer and pass (`incache_visit_count`), from the warm-up prompts' counts on."""
+
+    def __init__(self, counts: dict[tuple[int, int], int]) -> None:
+        self.counts = counts
+
+    def on_route(self, layer: int, routes) -> None:
+        for e in {e for r in routes for e in r}:
+            self.counts[layer, e] = self.counts.get((layer, e), 0) + 1
+
+
+def _visits(traces, layers) -> dict[tuple[int, int], int]:
+    counts: dict[tuple[int, int], int] = {}
+    for trace in traces:
+        for r in [{layer: {e for t in trace.prefill_routes for e in t[layer]} for layer in layers},
+                  *({layer: set(t[layer]) for layer in layers} for t in trace.step_routes)]:
+            for layer, experts in r.items():
+                for e in experts:
+                    counts[layer, e] = counts.get((layer, e), 0) + 1
+    return counts
+
+
 class MoEInfinity(System):
     name = "moe-infinity"
     options = {
-        "warmup": (int, 8, "warm-up prompts whose EAMs fill the store (0: empty store)", (0, 1000)),
-        "per-step": (int, 0, "prefetches issued per layer step at most (0: 2 x top-k)", (0, 100_000)),
+        "prefetch": (bool, False, "the paper's activation-aware prefetch from matched EAMs (off in the released code)"),
+        "eviction": (str, "visits", "what the cache evicts: visits (the fewest in-cache visits, the code's) or "
+                                    "activation (the lowest predicted activation, the paper's; needs prefetch=true)",
+                     ("visits", "activation")),
+        "warmup": (int, 8, "warm-up prompts whose EAMs fill the store and whose visits start the counts (0: none)",
+                   (0, 1000)),
+        "per-step": (int, 0, "prefetches issued per layer step at most (0: every expert of positive score, the "
+                             "code's)", (0, 100_000)),
     }
 
     def make_cache(self, work, slots) -> ExpertCache:
         return PriorityCache(work.moe_layers, slots)
 
     def run(self, ctx: PromptContext) -> PromptResult:
-        experts = ctx.work.experts_per_layer
-        store = [eam_of(t, experts) for t in (ctx.warmup()[: self.warmup] if self.warmup and ctx.warmup else [])]
-        store = [m / m.norm() for m in store]
-        top_k = len(ctx.trace.prefill_routes[0][ctx.work.moe_layers[0]])
-        ctx.executor.hooks.append(_ActivationAware(ctx, store, self.per_step or 2 * top_k))
+        from specter.errors import SpecterError
+
+        if self.eviction == "activation" and not self.prefetch:
+            raise SpecterError("moe-infinity --system-option eviction=activation evicts by the prefetch's prediction: "
+                               "give prefetch=true too, or eviction=visits")
+        warm = ctx.warmup()[: self.warmup] if self.warmup and ctx.warmup else []
+        visits = _visits(warm, ctx.work.moe_layers)
+        ctx.executor.hooks.append(_VisitCounts(visits))
+        ctx.cache.priority = lambda layer, e: visits.get((layer, e), 0)
+        if self.prefetch:
+            experts = ctx.work.experts_per_layer
+            store = [m / m.norm() for m in (eam_of(t, experts) for t in warm)]
+            hook = _ActivationAware(ctx, store, self.per_step)
+            ctx.executor.hooks.append(hook)
+            if self.eviction == "activation":
+                ctx.cache.priority = hook.priority
         return decode_one_by_one(ctx, self.prefill(ctx))

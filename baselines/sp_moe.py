@@ -1,13 +1,17 @@
 """`sp-moe`: speculative decoding whose draft routing prefetches the target's experts layer by layer, up to a cutoff.
 
-Source: "SP-MoE: Speculative Decoding and Prefetching for Accelerating MoE-based Model Inference" (arXiv 2510.10302).
-Mechanism: draft and target correspond layer by layer, so as soon as the draft has routed layer l in a draft step, the
-target's layer-l experts it chose are prefetched (asynchronously, batched per layer); prefetching is bounded to the
-first `cutoff` MoE layers, chosen from an analytical latency model: the layers whose per-step expert copies fit in one
-draft step's time (deeper prefetch delays the loads verification needs first; the paper finds more than about 5 layers
-hurts). `--system-option cutoff=N` overrides it (0 turns prefetch off). Experts prefetched are protected until
-verification ends.
-Simplifications: the draft is the suite's quantized self-draft (the same as Specter's), so the comparison isolates the
+Source: "SP-MoE: Speculative Decoding and Prefetching for Accelerating MoE-based Model Inference" (arXiv 2510.10302);
+no public code of it was found, so this follows the paper. Mechanism: draft and target correspond layer by layer, so
+once the draft has routed layer l in a draft step, the target's layer-l experts it chose are prefetched by an
+asynchronous prefetch thread (batched per layer); prefetching is bounded to the first `cutoff` MoE layers, chosen from
+an analytical latency model: the layers whose per-step expert copies fit in one draft step's time (deeper prefetch
+delays the loads verification needs first; the paper finds more than about 5 layers hurts). `--system-option
+cutoff=N` overrides it (0 turns prefetch off). Experts prefetched are protected until verification ends.
+Causality: the prefetch thread reads a draft layer's routing once that layer's router has run (the executor's
+`routed` for `on_draft_layer` is the router's compute, not the launch of its kernels) and pays the host's read of it
+(a host worker waiting on a device event: the profile's host synchronization) before its copies are issued; the
+main thread goes on launching the draft.
+Departures: the draft is the suite's quantized self-draft (the same as Specter's), so the comparison isolates the
 prefetch policy; K comes from `--k`.
 """
 

@@ -1,14 +1,20 @@
 """`specmoeoff`: speculative decoding with a separate INT4 draft, as the Specter artifact configures SpecMoEOff.
 
 Source: "SpecMoEOff: Accelerating Mixture-of-Experts Inference with Hardware-Aware Speculative Decoding and Offloading"
-(arXiv 2508.21706); its configuration in the Specter artifact (wwwwwf/specter_asplos): INT4 draft, K = 3,
-route-frequency top-M prefetch at 0.2 K and 0.6 K draft steps, separate weights and KV for the draft.
-Mechanism here: the draft keeps its own copy of the non-expert weights and its own KV cache (device memory for both,
-fewer expert slots, and its own prefill of the prompt); after max(1, int(0.2 K)) and max(1, int(0.6 K)) draft steps the
-experts most often routed by the draft so far (top-M per layer, M = slots) are prefetched; no cleanup plan before
-verification. `--system-option k=N` (default 3) sets K; `--k` is ignored.
-Simplifications: the draft is the suite's quantized self-draft (the same quantized experts), run with its own KV; the
-paper's EAGLE-style draft heads and CPU chunked attention are not reproduced. Sampling runs share the target's KV.
+(arXiv 2508.21706), as the Specter artifact (wwwwwf/specter_asplos) runs it: `baselines/specmoeoff/controller.py`
+`LegacyPrefetchController` (route-frequency top-M prefetch), `decoder.py` `greedy_decode` (K = 3, separate draft and
+target KV caches), `cache.py` `ExpertCache` (per-layer LRU, demand misses on a transfer stream, hits first).
+Mechanism: the draft keeps its own copy of the non-expert weights and its own KV cache (device memory for both, fewer
+expert slots, and its own prefill of the prompt); its routes are counted per (layer, expert) over the window, and
+after draft token `index` (0-based) for each index in {int(0.2 K), int(0.6 K)} (`after_draft_token`; K = 3 gives
+indices 0 and 1: after the first and the second draft step) the top-M per layer with a count above zero (M = slots)
+are prefetched; before verification the compute stream waits for the prefetch stream (`before_verify`). `--system-option
+k=N` (default 3) sets K; `--k` is ignored; `--system-option verify-waits=false` lets the verification start while
+prefetches are in flight (each expert then waits only for its own copy).
+Departures: the draft is the suite's quantized self-draft (the same quantized experts), run with its own KV; the
+paper's EAGLE-style draft heads and CPU chunked attention are not reproduced (the artifact's adaptation has neither
+either). The last plan's experts stay protected until the verification ends (the artifact's cache protects a plan's
+experts while it is admitted and a demand's hits while it runs). Sampling runs share the target's KV.
 """
 
 from __future__ import annotations
@@ -16,34 +22,50 @@ from __future__ import annotations
 from specter.speculation.lookahead import WindowPlanner, plan_from_counts
 from specter.systems import PromptContext, PromptResult
 from specter.systems.specter import Specter
+from specter.timing.engine import COMPUTE, H2D
+
+FRACTIONS = (0.2, 0.6)  # controller.py's default `fractions`
 
 
 class _FrequencyPlans(WindowPlanner):
-    """Top-M of the draft's route counts so far, at 0.2 K and 0.6 K draft steps; no cleanup plan."""
+    """Top-M of the draft's route counts so far, after draft tokens int(0.2 K) and int(0.6 K) (0-based); the
+    verification waits for them (`verify_waits`)."""
 
-    def __init__(self, ctx: PromptContext, k: int) -> None:
+    def __init__(self, ctx: PromptContext, k: int, verify_waits: bool) -> None:
         super().__init__()
-        self.ctx = ctx
-        self.steps = sorted({max(1, int(0.2 * k)), max(1, int(0.6 * k))})
+        self.ctx, self.verify_waits, self.issued = ctx, verify_waits, False
+        self.steps = {int(k * f) + 1 for f in FRACTIONS}  # 1-based draft steps
 
     def after_step(self, step, counts, step_seconds) -> None:
         if step in self.steps:
-            self.plan = plan_from_counts(counts, self.ctx.cache.slots_per_layer)
+            cache = self.ctx.cache
+            cache.unprotect_all()  # a plan's experts are kept from eviction while it is admitted, not after
+            self.plan = plan_from_counts(counts, cache.slots_per_layer)
             for layer, experts in self.plan.items():
-                self.ctx.executor.prefetch(layer, experts)
+                for e in experts:  # prefetch_experts marks each used: the resident ones become the most recent
+                    if (layer, e) in cache:
+                        cache.touch(layer, e)
+                self.issued |= bool(self.ctx.executor.prefetch(layer, experts))
+
+    def before_verify(self, counts) -> None:
+        if self.verify_waits and self.issued:  # the compute stream waits on the prefetch stream's last event
+            engine = self.ctx.engine
+            engine.wait(COMPUTE, engine.record(H2D))
 
 
 class SpecMoEOff(Specter):
     name = "specmoeoff"
     separate_draft = True
     takes_window = False
-    options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)", (1, 1024))}
+    options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)", (1, 1024)),
+               "verify-waits": (bool, True, "the verification waits for the window's prefetches to land (the "
+                                            "artifact's before_verify)")}
 
     def window(self, k: int | None) -> int:
         return self.k  # its own option; the run's --k does not apply
 
     def planner(self, ctx: PromptContext, k: int, state):
-        return _FrequencyPlans(ctx, k)
+        return _FrequencyPlans(ctx, k, self.verify_waits)
 
     def prefill(self, ctx: PromptContext) -> PromptResult:
         """The target's prefill, then the draft's own prefill of the prompt into its separate KV."""

@@ -44,7 +44,7 @@ def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict 
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
-                "initial_cache": "empty", "numerics": {**determinism.settings(), "device": numerics_device},
+                "initial_cache": spec.cache_start, "numerics": {**determinism.settings(), "device": numerics_device},
                 "cost": priced_at,
                 "k_source": k_source, "expert_storage": expert_storage}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
@@ -93,7 +93,8 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
                **({"k_per_cycle": result.ks} if prepared.online is not None else {}),
                "lower_bound_kind": lower_bound.kind, "lower_bound_per_pass_ms": lower_bound.per_pass * 1e3,
                "lower_bound_per_token_ms": lower_bound.per_token * 1e3,
-               "link_bytes_activations": stats.link_bytes_activations, "live_forwards": live_forwards,
+               "link_bytes_activations": stats.link_bytes_activations,
+               "d2h_bytes_writeback": stats.d2h_bytes_writeback, "live_forwards": live_forwards,
                "commit_ms": [t * 1e3 for t in result.commit_times],
                "counts": {"proposed": result.proposed, "checked": result.checked, "accepted": result.accepted,
                           "window_hits": result.window_hits, "window_needed": result.window_needed,

@@ -28,6 +28,10 @@ GOVERNORS = ("auto", "profile", "online")
 ENGINES = ("sim", "cuda")
 PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
 DRAFT_KERNELS = ("fused", "unfused")
+#: the expert cache at each prompt's start: `restored`, the artifact's (benchmarks/cache_reset.py: the resident set
+#: its loader placed, the last `slots` experts of each layer by id, least recently used first, restored before every
+#: input outside the timed region), or `empty`
+CACHE_STARTS = ("restored", "empty")
 DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and the draft's forwards
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.records.run_fields`)
@@ -262,6 +266,11 @@ class RunSpec:
         "--expert-bits", "the target's routed experts as stored and copied: 16 (FP16) or HQQ at 2, 3 or 4 bits as "
                          "Mixtral-Offloading stores them (codes, 8-bit scales and zeros); priced only: the numerics "
                          "stay the model's own", int, sweep=True, metavar="BITS"))
+    cache_start: str = setting(default="restored", metadata=_flag(
+        "--cache-start", "the expert cache at each prompt's start, set outside the timed region: restored (the "
+                         "artifact's resident set, the last slots-per-layer experts of each layer by id, least "
+                         "recently used first, as its loader places them and its cache reset restores them before "
+                         "every input) or empty", choices=CACHE_STARTS))
     temperature: float = setting(default=0.0, metadata=_flag(
         "--temperature", "0 = greedy; above 0, sampling at this temperature with rejection sampling (drawn live, "
                          "not replayed from a memo)", float, sweep=True, metavar="T"))
@@ -421,6 +430,9 @@ class RunSpec:
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")
+        if self.cache_start not in CACHE_STARTS:
+            raise SpecterError(f"--cache-start {self.cache_start!r} is not a cache start; give one of "
+                               f"{', '.join(CACHE_STARTS)}")
         self.budget.check()
         if self.budget.kind == "same_memory" and self.draft is None:
             raise SpecterError(f"--same-memory-as {int(self.budget.value)} charges Specter's draft: pass --draft DIR "

@@ -13,7 +13,7 @@ from specter.models import load_moe_model
 from specter.quant.quantize import quantize_draft
 from specter.runs import run
 
-BASELINES = ("naive", "mixtral-offloading", "moe-infinity", "sp-moe", "specmoeoff", "fiddler")
+BASELINES = ("naive", "hf-offload", "mixtral-offloading", "moe-infinity", "sp-moe", "specmoeoff", "fiddler")
 NEW = 16
 
 
@@ -65,10 +65,36 @@ def test_mixtral_offloading_lookahead_reduces_demand_misses(tiny_dirs, drafts, t
     assert sum(r.h2d_bytes_prefetch for r in on) > 0 == sum(r.h2d_bytes_prefetch for r in off)
 
 
+def test_mixtral_offloading_swaps_write_the_evicted_expert_back(tiny_dirs, drafts, tmp_path):
+    """Upstream's _swap: every load that evicts copies the evicted expert back to the host; with the artifact's
+    restored cache every slot is taken from the start, so every load into a slot evicts one."""
+    records = _run(tiny_dirs, drafts, "mixtral", "mixtral-offloading", tmp_path, **MECH)
+    back = sum(r.extra["d2h_bytes_writeback"] for r in records)
+    assert 0 < back <= sum(r.h2d_bytes_demand for r in records)
+    assert sum(r.h2d_bytes_prefetch for r in records) == 0  # gate-ahead loading is off by default (the artifact's)
+    plain = _run(tiny_dirs, drafts, "mixtral", "on-demand", tmp_path, **MECH)
+    assert [r.tpot_ms for r in records] > [r.tpot_ms for r in plain]  # the write-backs and compute-order copies cost
+
+
 def test_moe_infinity_filled_store_beats_empty_store(tiny_dirs, drafts, tmp_path):
-    filled = _run(tiny_dirs, drafts, "mixtral", "moe-infinity", tmp_path, [("warmup", "8")], warmup_prompts=8, **MECH)
-    empty = _run(tiny_dirs, drafts, "mixtral", "moe-infinity", tmp_path, [("warmup", "0")], warmup_prompts=8, **MECH)
+    """The paper's activation-aware prefetch and caching (options): a store of warm-up EAMs predicts better than none;
+    the released code's default prefetches nothing."""
+    paper = [("prefetch", "true"), ("eviction", "activation")]
+    filled = _run(tiny_dirs, drafts, "mixtral", "moe-infinity", tmp_path, [*paper, ("warmup", "8")],
+                  warmup_prompts=8, **MECH)
+    empty = _run(tiny_dirs, drafts, "mixtral", "moe-infinity", tmp_path, [*paper, ("warmup", "0")],
+                 warmup_prompts=8, **MECH)
     assert _misses(filled) < _misses(empty)
+    released = _run(tiny_dirs, drafts, "mixtral", "moe-infinity", tmp_path, **MECH)
+    assert sum(r.h2d_bytes_prefetch for r in released) == 0 < sum(r.h2d_bytes_prefetch for r in filled)
+
+
+def test_hf_offload_copies_only_the_routed_experts_each_pass(tiny_dirs, drafts, tmp_path):
+    (r, *_) = _run(tiny_dirs, drafts, "mixtral", "hf-offload", tmp_path, **MECH)
+    (naive, *_) = _run(tiny_dirs, drafts, "mixtral", "naive", tmp_path, **MECH)
+    expert = 3 * 64 * 32 * 2  # the tiny Mixtral's expert at FP16
+    assert r.h2d_bytes_demand == r.demand_misses * expert and r.demand_hits == 0  # nothing kept
+    assert r.h2d_bytes_demand < naive.h2d_bytes_demand and r.h2d_bytes_prefetch == 0
 
 
 def test_fiddler_moves_fewer_bytes_than_naive(tiny_dirs, drafts, tmp_path):

@@ -264,8 +264,8 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
         page = (tmp_path / "results" / "tables" / f"{name}.html").read_text()
         assert page.count("<tr>") == len(table) + 1, name  # the header and every row
     main = pd.read_csv(tmp_path / "results" / "tables" / "main.csv")
-    assert set(main["system"]) == {"resident", "on-demand", "naive", "mixtral-offloading", "moe-infinity", "fiddler",
-                                   "sp-moe", "specmoeoff", "specter"}
+    assert set(main["system"]) == {"resident", "on-demand", "naive", "hf-offload", "mixtral-offloading", "moe-infinity",
+                                   "fiddler", "sp-moe", "specmoeoff", "specter"}
     assert (main["tpot_ms"] >= main["lower_bound_tpot_ms"]).all() and main["simulated"].all()
     assert set(main["memory"]) == {"same slots", "same memory"}  # both of the paper's comparisons
     ablation = pd.read_csv(tmp_path / "results" / "tables" / "ablation.csv").sort_values("arm_index")

@@ -82,6 +82,11 @@ class ExpertCache:
         for s in self.protected.values():
             s.clear()
 
+    def clear(self, layer: int) -> None:
+        """Empty a layer's slots (before the run: see `Executor.place`)."""
+        self.entries[layer].clear()
+        self.protected[layer].clear()
+
     def fill(self, layer: int, experts: list[int]) -> list[int]:
         """Warm-start a layer with `experts` as far as its slots go, before the run (no copies are scheduled: see
         `Executor.place`); returns the experts placed."""

@@ -5,6 +5,8 @@ so that the CUDA engine measures real kernels and real copies:
 
 - a copy of expert e into slot s of layer l: `slots[l][s].copy_(store[l][e], non_blocking=True)` from the pinned
   `ExpertStore`, on the copy stream; a slot is a row of one `[slots, numel]` FP16 buffer per MoE layer, allocated once;
+- a write-back of slot s (Mixtral-Offloading's swap): the slot's row copied, non-blocking, into a pinned host row kept
+  for it (the store itself is never written: its rows are the experts' weights);
 - a routed expert on m tokens: the expert's FFN (`expert_ffn`, the class's own activation) on the weights in its slot
   or staging buffer;
 - the attention block of a layer over n tokens after c cached ones: one GEMM of n tokens by each 2-D non-routed weight
@@ -112,6 +114,7 @@ class DeviceRuntime:
         self.max_tokens, self.max_context = max_tokens, max_context
         pin = self.device.type == "cuda"
         self.host_act = torch.zeros(max_tokens, work.hidden, dtype=dt, pin_memory=pin)
+        self.host_back = torch.zeros(numel, dtype=dt, pin_memory=pin)  # where write-backs land
         self.act_in = torch.zeros(max_tokens, work.hidden, dtype=dt, device=dev)
         self.draft_experts: dict[tuple[int, int], _DraftExpert] = {}
         if draft is not None:
@@ -146,6 +149,15 @@ class DeviceRuntime:
                 own_k, own_v = self.draft_kv[i]
                 own_k[:, :, start : start + tokens].copy_(k[:, :, start : start + tokens])
                 own_v[:, :, start : start + tokens].copy_(v[:, :, start : start + tokens])
+        return fn
+
+    def copy_to_host(self, layer: int, expert: int, index: int) -> Callable[[], None]:
+        """Copy slot `index` of `layer` (holding `expert`) back to the host."""
+        def fn() -> None:
+            if self.check and self.slot_holds.get((layer, index)) != expert:
+                raise AssertionError(f"L{layer} slot {index} holds expert {self.slot_holds.get((layer, index))}, "
+                                     f"not {expert}, at its write-back")
+            self.host_back.copy_(self.slots[layer][index], non_blocking=True)
         return fn
 
     def staging_rows(self, count: int) -> None:

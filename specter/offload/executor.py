@@ -8,6 +8,18 @@ pass does not need, after that expert's last compute); if every slot is taken by
 prefetches, it streams through one of a ring of staging buffers without entering the cache (a copy into a staging buffer
 waits for the last compute that read it). Prefetches (`prefetch`) go through the same slots.
 
+Causality: every routing the host is given comes with the event of the compute that produced it (`Forecast`: the
+router's attention block of a target layer, the router of a draft layer, the end of a draft step), kept as `routed`
+while hooks and planners act on it. A prefetch (`prefetch`) is chosen from the routing known so far, so its copies wait
+on `routed` plus the host's read of it (`host_holds`: a host worker waiting on a device event pays the profile's
+host synchronization); `prefetch_log` keeps every prefetch copy's label beside its forecast, which a test holds
+against the timeline for every system that prefetches.
+
+A copy can also run in the compute stream's order (`copy_in_compute_order`: after the compute issued before it, and
+before the compute issued after it), as accelerate's and Mixtral-Offloading's copies on the current stream do; a
+write-back (`write_back`: an evicted expert copied device to host, as Mixtral-Offloading's swap does) crosses the same
+link and is priced by the same copy cost.
+
 Systems act inside a pass through `PassHooks` (declared methods, no-ops by default) that they add to `hooks`:
 `on_route` once the host knows a target layer's routing, `after_layer` once its experts are scheduled (a prefetch for
 later layers issued there queues behind this layer's demand copies, as it would on one copy stream),
@@ -29,7 +41,7 @@ from specter.offload.memory import STAGING_BUFFERS
 from specter.offload.work import ModelWork
 from specter.timing.bounds import PassWork
 from specter.timing.cost import CostModel
-from specter.timing.engine import COMPUTE, H2D, Engine, Event, Op
+from specter.timing.engine import COMPUTE, H2D, HOST, Engine, Event, Op
 
 if TYPE_CHECKING:
     from specter.offload.device import DeviceRuntime
@@ -69,6 +81,15 @@ class TransferStats:
     prefetches: int = 0
     # per target pass, in order (the first is the prompt's prefill): its demand (hits, misses, token hits, token misses)
     target_passes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    d2h_bytes_writeback: int = 0  # evicted experts copied back to the host (Mixtral-Offloading's swap)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The compute whose result the host reads to choose copies: its end event and its op's label."""
+
+    event: Event
+    source: str
 
 
 class PassHooks:
@@ -84,7 +105,8 @@ class PassHooks:
         """Target layer `layer`'s experts are scheduled (its demand copies queued); the host may look ahead."""
 
     def on_draft_layer(self, layer: int, experts: tuple[int, ...]) -> None:
-        """A draft step has routed MoE layer `layer` to `experts`."""
+        """A draft step has routed MoE layer `layer` to `experts` (the executor's `routed` is that router's compute:
+        the host holds the routing only once it has finished)."""
 
 
 class Executor:
@@ -110,6 +132,8 @@ class Executor:
         # When a list, each demand copy adds (host time at issue, event before the copy, event after it): the timings
         # a planner's bandwidth estimate reads (see PlannerState.observe_demand); None: not timed.
         self.timed_demand: list[tuple[float, Event, Event]] | None = None
+        self.routed: Forecast | None = None  # the latest routing given to the host (see the module's docstring)
+        self.prefetch_log: list[tuple[str, Forecast]] = []  # (prefetch copy's label, the forecast it was chosen from)
 
     def _compute(self, op: Op) -> None:
         if self._acc is not None:
@@ -124,9 +148,10 @@ class Executor:
         return op
 
     def place(self, placement: dict[int, list[int]]) -> None:
-        """Put experts in their layers' slots before the prompt starts (no copies are scheduled or counted); the
-        engine's time starts after the placement."""
+        """Put experts in their layers' slots before the prompt starts, replacing what those layers held, least
+        recently used first (no copies are scheduled or counted); the engine's time starts after the placement."""
         for layer, experts in placement.items():
+            self.cache.clear(layer)
             for e in self.cache.fill(layer, experts):
                 if self.device is not None:
                     self.device.place(layer, e, self.cache.slot(layer, e).index)
@@ -172,6 +197,27 @@ class Executor:
         if before is not None:
             self.timed_demand.append((*before, ready))
 
+    def host_holds(self, forecast: Forecast) -> Event:
+        """The event by which a host worker has read `forecast`'s result: after its compute, plus the host's read of it
+        (the profile's host synchronization; on CUDA the host waits for it)."""
+        self.engine.wait(HOST, forecast.event)
+        return self.engine.record(HOST)
+
+    def copy_in_compute_order(self, op: Op) -> Event:
+        """Launch a copy in the compute stream's order: after the compute issued so far, the compute issued next
+        after it (a copy on the current stream, as accelerate's and Mixtral-Offloading's are); returns its event."""
+        self.engine.wait(H2D, self.engine.record(COMPUTE))
+        self.engine.launch(H2D, op)
+        done = self.engine.record(H2D)
+        self.engine.wait(COMPUTE, done)
+        return done
+
+    def write_back(self, layer: int, expert: int, slot: int, label: str) -> Op:
+        """The op copying `expert` of `layer` from device slot `slot` back into host memory (over the same link, at the
+        expert's bytes), for the caller to launch; counted in `d2h_bytes_writeback`."""
+        self.stats.d2h_bytes_writeback += self.work.expert_bytes
+        return self._with(self.work.copy_op(label), "copy_to_host", layer, expert, slot)
+
     def _expert(self, layer: int, expert: int, tokens: int, label: str, staging: int | None = None) -> None:
         """Compute `expert` on `tokens` tokens from its slot (or from staging buffer `staging`) and book the read."""
         if staging is None:
@@ -199,15 +245,23 @@ class Executor:
 
     def prefetch(self, layer: int, experts: list[int], keep: set[int] = frozenset()) -> int:
         """Copy those of `experts` that are not resident and fit (protected until `unprotect_all`), never evicting an
-        expert in `keep`; returns how many."""
-        issued = 0
+        expert in `keep`; returns how many. They are chosen from the routing known so far (`routed`), so they start no
+        earlier than the host has read it."""
+        if self.routed is None:
+            raise RuntimeError("a prefetch before any routing was known: nothing could have forecast it")
+        issued, forecast, after = 0, self.routed, None
         for e in experts:
             if (layer, e) in self.cache:
                 self.cache.protect(layer, {e})
                 continue
             if not self.cache.has_room(layer, keep):
                 break
-            self._copy_into_slot(layer, e, keep, f"L{layer}.prefetch.e{e}")
+            if after is None:
+                after = self.host_holds(forecast)
+                self.engine.wait(H2D, after)
+            label = f"L{layer}.prefetch.e{e}.n{len(self.prefetch_log)}"
+            self.prefetch_log.append((label, forecast))
+            self._copy_into_slot(layer, e, keep, label)
             self.cache.protect(layer, {e})
             self.stats.h2d_bytes_prefetch += self.work.expert_bytes
             self.stats.prefetches += 1
@@ -220,8 +274,9 @@ class Executor:
         self._compute(self._attention(layer, n, context, f"{tag}.L{layer}.attn"))
         if layer not in self.work.moe_layers:
             return
+        self.routed = Forecast(self.engine.record(COMPUTE), f"{tag}.L{layer}.attn")  # the router ran in that block
         if self.host_reads_routes:
-            self.engine.synchronize(self.engine.record(COMPUTE))
+            self.engine.synchronize(self.routed.event)
         for hook in self.hooks:
             hook.on_route(layer, routes)
         self.run_experts(layer, routes, tag)
@@ -288,6 +343,8 @@ class Executor:
             ops.append(self._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
             self.engine.launch(COMPUTE, ops[-1])
             if layer in self.work.moe_layers:
+                if n == 1 and self.hooks:  # the draft layer's router has run once its block has
+                    routed = Forecast(self.engine.record(COMPUTE), ops[-1].label)
                 tokens = sorted(Counter(e for r in routes for e in r[layer]).items())
                 if self.fused_draft:
                     ops.append(self.work.fused_experts_op([m for _, m in tokens], f"{tag}.L{layer}.qmoe",
@@ -296,7 +353,8 @@ class Executor:
                 for e, m in tokens if not self.fused_draft else ():
                     ops.append(self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
                     self.engine.launch(COMPUTE, self._with(ops[-1], "draft_expert", layer, e, m))
-                if n == 1:
+                if n == 1 and self.hooks:
+                    self.routed = routed
                     for hook in self.hooks:
                         hook.on_draft_layer(layer, routes[0][layer])
         ops.append(self._head(n, f"{tag}.head"))

@@ -106,7 +106,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     k, governor, online = _window(spec, k_setting, system, calibration, service, work, cost, slots, draft_bytes,
                                   profile)
     config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
-                          spec.draft_kernel)
+                          spec.draft_kernel, spec.cache_start)
     common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
                         next(target.model.parameters()).device.type, storage)
     return PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
@@ -265,7 +265,8 @@ def _govern(spec, k_setting, system, calibration, service, work, cost, slots, dr
                  own_kv=system.separate_draft)
 
     def tpot_with(k: int) -> float:
-        config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, draft_kernel=spec.draft_kernel)
+        config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, draft_kernel=spec.draft_kernel,
+                              cache_start=spec.cache_start)
         tpots = []
         for trace in traces:
             ctx = PromptContext.fresh(system, timing.make_engine("sim", profile), work, service, trace, config, cost)

@@ -22,6 +22,7 @@ from specter.numerics.forward import ForwardService, PromptTrace, TraceRecorder
 from specter.offload.cache import ExpertCache
 from specter.offload.executor import Executor, PassHooks, TransferStats
 from specter.offload.work import ModelWork
+from specter.runspec import RunSpec
 from specter.timing.cost import CostModel
 from specter.timing.engine import Engine
 
@@ -38,6 +39,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0: greedy (memoized numerics); > 0: live sampling with `seed`
     seed: int = 42
     draft_kernel: str = "fused"  # "fused": the draft's experts of a layer as one INT4 MoE kernel; "unfused"
+    cache_start: str = RunSpec.cache_start  # "restored" (the artifact's resident set) or "empty"; see runspec
 
 
 @dataclass
@@ -88,13 +90,26 @@ class PromptContext:
     def fresh(cls, system: System, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,
               config: DecodeConfig, cost: CostModel, warmup: Callable[[], list[PromptTrace]] | None = None,
               device=None) -> PromptContext:
-        """A context with the system's own cache and executor, the cache empty: every prompt starts from the same
-        state (the artifact restores it). `device`: the `DeviceRuntime` whose buffers and kernels back the ops (CUDA
-        engine runs), or None."""
+        """A context with the system's own cache and executor, the cache in its start state: every prompt starts from
+        the same one, set outside the timed region. `restored` (the default) is the artifact's
+        (benchmarks/cache_reset.py `ResidentReset.restore`, before every input): the resident set its loader placed,
+        the experts of id at least E - slots of each layer (initialization/target_builder.py `build_model` offloads
+        the first E - slots), least recently used first; `empty` starts with no expert on the device. A system that
+        places experts itself (resident, Fiddler) replaces that set. `device`: the `DeviceRuntime` whose buffers and
+        kernels back the ops (CUDA engine runs), or None."""
         cache = system.make_cache(work, config.slots_per_layer)
         executor = system.make_executor(engine, work, cache, TransferStats(), device=device, cost=cost)
         executor.fused_draft = config.draft_kernel == "fused"
+        if config.cache_start == "restored":
+            executor.place(restored_residents(work, cache.slots_per_layer))
         return cls(system, engine, work, cache, executor, service, trace, config, cost, warmup)
+
+
+def restored_residents(work: ModelWork, slots: int) -> dict[int, list[int]]:
+    """{MoE layer: the experts the artifact's loader leaves on the device, least recently used first}: the last
+    `slots` of the layer's experts by id."""
+    first = max(0, work.experts_per_layer - slots)
+    return {layer: list(range(first, work.experts_per_layer)) for layer in work.moe_layers}
 
 
 def _parse(key: str, kind: type, value, bounds: tuple | None = None):

@@ -13,6 +13,7 @@ from collections import Counter
 
 from specter.errors import SpecterError
 from specter.numerics.forward import disagreement_cause
+from specter.offload.executor import Forecast
 from specter.speculation.lookahead import PlannerState
 from specter.systems.base import PredictionCounts, PromptContext, PromptResult
 
@@ -89,6 +90,7 @@ def _draft(ctx: PromptContext, planner, window, forecast, t: int, k: int, tag: s
         end = ex.draft_step(window.draft_routes[i - 1], context=t - 2 + i, expert_bytes=ctx.config.draft_expert_bytes,
                             tag=f"{tag}.draft{i}")
         engine.synchronize(end)  # the host reads the proposal
+        ex.routed = Forecast(end, f"{tag}.draft{i}.head")  # the step's routing, every layer of it, is known now
         for layer in counts:
             counts[layer].update(forecast[i - 1][layer])
         now = engine.event_time(end)
