@@ -29,8 +29,8 @@ from specter.errors import SpecterError
 from specter.experiments import GOVERNORS
 
 #: the order systems are listed in (the registry's order, Specter last); systems not named here follow, sorted
-SYSTEM_ORDER = ("resident", "on-demand", "naive", "mixtral-offloading", "moe-infinity", "fiddler", "sp-moe",
-                "specmoeoff", "specter-oracle", "specter")
+SYSTEM_ORDER = ("resident", "on-demand", "naive", "hf-offload", "mixtral-offloading", "moe-infinity", "fiddler",
+                "sp-moe", "specmoeoff", "specter-oracle", "specter")
 
 
 def _sha256(path: Path) -> str:
