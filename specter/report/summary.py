@@ -1,6 +1,6 @@
 """`specter summary`: the headline numbers of a results tree, written as one Markdown file by the workflow.
 
-The README and the closing notes quote this file rather than numbers copied by hand. It reads only what the workflow
+Quote this file rather than numbers copied by hand. It reads only what the workflow
 wrote (the experiments' tables, the model cards, the drafts' files), prints no wall-clock time and no date, and orders
 every row, so two reproductions of the same commit write the same bytes; its hashes (each model's `weights_sha256`,
 each draft's and each table's sha256) say at a glance whether two trees agree.
