@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -83,3 +86,30 @@ def test_two_rows_for_one_cell_are_refused(tmp_path, capsys):
     pd.concat([df, df.iloc[[0]]]).to_csv(tmp_path / "main.csv", index=False)
     assert main(["summary", "--readme", "--from", str(tmp_path / "main.csv")]) == 2
     assert "2 rows for specter (same slots) on smollm2-moe-16x2 humaneval" in capsys.readouterr().err
+
+
+def test_the_readme_table_reads_what_specter_aggregate_main_writes(tiny_dirs, tmp_path, capsys):
+    """On records of a real sweep: both comparisons, every system, Specter's ratio to itself 1, the profile named."""
+    from conftest import spec
+    from specter.quant.quantize import quantize_draft
+    from specter.report.tables import experiment_table, write_table
+    from specter.runs import grid, sweep
+    from specter.runspec import Budget
+
+    draft = tmp_path / "draft"
+    quantize_draft(tiny_dirs["olmoe"], draft, method="rtn", bits=4, group_size=32)
+    base = spec(system="on-demand", model=tiny_dirs["olmoe"], draft=str(draft), dataset="code",
+                hardware="a100-40gb-pcie4", out="", num_prompts=2, prefix_tokens=8, max_new_tokens=6,
+                resident_per_layer=2, k=2)
+    specs = grid(base, {"system": ["on-demand", "specter"], "budget": [Budget("slots", 2), Budget("same_memory", 2)]})
+    sweep(specs, tmp_path / "main.jsonl", progress=False)
+    records = [json.loads(line) for line in (tmp_path / "main.jsonl").read_text().splitlines()]
+    write_table(experiment_table("main", records), tmp_path / "main.csv")
+    text = readme_table(tmp_path / "main.csv")
+    model = Path(tiny_dirs["olmoe"]).name
+    assert f"| comparison | system | {model} (own shapes) on a100-40gb-pcie4, simulated |" in text
+    rows = [line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| same")]
+    assert rows == [["| same slots", "on-demand"], ["| same slots", "specter"], ["| same memory", "on-demand"],
+                    ["| same memory", "specter"]]
+    specter = [line for line in text.splitlines() if line.startswith("| same") and "| specter |" in line]
+    assert len(specter) == 2 and all(line.endswith("(1.00) |") for line in specter), specter
