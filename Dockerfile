@@ -1,6 +1,6 @@
 # CUDA image of the suite for GPU hosts (run with `docker run --gpus all`): the PyPI torch 2.13.0 wheel brings its own
-# CUDA runtime; the host's NVIDIA driver comes in through the NVIDIA container toolkit. Not built on the development
-# machine (it has no Docker engine); see the README.
+# CUDA runtime; the host's NVIDIA driver comes in through the NVIDIA container toolkit. Never built: no Docker
+# engine was available (docs/validation.md).
 #   docker build -t specter-suite .
 #   docker run --gpus all -v "$PWD/results:/suite/results" specter-suite snakemake --cores all
 FROM python:3.11-slim-bookworm

@@ -1,5 +1,5 @@
 # Specter suite workflow: build the models, quantize their drafts, record the numerics once, replay every system and
-# sweep on them, and aggregate tables, figures and the report. See README.md ("Workflow") and results/README.md.
+# sweep on them, and aggregate tables, figures and the report. See docs/workflow.md and results/README.md.
 from snakemake.utils import min_version
 
 min_version("9.0")

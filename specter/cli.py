@@ -244,10 +244,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    from specter.io import atomic_write_text
-    from specter.report.summary import summary
+    from pathlib import Path
 
-    text = summary(args.results)
+    from specter.io import atomic_write_text
+    from specter.report.summary import readme_table, summary
+
+    if args.table is not None and not args.readme:
+        raise SpecterError("--from FILE.csv gives the README's table its figures; add --readme (or give a results "
+                           "DIR alone for the whole summary)")
+    if (args.results is None) == (args.table is None):
+        raise SpecterError("summary takes a results DIR or, with --readme, --from FILE.csv (one of the two): e.g. "
+                           "`specter summary results` or `specter summary --readme --from docs/results/main.csv`")
+    if args.readme:
+        text = readme_table(args.table if args.table is not None else Path(args.results) / "tables" / "main.csv")
+    else:
+        text = summary(args.results)
     if args.out:
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}")
@@ -569,8 +580,14 @@ def _report_commands(sub) -> None:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("summary", help="the headline numbers of a results tree as Markdown: hashes of its models, "
-                       "drafts and tables; main, ablation, k_sweep, sensitivity and calibration (no wall-clock times)")
-    p.add_argument("results", metavar="DIR", help="the results directory (holding tables/, models/, drafts/)")
+                       "drafts and tables; main, ablation, k_sweep, sensitivity and calibration (no wall-clock times); "
+                       "--readme: only the README's results table")
+    p.add_argument("results", metavar="DIR", nargs="?",
+                   help="the results directory (holding tables/, models/, drafts/)")
+    p.add_argument("--readme", action="store_true",
+                   help="print only the README's results table, from DIR/tables/main.csv or --from")
+    p.add_argument("--from", dest="table", metavar="FILE.csv",
+                   help="with --readme: main's table to read instead of a results tree's (docs/results/main.csv)")
     p.add_argument("--out", metavar="FILE.md", type=_out(".md"), help="write it there (default: print it)")
     p.set_defaults(func=cmd_summary)
 

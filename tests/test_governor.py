@@ -109,7 +109,7 @@ def test_every_governor_records_its_choice(setup, tmp_path, governor):
 def test_the_profiler_shares_the_amortization_models_calibration_decodes_and_first_windows(setup, tmp_path):
     """The profiler's prompts are the first of the amortization model's, and it runs its largest K first: after an
     `auto` run in the same session it decodes no calibration prompt again, and every K's first window is one already
-    memoized (in the cold reproduce the profile runs took 119 and 130 s, were 241 and 264)."""
+    memoized (sharing them roughly halves the profile runs' time on the default model)."""
     from specter.runs.execute import prepare
     from specter.session import Session
 

@@ -8,11 +8,11 @@ runs with:
 - torch's CPU kernels on their AVX2 path (`ATEN_CPU_CAPABILITY=avx2`), MKL's conditional numerical reproducibility
   on its AVX2 branch, strict (`MKL_CBWR=AVX2,STRICT`), and oneDNN (torch's bfloat16 matmuls and the packing of its CPU
   flash attention) capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`), meant to give the same bits on any x86-64 CPU with
-  AVX2 (held across processes and environments by a test; not held across two machines: the default build's
-  weights_sha256 differed between two stops' machines, same code and packages, cause not found). oneDNN picks its
+  AVX2 (held across processes and environments by a test; not held across machines: two AVX2 machines with the same
+  code and packages have built default models of different weights_sha256, cause not found). oneDNN picks its
   instruction set at run time from the CPU, not from torch's capability: on a CPU with AMX, bfloat16 attention
-  under the AVX2 pin alone raised "pack_vnni2 is only supported when avx512 is supported" (GPTQModel's calibration
-  pass, then in bfloat16 on a CPU, failed on such a machine; it now calibrates in float32 there unless asked);
+  under the AVX2 pin alone raises "pack_vnni2 is only supported when avx512 is supported" (GPTQModel's calibration
+  pass in bfloat16 on such a CPU fails, so on the CPU it calibrates in float32 unless asked);
 - a fixed thread count (the command's `--threads`), deterministic algorithms, and `PYTHONHASHSEED=0` for child
   processes (the GPTQ worker).
 These must be set before torch computes anything, so `pin_environment` runs first in `specter.cli.main`. Records and

@@ -1,6 +1,6 @@
 """`specter summary`: the headline numbers of a results tree, written as one Markdown file by the workflow.
 
-The README and the closing notes quote this file rather than numbers copied by hand. It reads only what the workflow
+Quote this file rather than numbers copied by hand. It reads only what the workflow
 wrote (the experiments' tables, the model cards, the drafts' files), prints no wall-clock time and no date, and orders
 every row, so two reproductions of the same commit write the same bytes; its hashes (each model's `weights_sha256`,
 each draft's and each table's sha256) say at a glance whether two trees agree.
@@ -9,6 +9,9 @@ Sections, each present when its table is: the models and drafts, the tables, `ma
 bound and its TPOT over Specter's, per case, prompt set and comparison), Specter's TPOT over its lower bound beside
 each baseline's, `ablation` (its arms in order, with the hit rates), `k_sweep` (each governor's K against the best
 fixed K), `sensitivity` (greedy against sampling) and `calibration` (each published figure beside the suite's).
+
+`readme_table` (`specter summary --readme`) is the README's results at a glance: `main`'s TPOT per system and case,
+with its TPOT over Specter's, from one `main.csv` (a results tree's, or the copy tracked in `docs/results/`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import json
 import math
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -25,8 +29,8 @@ from specter.errors import SpecterError
 from specter.experiments import GOVERNORS
 
 #: the order systems are listed in (the registry's order, Specter last); systems not named here follow, sorted
-SYSTEM_ORDER = ("resident", "on-demand", "naive", "mixtral-offloading", "moe-infinity", "fiddler", "sp-moe",
-                "specmoeoff", "specter-oracle", "specter")
+SYSTEM_ORDER = ("resident", "on-demand", "naive", "hf-offload", "mixtral-offloading", "moe-infinity", "fiddler",
+                "sp-moe", "specmoeoff", "specter-oracle", "specter")
 
 
 def _sha256(path: Path) -> str:
@@ -256,3 +260,72 @@ def _hardware(path: Path) -> list[str]:
     if "hardware" not in df:
         return []
     return [h for cell in df["hardware"].dropna().unique() for h in str(cell).split(", ") if h and h != "any"]
+
+
+#: a cell of the README's table without a record
+ABSENT = "-"
+
+#: the comparisons of `main`, in the order the README's table lists them
+COMPARISONS = ("same slots", "same memory")
+
+
+def _case_label(model: str, cost_as: str, hardware: str, simulated: bool) -> str:
+    where = cost_as if cost_as else f"{model} (own shapes)"
+    return f"{where} on {hardware}, {'simulated' if simulated else 'measured'}"
+
+
+def readme_table(path: str | Path) -> str:
+    """The README's results table from `main`'s table at `path` (`results/tables/main.csv`): one row per comparison
+    and system, one column per case (the architecture whose shapes price the runs, the hardware profile, simulated or
+    measured), each cell the mean TPOT per prompt set and, in brackets, the TPOT over Specter's in that comparison."""
+    from specter.report.tables import read_table
+
+    path = Path(path)
+    df = read_table(path)
+    needs = ("model", "dataset", "hardware", "simulated", "system", "tpot_ms", "speedup_of_specter")
+    missing = [c for c in needs if c not in df]
+    if missing:
+        raise SpecterError(f"{path} lacks the column(s) {', '.join(missing)}; give `main`'s table "
+                           "(results/tables/main.csv), written by `specter aggregate main`")
+    if df.empty:
+        raise SpecterError(f"{path} holds no rows; run the workflow (snakemake --cores all) first")
+    df = df.assign(cost_as=df["cost_as"].fillna("").astype(str) if "cost_as" in df else "",
+                   memory=df["memory"].fillna("same slots").astype(str) if "memory" in df else "same slots",
+                   simulated=df["simulated"].astype(str) == "True")
+    key = ["memory", "system", "model", "cost_as", "hardware", "simulated", "dataset"]
+    twice = df[df.duplicated(key, keep=False)]
+    if not twice.empty:
+        r = twice.iloc[0]
+        raise SpecterError(f"{path} has {int((df[key] == r[key]).all(axis=1).sum())} rows for {r['system']} "
+                           f"({r['memory']}) on {r['model']} {r['dataset']}; the README's table takes one per system, "
+                           "comparison, case and prompt set, as `main`'s table gives it")
+    datasets = sorted(df["dataset"].astype(str).unique())
+    cases = sorted({tuple(c) for c in df[["model", "cost_as", "hardware", "simulated"]].itertuples(index=False)})
+    comparisons = [m for m in COMPARISONS if m in set(df["memory"])] + sorted(set(df["memory"]) - set(COMPARISONS))
+    cells = {tuple(r[k] for k in key): r for _, r in df.iterrows()}
+    rows = []
+    for memory in comparisons:
+        for system in sorted(set(df.loc[df["memory"] == memory, "system"]), key=_system_key):
+            row = [memory, system]
+            for case in cases:
+                found = [cells.get((memory, system, *case, d)) for d in datasets]
+                if all(r is None for r in found):
+                    row.append(ABSENT)
+                    continue
+                tpot = " / ".join(ABSENT if r is None else fmt_ms(r["tpot_ms"]) for r in found)
+                ratio = " / ".join(ABSENT if r is None or pd.isna(r["speedup_of_specter"]) else
+                                   _num(r["speedup_of_specter"], 2) for r in found)
+                row.append(f"{tpot} ({ratio})")
+            rows.append(row)
+    simulated = "simulated" if all(c[3] for c in cases) else "simulated or measured, as each column says"
+    lines = [f"TPOT in ms ({simulated}; mean over prompts, per prompt set: {' / '.join(datasets)}) and, in brackets, "
+             "each system's TPOT over Specter's in the same comparison (above 1: Specter is faster). Same slots: "
+             "every system at Specter's expert slots per layer; same memory: every system in the device memory "
+             f"Specter needs there, its draft charged. {ABSENT}: no record in the table (a run that does not fit its "
+             "memory writes none)."]
+    lines = [*textwrap.wrap(" ".join(lines), 120), ""]
+    lines += _markdown(rows, ["comparison", "system", *(_case_label(*c) for c in cases)])
+    proxies = [f"{c[1]}: the proxy {c[0]}'s tokens and routes, priced at {c[1]}'s shapes" for c in cases if c[1]]
+    if proxies:
+        lines += textwrap.wrap(f"{'; '.join(sorted(set(proxies)))}.", 120)
+    return "\n".join(lines).rstrip() + "\n"

@@ -33,8 +33,8 @@ rule aggregate:
         "--figure {output.figure:q} --html {output.page:q} > {log:q} 2>&1"
 
 
-# The headline numbers, from the tables and the models' and drafts' files (hashes, no wall-clock times): what the README
-# and the closing notes quote. Two reproductions of one commit write the same file.
+# The headline numbers, from the tables and the models' and drafts' files (hashes, no wall-clock times): quote this
+# file, not numbers copied by hand. Two reproductions of one commit write the same file.
 rule summary:
     input:
         tables=[f"results/tables/{name}.csv" for name in EXPERIMENTS],

@@ -1,0 +1,115 @@
+"""`specter summary --readme`: the README's results table from `main`'s table, on a small hand-made one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specter.cli import main
+from specter.report.summary import readme_table
+
+PHI = ("smollm2-moe-16x2", "Phi-3.5-MoE", "a100-40gb-pcie4")
+OWN = ("smollm2-moe", "", "a100-40gb-pcie4")
+
+
+def _main_table(path) -> None:
+    """Rows as `specter aggregate main` writes them (its columns, fewer of them): two cases, two prompt sets, both
+    comparisons; the small case ran one prompt set, and Specter has no same-memory row."""
+    rows = []
+    for (model, cost_as, hardware), dataset, memory, system, tpot, specter in [
+        (PHI, "humaneval", "same slots", "specter", 144.8, 144.8),
+        (PHI, "humaneval", "same slots", "on-demand", 271.6, 144.8),
+        (PHI, "mtbench", "same slots", "specter", 118.6, 118.6),
+        (PHI, "mtbench", "same slots", "on-demand", 287.5, 118.6),
+        (PHI, "humaneval", "same memory", "on-demand", 123.1, 144.8),
+        (OWN, "humaneval", "same slots", "specter", 2.547, 2.547),
+        (OWN, "humaneval", "same slots", "resident", 2.248, 2.547),
+    ]:
+        rows.append(dict(model=model, cost_as=cost_as or None, dataset=dataset, hardware=hardware, simulated=True,
+                         memory=memory, system=system, k=None if system != "specter" else 16, slots_per_layer=2,
+                         tpot_ms=tpot, lower_bound_tpot_ms=tpot / 2, n=5, speedup_of_specter=tpot / specter))
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+EXPECTED = """\
+TPOT in ms (simulated; mean over prompts, per prompt set: humaneval / mtbench) and, in brackets, each system's TPOT over
+Specter's in the same comparison (above 1: Specter is faster). Same slots: every system at Specter's expert slots per
+layer; same memory: every system in the device memory Specter needs there, its draft charged. -: no record in the table
+(a run that does not fit its memory writes none).
+
+| comparison | system | smollm2-moe (own shapes) on a100-40gb-pcie4, simulated | Phi-3.5-MoE on a100-40gb-pcie4, simulated |
+| --- | --- | --- | --- |
+| same slots | resident | 2.248 / - (0.88 / -) | - |
+| same slots | on-demand | - | 271.6 / 287.5 (1.88 / 2.42) |
+| same slots | specter | 2.547 / - (1.00 / -) | 144.8 / 118.6 (1.00 / 1.00) |
+| same memory | on-demand | - | 123.1 / - (0.85 / -) |
+
+Phi-3.5-MoE: the proxy smollm2-moe-16x2's tokens and routes, priced at Phi-3.5-MoE's shapes.
+"""  # noqa: E501 (the table's header line is as long as the table makes it)
+
+
+def test_the_readme_table_lists_every_system_by_case_with_its_ratio_to_specter_and_its_profile(tmp_path):
+    _main_table(tmp_path / "main.csv")
+    assert readme_table(tmp_path / "main.csv") == EXPECTED
+
+
+def test_the_command_prints_it_from_a_file_or_from_a_results_tree(tmp_path, capsys):
+    (tmp_path / "results" / "tables").mkdir(parents=True)
+    _main_table(tmp_path / "results" / "tables" / "main.csv")
+    assert main(["summary", "--readme", "--from", str(tmp_path / "results" / "tables" / "main.csv")]) == 0
+    assert capsys.readouterr().out == EXPECTED
+    assert main(["summary", str(tmp_path / "results"), "--readme", "--out", str(tmp_path / "table.md")]) == 0
+    assert (tmp_path / "table.md").read_text() == EXPECTED
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["summary", "--from", "{dir}/main.csv"], "add --readme"),
+    (["summary", "--readme"], "a results DIR or, with --readme, --from FILE.csv"),
+    (["summary", "{dir}", "--readme", "--from", "{dir}/main.csv"], "one of the two"),
+    (["summary", "--readme", "--from", "{dir}/other.csv"], "lacks the column(s) speedup_of_specter"),
+    (["summary", "--readme", "--from", "{dir}/absent.csv"], "does not exist"),
+])
+def test_a_wrong_request_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    _main_table(tmp_path / "main.csv")
+    pd.read_csv(tmp_path / "main.csv").drop(columns="speedup_of_specter").to_csv(tmp_path / "other.csv", index=False)
+    assert main([a.format(dir=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specter: error: ") and message in err and err.count("\n") == 1
+
+
+def test_two_rows_for_one_cell_are_refused(tmp_path, capsys):
+    _main_table(tmp_path / "main.csv")
+    df = pd.read_csv(tmp_path / "main.csv")
+    pd.concat([df, df.iloc[[0]]]).to_csv(tmp_path / "main.csv", index=False)
+    assert main(["summary", "--readme", "--from", str(tmp_path / "main.csv")]) == 2
+    assert "2 rows for specter (same slots) on smollm2-moe-16x2 humaneval" in capsys.readouterr().err
+
+
+def test_the_readme_table_reads_what_specter_aggregate_main_writes(tiny_dirs, tmp_path, capsys):
+    """On records of a real sweep: both comparisons, every system, Specter's ratio to itself 1, the profile named."""
+    from conftest import spec
+    from specter.quant.quantize import quantize_draft
+    from specter.report.tables import experiment_table, write_table
+    from specter.runs import grid, sweep
+    from specter.runspec import Budget
+
+    draft = tmp_path / "draft"
+    quantize_draft(tiny_dirs["olmoe"], draft, method="rtn", bits=4, group_size=32)
+    base = spec(system="on-demand", model=tiny_dirs["olmoe"], draft=str(draft), dataset="code",
+                hardware="a100-40gb-pcie4", out="", num_prompts=2, prefix_tokens=8, max_new_tokens=6,
+                resident_per_layer=2, k=2)
+    specs = grid(base, {"system": ["on-demand", "specter"], "budget": [Budget("slots", 2), Budget("same_memory", 2)]})
+    sweep(specs, tmp_path / "main.jsonl", progress=False)
+    records = [json.loads(line) for line in (tmp_path / "main.jsonl").read_text().splitlines()]
+    write_table(experiment_table("main", records), tmp_path / "main.csv")
+    text = readme_table(tmp_path / "main.csv")
+    model = Path(tiny_dirs["olmoe"]).name
+    assert f"| comparison | system | {model} (own shapes) on a100-40gb-pcie4, simulated |" in text
+    rows = [line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| same")]
+    assert rows == [["| same slots", "on-demand"], ["| same slots", "specter"], ["| same memory", "on-demand"],
+                    ["| same memory", "specter"]]
+    specter = [line for line in text.splitlines() if line.startswith("| same") and "| specter |" in line]
+    assert len(specter) == 2 and all(line.endswith("(1.00) |") for line in specter), specter
