@@ -270,3 +270,25 @@ def test_fidelity_counts_the_papers_hard_soft_and_mismatch_on_a_hand_built_routi
                                                                   group_size=32))
     table = fidelity_table([path])
     assert table.loc[0, ["expert_hard", "expert_soft", "expert_mismatch"]].tolist() == [0.4, 0.3, 0.3]
+
+
+def test_gptqmodel_saves_outside_the_directory_of_its_offloaded_weights(tiny_dirs, tmp_path, monkeypatch):
+    """GPTQModel empties the directory it saves to, and its offloaded weights (under the worker's TMPDIR, inside the
+    worker's directory) are read by that save: the checkpoint must go to a directory that holds neither (saved into
+    the working directory itself, a 30-layer model's save wrote no tensor)."""
+    import json
+
+    from specter.quant import quantize as q
+
+    seen = {}
+
+    def worker(argv, cwd, log_path, progress):
+        request = json.loads(argv[-1])
+        seen.update(cwd=cwd, out=Path(request["out_dir"]))
+        return 1, {}, "stopped by the test"
+
+    monkeypatch.setattr(q, "_run_worker", worker)
+    with pytest.raises(SpecterError):
+        q.quantize_draft(tiny_dirs["mixtral"], tmp_path / "draft", method="gptq", bits=4, group_size=32,
+                         progress=False)
+    assert seen["out"].parent == seen["cwd"] and not seen["out"].exists()
