@@ -98,6 +98,7 @@ def _alive(pid: int) -> bool:
 def temporary(beside: str | Path, directory: bool = False) -> Iterator[Path]:
     """A new empty temporary file (or directory) beside `beside`, named as the writers' are, removed when the block
     ends, whatever happens (a caller that wants to keep it renames it first)."""
+    Path(beside).parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _new(Path(beside), directory)
     if fd is not None:
         os.close(fd)

@@ -272,12 +272,10 @@ def test_fidelity_counts_the_papers_hard_soft_and_mismatch_on_a_hand_built_routi
     assert table.loc[0, ["expert_hard", "expert_soft", "expert_mismatch"]].tolist() == [0.4, 0.3, 0.3]
 
 
-def test_gptqmodel_saves_outside_the_directory_of_its_offloaded_weights(tiny_dirs, tmp_path, monkeypatch):
-    """GPTQModel empties the directory it saves to, and its offloaded weights (under the worker's TMPDIR, inside the
-    worker's directory) are read by that save: the checkpoint must go to a directory that holds neither (saved into
-    the working directory itself, a 30-layer model's save wrote no tensor)."""
-    import json
-
+def test_the_gptq_worker_is_told_absolute_paths_for_a_relative_out(tiny_dirs, tmp_path, monkeypatch):
+    """The worker runs in its temporary directory, so the directory it saves to must reach it as an absolute path (a
+    relative `--out`, as the workflow gives, named a directory inside the worker's own, and the draft held no tensor:
+    'GPTQModel wrote no quantized experts'); the draft's parent directory is made if missing."""
     from specter.quant import quantize as q
 
     seen = {}
@@ -288,7 +286,8 @@ def test_gptqmodel_saves_outside_the_directory_of_its_offloaded_weights(tiny_dir
         return 1, {}, "stopped by the test"
 
     monkeypatch.setattr(q, "_run_worker", worker)
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SpecterError):
-        q.quantize_draft(tiny_dirs["mixtral"], tmp_path / "draft", method="gptq", bits=4, group_size=32,
+        q.quantize_draft(tiny_dirs["mixtral"], Path("drafts") / "draft", method="gptq", bits=4, group_size=32,
                          progress=False)
-    assert seen["out"].parent == seen["cwd"] and not seen["out"].exists()
+    assert seen["out"].is_absolute() and seen["out"] == seen["cwd"].resolve()

@@ -287,10 +287,8 @@ def _quantize_gptq(model_dir, out: Path, bits, group_size, calibration, progress
     also holds GPTQModel's own temporary files.
     """
     with temporary(out, directory=True) as tmp:
-        # GPTQModel's checkpoint in a directory of its own: its save empties the directory it saves to, and the
-        # working directory holds its offloaded weights (TMPDIR), which the save still reads
-        checkpoint = tmp / "checkpoint"
-        request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(checkpoint), bits=bits,
+        tmp = tmp.resolve()  # the worker runs in it: a relative path would name a directory inside itself
+        request = dict(model_dir=str(Path(model_dir).resolve()), out_dir=str(tmp), bits=bits,
                        group_size=group_size,
                        threads=torch.get_num_threads(), parent_pid=os.getpid(), device=device, dtype=dtype,
                        **calibration)
@@ -300,7 +298,7 @@ def _quantize_gptq(model_dir, out: Path, bits, group_size, calibration, progress
             raise SpecterError(f"GPTQModel failed on {model_dir} (exit {returncode}); {tail}")
         packed: dict = {}
         fields: dict = {}
-        for path in sorted(checkpoint.glob("*.safetensors")):
+        for path in sorted(tmp.glob("*.safetensors")):
             with safe_open(str(path), "pt") as f:
                 for key in f.keys():
                     m = _EXPERT_KEY.match(key)
