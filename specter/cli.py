@@ -657,6 +657,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
 
 
+def entry() -> None:
+    """The `specter` console script: `main`, then the process ends without the interpreter's teardown (see
+    `specter.interrupt.exit_process`)."""
+    from specter.interrupt import exit_process
+
+    exit_process(main())
+
+
 def _interrupted() -> int:
     from specter.interrupt import INTERRUPTED
 

@@ -85,7 +85,7 @@ def _kill_and_rerun(argv, out: Path, result, points, sig=signal.SIGKILL, during=
     for point in points:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                                 env=env)
-        if point == "worker":
+        if isinstance(point, str):  # an event, not a time: `during` waits for it
             during(proc)
         else:
             time.sleep(point * duration)
@@ -113,9 +113,18 @@ def test_killed_build_model_then_rerun_gives_the_same_model(tmp_path):
 
 
 def test_terminated_build_model_leaves_no_temporary_directory(tmp_path):
+    """Terminated while its temporary directory exists (the build runs inside it): a point in time would be a race, as
+    a second, warm build can be over before a fraction of the first one's time."""
     out = tmp_path / "model"
-    _kill_and_rerun(_argv("build-model", "tiny-olmoe", "--out", str(out)), out, _model_result, [0.8],
-                    sig=signal.SIGTERM)
+
+    def during(proc):
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(f".{out.name}.") for p in out.parent.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the build never made its temporary directory"
+            time.sleep(0.01)
+
+    _kill_and_rerun(_argv("build-model", "tiny-olmoe", "--out", str(out)), out, _model_result, ["temporary"],
+                    sig=signal.SIGTERM, during=during)
 
 
 def _wait_for_worker(proc: subprocess.Popen) -> None:
