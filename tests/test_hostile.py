@@ -57,6 +57,10 @@ def _truncate(path: Path, share: float = 0.5) -> None:
     path.write_bytes(data[: int(len(data) * share)])
 
 
+def _config_of(d: Path) -> dict:
+    return json.loads((d / "config.json").read_text())
+
+
 def _edit_json(path: Path, **changes) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
@@ -522,6 +526,14 @@ CASES = [
         d / "config.json", num_experts_per_tok=9))], "num_experts_per_tok"),
     ("config_top_k_above_experts_run", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
         d / "config.json", num_experts_per_tok=9)), system="on-demand"), "num_experts_per_tok"),
+    ("config_one_layer_more_than_the_weights", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", num_hidden_layers=_config_of(d)["num_hidden_layers"] + 1)), system="on-demand"),
+     "num_hidden_layers"),
+    ("config_one_layer_fewer_than_the_weights", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", num_hidden_layers=_config_of(d)["num_hidden_layers"] - 1)), system="on-demand"),
+     "num_hidden_layers"),
+    ("config_vocab_larger_than_the_weights", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", vocab_size=_config_of(d)["vocab_size"] * 4)), system="on-demand"), "config.json"),
     ("config_size_not_whole", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
         d / "config.json", intermediate_size=2.5)), system="on-demand"), "intermediate_size"),
     ("config_field_of_the_wrong_type", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(

@@ -69,21 +69,58 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
     read_model_config(path)
     check_card(path, known_hash)
     hf_logging.disable_progress_bar()  # the loader's per-tensor bar says nothing about a local checkpoint
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its multi-line load report: a mismatch is refused below, in one line
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype, local_files_only=True, experts_implementation="eager"
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True, experts_implementation="eager", output_loading_info=True
         )
     except Exception as err:  # noqa: BLE001 - any failure to read a checkpoint is the checkpoint's
         bad = _unreadable_weights(Path(path))
-        what = f"{bad.name} is truncated or corrupt" if bad else "truncated or corrupt weights?"
+        what = f"{bad.name} is truncated or corrupt" if bad else "truncated or corrupt weights, or a config.json " \
+            "that does not describe them?"
         raise SpecterError(f"cannot load the model in {str(path)!r}: {type(err).__name__}: {_first_line(err)} "
                            f"({what}); rebuild or re-download the checkpoint") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    _check_loaded_all(Path(path), info)
     precision = str(dtype).removeprefix("torch.")
     check_finite(model, f"the model in {str(path)!r}", f"its weights are damaged (or overflow {precision}); rebuild or "
                  "re-download the checkpoint")
     moe = MoEModel(model.to(device).eval())
     moe.path = Path(path)
     return moe
+
+
+def _check_loaded_all(path: Path, info: dict) -> None:
+    """Refuse a checkpoint whose weights and config.json disagree: transformers fills a parameter missing from the
+    weights with a random initialisation and drops an unexpected one, and the model then runs, exit 0, with wrong
+    numbers (a config.json with one layer more ran its last layer on random weights)."""
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(str(m[0]) if isinstance(m, (tuple, list)) else str(m)
+                        for m in info.get("mismatched_keys") or ())
+    if not (missing or unexpected or mismatched):
+        return
+    parts = [f"{len(keys)} parameter(s) {what} (first: {keys[0]})" for keys, what in
+             ((missing, "missing from the weights"), (unexpected, "in the weights that the config has no place for"),
+              (mismatched, "of another shape than the config's")) if keys]
+    layers = {int(k.split(".")[2]) for k in (*missing, *unexpected) if k.startswith("model.layers.")
+              and k.split(".")[2].isdigit()}
+    hint = ""
+    if layers:
+        from safetensors import safe_open
+
+        held = set()
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), "pt") as f:
+                held |= {int(k.split(".")[2]) for k in f.keys() if k.startswith("model.layers.")
+                         and k.split(".")[2].isdigit()}
+        config = json.loads((path / "config.json").read_text())
+        if len(held) != config.get("num_hidden_layers"):
+            hint = (f"; config.json says num_hidden_layers {config.get('num_hidden_layers')}, the weights hold "
+                    f"{len(held)}")
+    raise SpecterError(f"the weights in {str(path)!r} do not match its config.json: {'; '.join(parts)}{hint}; a "
+                       "config.json edited after the build? rebuild or re-download the checkpoint")
 
 
 def _unreadable_weights(path: Path) -> Path | None:
