@@ -50,7 +50,7 @@ class MoefyConfig:
     seq_len: int = 512
     ridge: float = 1e-2  # relative to the mean diagonal of the normal matrix
     kmeans_iters: int = 15
-    distill_steps: int = 0  # 30 were the default before 2026-12-01 (see the module docstring for what they bought)
+    distill_steps: int = 0  # the module docstring gives what 30 steps buy on the default model
     distill_batch: int = 2
     distill_seq_len: int = 256  # distillation reads the first tokens of each calibration window
     distill_lr: float = 1e-4
