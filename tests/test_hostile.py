@@ -475,6 +475,9 @@ CASES = [
         {"7": [0, 1]}))), "MoE layers"),
     ("memo_layer_missing", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["step_routes"][0].pop("1"))),
      "MoE layers"),
+    ("memo_gzip_bomb_of_one_long_line", lambda w, r: _run(r, "--memo", _write(w, "memo.json.gz", gzip.compress(
+        b" " * (65 * 2**20) + gzip.decompress(_recorded_memo(r).read_bytes()), compresslevel=1)), system="specter"),
+     "64 MiB"),
     ("memo_token_outside_the_vocabulary", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["tokens"].__setitem__(
         1, 100000))), "100000"),
     ("memo_prompt_token_negative", lambda w, r: _replay(w, r, _trace_edit(lambda t: t["prompt"].__setitem__(

@@ -131,7 +131,8 @@ def _lines(path: Path, model_hash: str, dtype: str, shape: MemoShape):
                                "which could run code when read); the suite no longer reads it: record it again with "
                                "`specter sweep --memo-out`")
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        header = json.loads(f.readline())
+        lines = _bounded_lines(f, f"--memo {str(path)!r}")
+        header = json.loads(next(lines, ""))
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise SpecterError(f"--memo {str(path)!r} is not a {FORMAT} file; record it again with "
                                "`specter sweep --memo-out`")
@@ -147,7 +148,7 @@ def _lines(path: Path, model_hash: str, dtype: str, shape: MemoShape):
             raise SpecterError(f"--memo {str(path)!r} carries no digest (it was recorded before memos were bound to "
                                "their model's content); record it again with `specter sweep --memo-out`")
         raw, parsed = [], []
-        for i, text in enumerate(f):
+        for i, text in enumerate(lines):
             raw.append(text)
             parsed.append(check_trace_line(json.loads(text), shape, f"--memo {str(path)!r}: trace {i + 1}"))
         if len(parsed) != header.get("traces"):
@@ -161,6 +162,29 @@ def _lines(path: Path, model_hash: str, dtype: str, shape: MemoShape):
     return parsed
 
 
+#: what a memo may hold once decompressed, a line and in all: the default configuration's largest memo is under
+#: 7 MB and its longest line under 1 MB; a gzip bomb (a 1 MB file of a gigabyte of spaces took 2.5 GB of memory to
+#: parse) is refused before it is held
+MAX_LINE_CHARS = 64 * 2**20
+MAX_CHARS = 2**30
+
+
+def _bounded_lines(f, what: str):
+    """The lines of the open text stream `f`, refused in one line once one or all of them pass the limits above."""
+    total = 0
+    while True:
+        line = f.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        total += len(line)
+        if len(line) > MAX_LINE_CHARS or total > MAX_CHARS:
+            over = f"a line over {MAX_LINE_CHARS // 2**20} MiB" if len(line) > MAX_LINE_CHARS else \
+                f"over {MAX_CHARS // 2**30} GiB"
+            raise SpecterError(f"{what} decompresses to {over}, beyond any memo the suite writes (a forged or "
+                               "damaged file); record it again with `specter sweep --memo-out`")
+        yield line
+
+
 def memo_routes(path: str | Path) -> list[list[dict[int, tuple[int, ...]]]]:
     """The target's routes of every token each evaluation trace of a memo processed (its prompt, then each decode
     step; calibration and warm-up traces left out: memos written before traces were marked count them too), read
@@ -168,11 +192,12 @@ def memo_routes(path: str | Path) -> list[list[dict[int, tuple[int, ...]]]]:
     path = Path(path)
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
-            header = json.loads(f.readline())
+            lines = _bounded_lines(f, repr(str(path)))
+            header = json.loads(next(lines, ""))
             if not isinstance(header, dict) or header.get("format") != FORMAT:
                 raise ValueError(f"not a {FORMAT} file")
             out = []
-            for line in f:
+            for line in lines:
                 trace = json.loads(line)
                 if not trace.get("calibration"):
                     out.append(_routes_in(trace["prefill_routes"]) + _routes_in(trace["step_routes"]))
