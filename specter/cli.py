@@ -640,6 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from specter import progress
 
         progress.configure(args.verbosity)  # phases and progress on stderr (see specter/progress.py)
+        _outputs_are_not_inputs(args)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except SpecterError as err:
@@ -655,6 +656,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _caused_by_interrupt(err):  # e.g. transformers' lazy import wraps a Ctrl-C in a RuntimeError
             return _interrupted()
         raise
+
+
+#: the options a command writes to
+OUTPUTS = ("out", "memo_out", "gptq_log", "figure", "html")
+
+
+def _outputs_are_not_inputs(args: argparse.Namespace) -> None:
+    """Refuse an output that is one of the command's inputs (`run --dataset p.jsonl --out p.jsonl` replaced the prompts
+    with records), before anything is read or written."""
+    for key in OUTPUTS:
+        out = getattr(args, key, None)
+        if not out or not os.path.exists(out):
+            continue
+        for name, value in vars(args).items():
+            if name == key:
+                continue
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if not isinstance(item, (str, os.PathLike)) or not item or not os.path.exists(item):
+                    continue
+                try:
+                    same = os.path.samefile(item, out)
+                except OSError:
+                    continue
+                if same:
+                    flag = f"--{name.replace('_', '-')}" if name not in ("paths", "inputs") else "an input"
+                    raise SpecterError(f"--{key.replace('_', '-')} {str(out)!r} is also {flag}: writing it would "
+                                       "replace what the command reads; choose another output path")
 
 
 def entry() -> None:

@@ -251,6 +251,12 @@ def _run(real, *extra, out="{out}.jsonl", model=None, draft=None, system="specte
             "--resident-per-layer", "2", "--out", out, *extra]
 
 
+def _without(argv: list[str], flag: str) -> list[str]:
+    """`argv` without `flag` and its value."""
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2:]
+
+
 def _sweep(real, *extra):
     return ["sweep", "--systems", "specter", "--model", real["model"], "--draft", str(real["draft"]),
             "--dataset", "code", "--hardware", "t4-pcie3",
@@ -444,6 +450,12 @@ CASES = [
     ("fidelity_out_json_would_overwrite_the_csv", lambda w, r: ["fidelity", "--model", r["model"], "--draft",
                                                                 str(r["draft"]), "--out", "{out}.json"], ".csv"),
     ("run_out_wrong_suffix", lambda w, r: _run(r, out="{out}.txt"), ".jsonl"),
+    ("run_out_is_its_own_dataset", lambda w, r: _run(r, "--dataset", _write(w, "prompts.jsonl",
+                                                                             '{"prompt": "def f(x):"}\n'),
+                                                     out=str(w / "prompts.jsonl")), "--dataset"),
+    ("run_device_memory_beyond_float", lambda w, r: _without(_run(r, "--device-memory-gb", "1e300",
+                                                                  system="on-demand"), "--resident-per-layer"),
+     "more than the device"),
     ("run_out_is_a_directory", lambda w, r: _run(r, out=_mkdir(w / "d.jsonl")), "directory"),
     ("run_out_unwritable_late_failure", lambda w, r: _run(r, out=_write(w, "afile", "x") + "/records.jsonl"),
      "not a directory"),

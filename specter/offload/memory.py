@@ -15,6 +15,7 @@ naming both numbers; every plan records whether it fits the device.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 
 from specter.errors import BudgetError, SpecterError
@@ -68,7 +69,12 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budg
                 kv_bytes=kv, workspace_bytes=workspace, budget_kind=budget.kind, device_bytes=device_bytes)
     if budget.kind in ("gb", "same_memory"):
         if budget.kind == "gb":
-            budget_bytes, flag = int(budget.value * 1e9), f"--device-memory-gb {budget.value}"
+            flag = f"--device-memory-gb {budget.value}"
+            if budget.value * 1e9 > (device_bytes if device_bytes is not None else sys.float_info.max):
+                raise SpecterError(f"{flag} is more than the device's "
+                                   f"{'memory' if device_bytes is None else f'{device_bytes / 1e9:g} GB'}; give a "
+                                   "smaller budget or a profile with more device memory")
+            budget_bytes = int(budget.value * 1e9)  # finite: 1e300 GB was an OverflowError here
         else:
             budget_bytes = reference_bytes + int(budget.value) * per_slot_row
             flag = f"--same-memory-as {int(budget.value)} (Specter's memory at {int(budget.value)} slots per layer)"
