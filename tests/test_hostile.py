@@ -362,6 +362,9 @@ CASES = [
                                     for i in range(5000)]))), "h2d_by_size"),
     ("hardware_sources_not_a_mapping", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.update(
         sources=["a", "b"]))), "sources"),
+    ("hardware_key_twice", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", yaml.safe_dump(
+        {k: v for k, v in r["preset"].items() if k != "description"}).replace(
+        "device:\n", "device:\n  memory_gb: 80\n", 1)), system="on-demand"), "appears twice"),
     ("hardware_alias_bomb", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", _ALIAS_BOMB + yaml.safe_dump(
         {k: v for k, v in r["preset"].items() if k != "description"})), system="on-demand"), "alias"),
     ("hardware_file_too_large", lambda w, r: _run(r, "--hardware", _write(w, "hw.yaml", yaml.safe_dump(r["preset"])

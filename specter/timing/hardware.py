@@ -183,6 +183,22 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise _AliasRefused(problem_mark=event.start_mark)
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):
+        """A mapping, refused where a key appears twice: YAML keeps the last, and a profile that says `memory_gb: 40`
+        and then `memory_gb: 80` ran at 80 under the name it gave."""
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                twice = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class refuses it
+                continue
+            if twice:
+                raise yaml.constructor.ConstructorError(problem=f"the key {key!r:.40} appears twice in one mapping",
+                                                        problem_mark=key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
 
 def _parse_profile(data: bytes, origin: str) -> HardwareProfile:
     if len(data) > MAX_PROFILE_BYTES:
