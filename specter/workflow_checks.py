@@ -320,8 +320,9 @@ def _check_arms(name: str, entry: dict, systems: dict) -> None:
     listed = [systems[s] for s in entry.get("systems") or [] if s in systems]
     for arm, settings in (entry.get("arms") or {}).items():
         where = f"config experiments.{name}.arms.{arm}"
-        if ":" in arm or "=" in arm or not arm.strip():
-            raise ConfigError(f"{where}: an arm's name cannot be empty or hold ':' or '='; rename it")
+        if ":" in arm or "=" in arm or not arm.strip() or not arm.isprintable():
+            raise ConfigError(f"config experiments.{name}.arms.{arm!r}: an arm's name cannot be empty or hold ':', '=' "
+                              "or a control character (a newline, a tab); rename it")
         items = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (settings or {}).items()]
         try:
             Arm.parse(f"{arm}:{','.join(items)}").check(listed)

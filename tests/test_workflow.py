@@ -93,6 +93,7 @@ def test_a_same_memory_budget_past_the_device_fails_before_any_job(tmp_path):
     ({"x": {"depth": 2}}, "config experiments.ablation.arms.x: --arm 'x:depth=2': no listed system has option 'depth'"),
     ({"x": {"k": 4}}, "an arm cannot set k"),
     ({"a:b": {}}, "an arm's name cannot be empty or hold ':'"),
+    ({"a\nb": {}}, "or a control character (a newline, a tab)"),
 ])
 def test_a_bad_arm_is_refused_with_the_config(arms, message):
     from specter.workflow_checks import ConfigError, check_config
