@@ -88,7 +88,7 @@ class Session:
         return target, draft, service
 
     def service(self, model_dir: str | Path, dtype: str = "float32"):
-        """The forward service of a model loaded in this session."""
+        """The forward service of a model the session has loaded."""
         return self.numerics(model_dir, dtype=dtype)[2]
 
     def architecture(self, name_or_path: str):

@@ -39,7 +39,7 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, proposals: list[int],
 
 class SamplingSession:
     """One sampled decode of a prompt, shared by the target and draft: the committed tokens and the target's KV.
-    `owner`: the forward service whose `forward_calls` counts every forward this session runs (a record's
+    `owner`: the forward service whose `forward_calls` counts every forward the session runs (a record's
     `extra.live_forwards`), or None."""
 
     def __init__(self, target: MoEModel, draft: MoEModel | None, prompt: list[int], temperature: float,
