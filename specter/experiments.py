@@ -94,6 +94,18 @@ def _memory_label(df):
     return df.assign(memory=["same memory" if kind == "same_memory" else "same slots" for kind in df["budget_kind"]])
 
 
+def governed_label(system: str, k_setting: str) -> str:
+    """A run's row name in `main`: the system, or `<system> (K <governor>)` for its run at a governor's K."""
+    return f"{system} (K {k_setting})" if k_setting in GOVERNORS else system
+
+
+def _main_rows(df):
+    """`main`'s rows: the comparison (`_memory_label`), and each speculative system's run at a governor's K (the
+    entry's `governors`) as a row of its own beside its run at the case's fixed K, which the ratios compare with."""
+    df = _memory_label(df)
+    return df.assign(system=[governed_label(s, str(k)) for s, k in zip(df["system"], df["k_setting"])])
+
+
 def _oracle_forecast(df):
     """`draft` for Specter's own forecast, else the oracle's noise as a share of expert identities replaced."""
     import pandas as pd
@@ -144,7 +156,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "main", "sweep",
         Table(keys=("memory", "system", "k", "slots_per_layer", "experts_per_layer", "resident_share"),
-              derive=_memory_label,
+              derive=_main_rows,
               speedups=("memory",)),
         Figure("system_bars", "TPOT per system", x="system", xlabel="system"),
         "Time per output token (TPOT, mean over prompts) of every configured system in each case (the model whose "
@@ -154,7 +166,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "needs at those slots, its INT4 draft charged (same memory: a system without a draft gets more slots). The "
         "black tick on each bar is that run's lower bound (its own passes at roofline, or Belady's fewest expert "
         "loads over the link per pass, whichever is larger). ``results/tables/main.csv`` adds each system's TPOT "
-        "over Specter's in the same comparison (``speedup_of_specter``: above 1, Specter is faster).",
+        "over Specter's in the same comparison (``speedup_of_specter``: above 1, Specter is faster). Where the "
+        "entry lists ``governors``, each speculative system also runs at the K its governor chooses (``auto``: the "
+        "paper's amortization model), as a row of its own (``specter (K auto)``, its K beside it); the ratios "
+        "compare with Specter at the case's fixed K.",
         all_cases=True, all_datasets=True),
     Experiment(
         "k_sweep", "sweep",
@@ -354,9 +369,10 @@ def own_numerics(entry: dict) -> bool:
 def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: tuple[str, ...] = ()) -> list[str]:
     """The `specter sweep` arguments of an experiment's config entry: its systems, its axes (every setting it does not
     vary at its case's `main` value: `k`, `hardware`, `prefix_tokens`, `slots` per layer, `engine`, `cost_as`), its
-    options and its arms (named settings every point also runs in, in order). The pseudo-axis `memory` takes
-    `same_slots` (the case's slots for every system) and `same_memory` (Specter's device memory at those slots for
-    every system).
+    options and its arms (named settings every point also runs in, in order). `governors`: the speculative systems
+    also run at each governor's K, beside the case's (an entry with a `k` axis lists its K itself). The pseudo-axis
+    `memory` takes `same_slots` (the case's slots for every system) and `same_memory` (Specter's device memory at
+    those slots for every system).
 
     `numerics_only`: only the axes that change the numerics, simulated, without options (the experiment's own
     recording). `measured`: profiles that join a `hardware` axis (this machine's, where it was measured). An
@@ -370,7 +386,8 @@ def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: 
     if numerics_only:
         axes = {a: v for a, v in axes.items() if a in NUMERICS_AXES}
     memory = axes.pop("memory", ["same_slots"])  # the main budget: Specter's slots, or Specter's memory at them
-    values = {"k": [main["k"]], "hardware": [main["hardware"]], "prefix_tokens": [main["prefix_tokens"]], **axes}
+    ks = [main["k"], *(entry.get("governors") or [])]  # the case's K, and each governor's beside it
+    values = {"k": ks, "hardware": [main["hardware"]], "prefix_tokens": [main["prefix_tokens"]], **axes}
     if "hardware" in axes:
         values["hardware"] = [*values["hardware"], *measured]
     if not any(name in axes for name in Budget.KINDS.values()):

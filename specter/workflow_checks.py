@@ -330,6 +330,20 @@ def _check_arms(name: str, entry: dict, systems: dict) -> None:
             raise ConfigError(f"{where}: {err}") from None
 
 
+def _check_governors(name: str, entry: dict, systems: dict) -> None:
+    """`governors` adds K settings beside the case's: not with a `k` axis (which lists its K itself), and only where
+    some listed system takes a window."""
+    if not entry.get("governors"):
+        return
+    where = f"config experiments.{name}.governors"
+    if "k" in (entry.get("axes") or {}):
+        raise ConfigError(f"{where}: the experiment also has a k axis; list the governors among its k values instead")
+    listed = [systems[s] for s in entry.get("systems") or [] if s in systems]
+    if not any(s.speculative and s.takes_window for s in listed):
+        raise ConfigError(f"{where}: none of its systems ({', '.join(entry.get('systems') or [])}) drafts a window "
+                          "for a governor to choose; add a speculative system (specter) or remove governors")
+
+
 def check_config(config: dict) -> None:
     """Every check the schema cannot make; raises ConfigError naming the first problem."""
     from specter.data.prompts import DATASETS
@@ -363,6 +377,7 @@ def check_config(config: dict) -> None:
                                   f"{', '.join(sorted(systems))}")
         _check_options(name, entry, systems)
         _check_arms(name, entry, systems)
+        _check_governors(name, entry, systems)
         for case in entry.get("cases") or []:
             if case not in config["cases"]:
                 raise ConfigError(f"config experiments.{name}.cases: {case!r} is not a configured case; cases: "

@@ -80,6 +80,36 @@ def test_a_wrong_request_is_one_line_and_exit_2(argv, message, tmp_path, capsys)
     assert err.startswith("specter: error: ") and message in err and err.count("\n") == 1
 
 
+def test_a_governors_run_is_a_row_of_its_own_compared_with_the_fixed_k(tiny_dirs, tmp_path):
+    """`main` with governors: Specter at the governor's K is `specter (K auto)` beside Specter at the fixed K, which
+    every ratio (its own included) is taken against; a system that does not speculate runs once."""
+    from conftest import spec
+    from specter.quant.quantize import quantize_draft
+    from specter.report.tables import experiment_table, memory_table, write_table
+    from specter.runs import grid, sweep
+    from specter.runspec import Window
+
+    draft = tmp_path / "draft"
+    quantize_draft(tiny_dirs["olmoe"], draft, method="rtn", bits=4, group_size=32)
+    base = spec(system="on-demand", model=tiny_dirs["olmoe"], draft=str(draft), dataset="code",
+                hardware="a100-40gb-pcie4", out="", num_prompts=2, prefix_tokens=8, max_new_tokens=6,
+                resident_per_layer=2, k=2)
+    specs = grid(base, {"system": ["on-demand", "specter"], "k": [Window(2), Window("auto")]})
+    assert [(s.system, str(s.k)) for s in specs] == [("on-demand", ""), ("specter", "2"), ("specter", "auto")]
+    sweep(specs[:2], tmp_path / "main.jsonl", progress=False)  # the governor's own run is tests/test_governor.py's
+    records = [json.loads(line) for line in (tmp_path / "main.jsonl").read_text().splitlines()]
+    for r in [r for r in records if r["system"] == "specter"]:  # as a run at `auto` that chose K = 2 writes it
+        records.append({**r, "config": {**r["config"], "k": "auto"}, "tpot_ms": 0.8 * r["tpot_ms"]})
+    table = experiment_table("main", records)
+    assert list(table["system"]) == ["on-demand", "specter", "specter (K auto)"]
+    fixed, governed = (table[table["system"] == s].iloc[0] for s in ("specter", "specter (K auto)"))
+    assert fixed["k"] == 2 and fixed["speedup_of_specter"] == 1.0
+    assert governed["k"] == 2 and governed["speedup_of_specter"] == pytest.approx(0.8)
+    assert "specter (K auto)" in set(memory_table(records)["system"])
+    write_table(table, tmp_path / "main.csv")
+    assert "| same slots | specter (K auto) |" in readme_table(tmp_path / "main.csv")
+
+
 def test_two_rows_for_one_cell_are_refused(tmp_path, capsys):
     _main_table(tmp_path / "main.csv")
     df = pd.read_csv(tmp_path / "main.csv")

@@ -118,6 +118,32 @@ def test_the_ablation_arms_reach_the_sweep_as_flags():
     assert arms[1].settings == (("draft_kernel", "unfused"),)
 
 
+def test_mains_governors_run_beside_the_cases_k():
+    from specter.experiments import sweep_flags
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    main = {"k": 16, "hardware": "a100-40gb-pcie4", "prefix_tokens": 16, "slots": 2, "engine": "sim"}
+    flags = sweep_flags(config["experiments"]["main"], main)
+    assert flags[flags.index("--k") + 1] == "16,auto"
+    flags = sweep_flags(config["experiments"]["k_sweep"], main)  # a k axis lists its K itself
+    assert flags[flags.index("--k") + 1] == "2,4,8,16,32,auto,profile,online"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda e: e["k_sweep"].update(governors=["auto"]),
+     "config experiments.k_sweep.governors: the experiment also has a k axis"),
+    (lambda e: e["main"].update(systems=["on-demand", "resident"]),
+     "config experiments.main.governors: none of its systems (on-demand, resident) drafts a window"),
+])
+def test_governors_without_a_window_to_choose_are_refused(edit, message):
+    from specter.workflow_checks import ConfigError, check_config
+
+    config = yaml.safe_load((ROOT / ".test" / "config.yaml").read_text())
+    edit(config["experiments"])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(config)
+
+
 def test_lint_is_clean():
     for extra in ([], ["--configfile", ".test/config.yaml"]):
         proc = _snakemake("--lint", *extra)
@@ -266,7 +292,8 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
         assert page.count("<tr>") == len(table) + 1, name  # the header and every row
     main = pd.read_csv(tmp_path / "results" / "tables" / "main.csv")
     assert set(main["system"]) == {"resident", "on-demand", "naive", "hf-offload", "mixtral-offloading", "moe-infinity",
-                                   "fiddler", "sp-moe", "specmoeoff", "specter"}
+                                   "fiddler", "sp-moe", "specmoeoff", "specter", "sp-moe (K auto)",
+                                   "specter (K auto)"}  # the speculative systems at the governor's K too
     assert (main["tpot_ms"] >= main["lower_bound_tpot_ms"]).all() and main["simulated"].all()
     assert set(main["memory"]) == {"same slots", "same memory"}  # both of the paper's comparisons
     ablation = pd.read_csv(tmp_path / "results" / "tables" / "ablation.csv").sort_values("arm_index")

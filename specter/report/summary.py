@@ -72,7 +72,9 @@ def _markdown(rows: list[list[str]], header: list[str]) -> list[str]:
 
 
 def _system_key(system: str) -> tuple[int, str]:
-    return (SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER), system)
+    """A row's place: the system's in SYSTEM_ORDER (its run at a governor's K, `specter (K auto)`, right after it)."""
+    base = system.split(" (K ")[0]
+    return (SYSTEM_ORDER.index(base) if base in SYSTEM_ORDER else len(SYSTEM_ORDER), system)
 
 
 #: the columns each section reads (a table without one is refused by name); `cost_as` and `memory` default

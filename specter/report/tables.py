@@ -157,7 +157,8 @@ def breakdown_table(records: list[dict]) -> pd.DataFrame:
         rows.append(dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "",
                          dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"], simulated=r["simulated"],
                          memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
-                         system=r["system"], k=r["k"], slots_per_layer=r["slots_per_layer"], tpot_ms=r["tpot_ms"],
+                         system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
+                         slots_per_layer=r["slots_per_layer"], tpot_ms=r["tpot_ms"],
                          **{p: float(parts.get(p, 0.0)) / (tokens - 1) for p in BREAKDOWN}))
     if not rows:
         raise SpecterError("the breakdown table needs run records with extra.breakdown_ms (records of this suite's "
@@ -190,7 +191,8 @@ def memory_table(records: list[dict]) -> pd.DataFrame:
         rows.append(dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "",
                          dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"], simulated=r["simulated"],
                          memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
-                         system=r["system"], k=r["k"], slots_per_layer=plan["slots_per_layer"], **gb,
+                         system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
+                         slots_per_layer=plan["slots_per_layer"], **gb,
                          total_gb=(plan["resident_bytes"] + plan["expert_slot_bytes"]) / 1e9,
                          budget_gb=plan["budget_bytes"] / 1e9 if plan.get("budget_bytes") is not None else None,
                          device_gb=plan["device_bytes"] / 1e9 if plan.get("device_bytes") is not None else None,

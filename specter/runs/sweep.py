@@ -24,9 +24,10 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
     arm of `arms` (named settings on top of the point, in their order; none: the point as it is).
 
     Settings that cannot change a system's run are dropped for it, so no run repeats within an arm: K and the prefetch
-    policy for systems that do not speculate, an option for systems that do not have it (an option no listed system
-    has is an error, and so is a setting both swept over several values and set by an arm; an arm's setting replaces
-    the one value the sweep gives it). A system that no setting of an arm changes
+    policy for systems that do not speculate, a governor for one whose K is its own option (SpecMoEOff: it runs at
+    the fixed K once), an option for systems that do not have it (an option no listed system has is an error, and so
+    is a setting both swept over several values and set by an arm; an arm's setting replaces the one value the sweep
+    gives it). A system that no setting of an arm changes
     still runs in it, under the arm's name, so every arm's rows compare the same systems."""
     for name in axes:
         if name not in SWEEP_AXES:
@@ -50,6 +51,7 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
         if both:
             raise SpecterError(f"arm {arm.name!r} sets {both[0]}, which the sweep also varies (its flag or "
                                "--system-option); set it in one place")
+    fixed_k = next((k for k in map(Window.parse, axes.get("k", ())) if k.governor is None), base.k)
     out: list[RunSpec] = []
     for values in itertools.product(*(axes[n] for n in names)):
         point = replace(base, **dict(zip(names, values)))
@@ -59,6 +61,8 @@ def grid(base: RunSpec, axes: dict[str, list], options: dict[str, list[str]] | N
             spec = replace(point, arm=arm.name, **dict(arm.settings))
             if not system.speculative:
                 spec = replace(spec, k=Window(), prefetch=RunSpec.prefetch, draft_kernel=RunSpec.draft_kernel)
+            elif spec.k.governor and not system.takes_window:  # its K is its own option (SpecMoEOff's): no
+                spec = replace(spec, k=fixed_k)  # governor chooses it, and the run is the fixed-K one
             fixed = {**dict(base.system_options), **{o: v for o, v in arm.options if o in system.options}}
             for opt_values in itertools.product(*(options[o] for o in own)):
                 merged = {**fixed, **dict(zip(own, opt_values))}

@@ -173,6 +173,18 @@ def record_systems(model, k):
     return systems or ["on-demand"]
 
 
+def record_ks(model, k):
+    """The K settings the main recording of `model` at window K covers: K, and the governors of the experiments that
+    replay it (their chosen windows and the governors' calibration decodes are then recorded once, with the rest)."""
+    ks = [str(k)]
+    for name in SWEEPS:
+        if name in OWN_NUMERICS:
+            continue
+        if any(case_model(c) == model and CASES[c]["k"] == int(k) for c in cases_of(name)):
+            ks += [g for g in ENTRY[name].get("governors") or [] if g not in ks]
+    return ks
+
+
 def all_fidelity_reports():
     return [f"results/fidelity/{model}/{draft_name(d)}.json" for model in MODELS for d in drafts_of(model)]
 

@@ -3,7 +3,8 @@
 
 
 rule record:
-    """The main recording of a model at window K: every system of the experiments that replay it. A prompt set's
+    """The main recording of a model at window K (and at the governors' K, where an experiment that replays it asks
+    for them): every system of the experiments that replay it. A prompt set's
     recording starts from the previous set's (`prior_dataset_memo`), so their shared warm-up traces are decoded once."""
     input:
         model=lambda wc: f"{model_dir(wc.model)}/config.json",
@@ -19,7 +20,7 @@ rule record:
         "results/benchmarks/record/{model}/{dataset}-p{prefix}-k{k}.tsv"
     params:
         args=lambda wc, input, output: join([
-            "--systems", ",".join(record_systems(wc.model, wc.k)), "--k", wc.k,
+            "--systems", ",".join(record_systems(wc.model, wc.k)), "--k", ",".join(record_ks(wc.model, wc.k)),
             *common_args(wc.model, wc.dataset), "--prefix-tokens", wc.prefix, "--hardware", HW["main"],
             "--resident-per-layer", 1, *[a for m in input.prior for a in ("--memo", m)], "--memo-out", output.memo]),
     priority: lambda wc: PRIORITY["record_first" if wc.dataset == DATASETS[0] else "record"]
