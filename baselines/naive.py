@@ -1,11 +1,14 @@
-"""`naive`: offloading as HF accelerate does it, the "naive accelerate" row of Eliseev and Mazur (2023), Table 2.
+"""`naive`: HF accelerate's offloading of an MoE model whose experts are one fused module per layer.
 
-Source: Eliseev and Mazur, "Fast Inference of Mixture-of-Experts Language Models with Offloading" (arXiv 2312.17238),
-github.com/dvmazur/mixtral-offloading; HF accelerate's `cpu_offload` hooks. Mechanism: every MoE layer's experts live
-on the host; when the layer runs, all of its experts are copied to the device (accelerate moves the whole module), on
-the compute stream's order (no overlap with the previous layer's compute), and nothing is kept across tokens.
-Simplifications: experts stay FP16 (lossless comparison); attention and other non-expert weights stay resident, as in
-every system here, so only experts cross the link.
+Source: huggingface/accelerate, `accelerate/hooks.py` (`AlignDevicesHook.pre_forward` / `post_forward`) on the MoE
+blocks of transformers 5.x, which store a layer's routed experts as fused 3D parameters (`gate_up_proj`,
+`down_proj` of the experts module, e.g. `MixtralExperts`): the hook on the experts module moves all of its weights
+when it runs. Mechanism: every MoE layer's experts live on the host; when the layer runs, all of its experts are
+copied to the device, on the compute stream's order (no overlap with the previous layer's compute), and nothing is
+kept across tokens. `hf-offload` is the per-expert case (transformers 4.x modules: only the routed experts move),
+the paper's "HF" and the accelerate rows of Eliseev and Mazur (arXiv 2312.17238, Table 2).
+Departures: experts stay FP16 (lossless comparison); attention and other non-expert weights stay resident, as in
+every system here, so only experts cross the link (no option: the suite's budgets give every layer the same slots).
 """
 
 from __future__ import annotations
