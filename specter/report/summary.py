@@ -113,7 +113,7 @@ def _where(row) -> str:
 
 
 def _models(results: Path) -> list[str]:
-    from specter.quant.meta import model_hash
+    from specter.models.integrity import model_hash
 
     rows = []
     for config in sorted((results / "models").glob("*/config.json")):
@@ -325,6 +325,9 @@ def readme_table(path: str | Path) -> str:
              "every system at Specter's expert slots per layer; same memory: every system in the device memory "
              f"Specter needs there, its draft charged. {ABSENT}: no record in the table (a run that does not fit its "
              "memory writes none)."]
+    if df["system"].astype(str).str.contains(" (K ", regex=False).any():
+        lines.append("A row `<system> (K <governor>)` is that system at the K its governor chose (the K each case "
+                     "fixes otherwise), over Specter's at the case's fixed K.")
     lines = [*textwrap.wrap(" ".join(lines), 120), ""]
     lines += _markdown(rows, ["comparison", "system", *(_case_label(*c) for c in cases)])
     proxies = [f"{c[1]}: the proxy {c[0]}'s tokens and routes, priced at {c[1]}'s shapes" for c in cases if c[1]]
