@@ -48,10 +48,11 @@ def cmd_systems(args: argparse.Namespace) -> int:
 
 def cmd_architectures(args: argparse.Namespace) -> int:
     from specter.models.architectures import architecture_names, load_architecture
+    from specter.offload.work import ModelWork
 
     for name in args.architectures or architecture_names():
         arch = load_architecture(name)
-        work = arch.work()
+        work = ModelWork.of(arch.meta_model())
         dense = len(work.layers) - len(work.moe_layers)
         print(f"{arch.name}: {arch.title}; {len(work.layers)} layers ({dense} dense), top-{work.top_k} of "
               f"{work.experts_per_layer} routed experts, {_fmt_bytes(work.expert_bytes)} per FP16 expert, "

@@ -13,6 +13,8 @@ this host whose process is gone (`sweep_stale`). Nothing else there is touched.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -235,3 +237,45 @@ def cache_bytecode() -> None:
     sys.pycache_prefix = str((root / "pycache").absolute())  # absolute: the GPTQ worker runs in a temporary cwd
     sys.dont_write_bytecode = False
 
+
+def files_sha256(paths) -> str:
+    """sha256 over each file's name and bytes, in the order given. Kept in the cache (`specter.io.cache_root`) under
+    the files' paths, sizes, inodes and modification and change times (a model's weights take about 2.5 s to hash,
+    and every run and sweep checks them): a file written, moved or touched since changes its change time, and its
+    hash is computed again."""
+    paths = [Path(p) for p in paths]
+    key_path = _hash_cache_entry(paths)
+    if key_path is not None and key_path.is_file():
+        cached = key_path.read_text().strip()
+        if len(cached) == 64 and all(c in "0123456789abcdef" for c in cached):
+            return cached
+    digest = _files_sha256(paths)
+    if key_path is not None:
+        try:
+            atomic_write_text(key_path, digest + "\n")
+        except OSError:  # an unwritable cache costs the next check its hashing, nothing else
+            pass
+    return digest
+
+
+def _hash_cache_entry(paths: list[Path]) -> Path | None:
+    root = cache_root()
+    if root is None:
+        return None
+    try:
+        stats = [(str(p.resolve()), p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+                 for p in paths for st in [p.stat()]]
+    except OSError:  # a missing file: hashing it raises the error the caller expects
+        return None
+    key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
+    return root / "file-hashes" / key[:2] / key
+
+
+def _files_sha256(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(Path(path).name.encode())
+        with Path(path).open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+    return h.hexdigest()

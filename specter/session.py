@@ -51,7 +51,7 @@ class Session:
 
     def model_hash(self, model_dir: str | Path) -> str:
         """The model hash (config and weights) of a checkpoint, computed once."""
-        from specter.quant.meta import model_hash
+        from specter.models.integrity import model_hash
 
         key = _key(model_dir)
         if key not in self._hashes:
@@ -94,10 +94,11 @@ class Session:
     def architecture(self, name_or_path: str):
         """(Architecture, its ModelWork) of a `--cost-as` value, built once (on the meta device)."""
         from specter.models.architectures import load_architecture
+        from specter.offload.work import ModelWork
 
         if name_or_path not in self._architectures:
             arch = load_architecture(name_or_path)
-            self._architectures[name_or_path] = (arch, arch.work())
+            self._architectures[name_or_path] = (arch, ModelWork.of(arch.meta_model()))
         return self._architectures[name_or_path]
 
     def expert_store(self, model_dir: str | Path, target, pin: bool):

@@ -212,6 +212,7 @@ def _check_same_memory(config: dict) -> None:
     from specter.experiments import EXPERIMENTS
     from specter.models.architectures import load_architecture
     from specter.offload.memory import slot_row_bytes, specter_resident_bytes
+    from specter.offload.work import ModelWork
     from specter.speculation.governor import PROFILE_KS
     from specter.timing import load_profile
 
@@ -229,7 +230,7 @@ def _check_same_memory(config: dict) -> None:
             if not slots or not case.get("cost_as"):
                 continue
             if case["cost_as"] not in works:
-                works[case["cost_as"]] = load_architecture(case["cost_as"]).work()
+                works[case["cost_as"]] = ModelWork.of(load_architecture(case["cost_as"]).meta_model())
             work = works[case["cost_as"]]
             model = config["models"][case["model"]]
             draft = (model.get("drafts") or config["drafts"])[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import spec
+from specter.offload.work import ModelWork
 from specter.quant.quantize import quantize_draft
 from specter.runs import run
 from specter.speculation.governor import PROFILE_KS, OnlineGovernor, _finite_tpot, calibration_windows, candidates_for
@@ -56,7 +57,7 @@ def test_the_amortization_model_prices_a_draft_step_as_the_executor_runs_it(fuse
     from specter.timing.cost import CostModel
     from specter.timing.hardware import load_profile
 
-    work = load_architecture("phi-3.5-moe").work()
+    work = ModelWork.of(load_architecture("phi-3.5-moe").meta_model())
     profile = load_profile("a100-40gb-pcie4")
     cost, draft_bytes, context = CostModel(profile), work.quantized_expert_bytes(4, 128), 40
     executor = Executor(timing.make_engine("sim", profile), work, ExpertCache(work.moe_layers, 2), TransferStats())

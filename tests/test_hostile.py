@@ -171,7 +171,7 @@ def _trace_edit(change):
 
 def _own_hash(real):
     def edit(header, _traces) -> None:
-        from specter.quant.meta import model_hash
+        from specter.models.integrity import model_hash
 
         header["model_hash"] = model_hash(real["model"])
     return edit
@@ -209,7 +209,7 @@ def _fill_tensor_bytes(d: Path) -> None:
 def _carded_then_edited(real):
     """A model card recording the real model's hash (the copy's files hash alike), then one byte of a tensor edited."""
     def damage(d: Path) -> None:
-        from specter.quant.meta import model_hash
+        from specter.models.integrity import model_hash
 
         (d / "model_card.json").write_text(json.dumps({"name": "tiny", "weights_sha256": model_hash(real["model"])}))
         path = d / "model.safetensors"

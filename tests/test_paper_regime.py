@@ -12,6 +12,7 @@ import yaml
 
 from conftest import spec
 from specter.models.architectures import LayerMap, architecture_names, load_architecture
+from specter.offload.work import ModelWork
 from specter.quant.quantize import quantize_draft
 from specter.runs import run
 from specter.session import Session
@@ -50,7 +51,7 @@ def _hand_count(c: dict) -> dict:
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "phi-3.5-moe", "deepseek-v2-lite", "qwen1.5-moe-a2.7b"])
 def test_priced_work_equals_a_hand_count_of_the_published_config(name):
     arch = load_architecture(name)
-    work, hand = arch.work(), _hand_count(arch.config)
+    work, hand = ModelWork.of(arch.meta_model()), _hand_count(arch.config)
     assert work.expert_params == hand["expert"]
     assert work.expert_bytes == 2 * hand["expert"]  # FP16
     assert work.layer_params[work.moe_layers[0]] == hand["moe_layer_non_expert"]
@@ -75,7 +76,8 @@ def test_a_local_config_json_works_where_a_name_does(tmp_path):
     config = dict(load_architecture("mixtral-8x7b").config, num_hidden_layers=4)
     (tmp_path / "config.json").write_text(json.dumps(config))
     arch = load_architecture(tmp_path / "config.json")
-    assert arch.work().moe_layers == (0, 1, 2, 3) and arch.work().expert_params == 3 * 4096 * 14336
+    work = ModelWork.of(arch.meta_model())
+    assert work.moe_layers == (0, 1, 2, 3) and work.expert_params == 3 * 4096 * 14336
 
 
 def test_layer_map_is_proportional_and_covers_both_ends():

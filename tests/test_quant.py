@@ -104,7 +104,8 @@ def test_draft_of_another_model_is_refused(tiny_dirs, drafts):
 def test_file_hashes_are_kept_until_a_file_changes(tmp_path, monkeypatch):
     """The model hash is read from the cache while the files are untouched; rewriting a file in place (same size),
     or replacing it, computes it again; with no cache it is computed every time."""
-    from specter.quant.meta import _files_sha256, model_hash
+    from specter.io import _files_sha256
+    from specter.models.integrity import model_hash
 
     monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
     model = tmp_path / "model"

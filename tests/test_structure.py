@@ -31,6 +31,14 @@ def _files(paths):
         yield from (sorted(path.rglob("*.py")) if path.is_dir() else [path])
 
 
+def test_the_import_rules_of_the_house_hold():
+    """The contracts in pyproject.toml ([tool.importlinter]): the layers of DESIGN.md, no import of a baseline from
+    the suite, no torch in the report."""
+    proc = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                           "lint_imports_command()"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "0 broken" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
 def test_no_module_level_mutable_state_in_the_runtime():
     """No module-level container is changed after import (the old process-wide caches keyed by model)."""
     found = []

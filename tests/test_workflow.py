@@ -311,7 +311,7 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
         assert all(json.loads(line)["extra"]["live_forwards"] == 0 for line in path.read_text().splitlines()), path
 
     summary = (tmp_path / "results" / "summary.md").read_text()  # the file the README's numbers are quoted from
-    from specter.quant.meta import model_hash
+    from specter.models.integrity import model_hash
     from specter.report.summary import fmt_ms
 
     for model in ("tiny-olmoe", "tiny-mixtral"):

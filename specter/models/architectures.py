@@ -64,12 +64,6 @@ class Architecture:
                                f"({err}); fix {self.source}") from None
         return MoEModel(model)
 
-    def work(self):
-        """The architecture's work in the cost model's terms (`ModelWork`)."""
-        from specter.offload.work import ModelWork
-
-        return ModelWork.of(self.meta_model())
-
     def parameters(self) -> int:
         return sum(p.numel() for p in self.meta_model().model.parameters())
 

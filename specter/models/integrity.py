@@ -4,7 +4,7 @@ config edited since the model card recorded their hash.
 
 `check_finite` runs where weights come into being or into memory: a build before it saves (`build-model`), a load
 (`load_moe_model`), a quantization before it writes and a draft as it is dequantized. `check_card` compares the card's
-`weights_sha256` (the model hash over config.json and every weight file, `specter.quant.meta.model_hash`) with the files
+`weights_sha256` (the model hash over config.json and every weight file, `model_hash`) with the files
 now; the hash goes through the suite's file-hash cache, so a second check of unchanged files reads one small file.
 """
 
@@ -15,8 +15,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from specter.errors import SpecterError
+from specter.io import files_sha256
 
 CARD = "model_card.json"
+
+
+def model_hash(model_dir: str | Path) -> str:
+    """sha256 over config.json and every weight file's bytes (sorted by name): the target's identity."""
+    root = Path(model_dir)
+    return files_sha256([root / "config.json", *sorted(root.glob("*.safetensors")), *sorted(root.glob("*.bin"))])
 
 
 def first_nonfinite(named_tensors: Iterable[tuple[str, object]]) -> str | None:
@@ -54,8 +61,6 @@ def check_card(model_dir: str | Path, known_hash: str | None = None) -> None:
     if not isinstance(recorded, str) or len(recorded) != 64:
         raise SpecterError(f"{path}: weights_sha256 {recorded!r} is not a sha256; rebuild the model with "
                            "`specter build-model`")
-    from specter.quant.meta import model_hash
-
     actual = known_hash or model_hash(model_dir)
     if actual != recorded:
         raise SpecterError(f"{str(model_dir)!r}: its config.json or weights are not the ones {CARD} recorded "

@@ -98,7 +98,7 @@ def build_proxy(name: str, out: str | Path, seed: int = 0, overrides: dict[str, 
     with phase("model card: perplexities, routing statistics, samples"):
         card = _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, perplexity)
     card["build_seconds"] = round(time.perf_counter() - t0, 1)
-    from specter.quant.meta import model_hash
+    from specter.models.integrity import model_hash
 
     card["weights_sha256"] = model_hash(out)
     (out / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")

@@ -48,7 +48,7 @@ _FIRST_FORMAT = b"\x80"  # the first byte of the first format's files (a protoco
 
 def draft_key(draft_dir: str | Path) -> str:
     """A draft's identity for memoized windows: a hash of its sidecar and expert tensors."""
-    from specter.quant.meta import files_sha256
+    from specter.io import files_sha256
 
     return f"draft:{files_sha256([Path(draft_dir) / 'meta.json', Path(draft_dir) / 'experts.safetensors'])[:16]}"
 

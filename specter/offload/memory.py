@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 
 from specter.errors import BudgetError, SpecterError
 from specter.offload.work import ModelWork
-from specter.runspec import Budget
 
 STAGING_BUFFERS = 4  # as Mixtral-Offloading's shared device buffers
 
@@ -56,28 +55,34 @@ def slot_row_bytes(work: ModelWork) -> int:
     return len(work.moe_layers) * work.expert_bytes
 
 
-def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budget, kv_copies: int = 1,
-                device_bytes: int | None = None, reference_bytes: int | None = None) -> MemoryPlan:
-    """The resident part (weights, draft, KV for `max_tokens` positions, workspace) and the slots `budget` leaves.
+#: the budget kinds: GB of device memory, Specter's memory at N slots, N slots, a share of each layer's experts
+BUDGET_KINDS = ("gb", "same_memory", "slots", "fraction")
+
+
+def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget_kind: str, budget_value: float,
+                kv_copies: int = 1, device_bytes: int | None = None, reference_bytes: int | None = None) -> MemoryPlan:
+    """The resident part (weights, draft, KV for `max_tokens` positions, workspace) and the slots a budget leaves: of
+    `budget_kind` (one of BUDGET_KINDS; the caller checked its value), `budget_value` GB, slots or share.
     `reference_bytes`: Specter's resident part, for a `same_memory` budget."""
-    budget.check()
+    if budget_kind not in BUDGET_KINDS:
+        raise SpecterError(f"budget kind {budget_kind!r} is not one of {', '.join(BUDGET_KINDS)}")
     kv = kv_copies * work.kv_bytes(max_tokens)  # a draft with its own KV doubles it
     workspace = STAGING_BUFFERS * work.expert_bytes
     resident = work.non_expert_bytes() + draft_bytes + kv + workspace
     per_slot_row = slot_row_bytes(work)
     plan = dict(resident_bytes=resident, non_expert_bytes=work.non_expert_bytes(), draft_bytes=draft_bytes,
-                kv_bytes=kv, workspace_bytes=workspace, budget_kind=budget.kind, device_bytes=device_bytes)
-    if budget.kind in ("gb", "same_memory"):
-        if budget.kind == "gb":
-            flag = f"--device-memory-gb {budget.value}"
-            if budget.value * 1e9 > (device_bytes if device_bytes is not None else sys.float_info.max):
+                kv_bytes=kv, workspace_bytes=workspace, budget_kind=budget_kind, device_bytes=device_bytes)
+    if budget_kind in ("gb", "same_memory"):
+        if budget_kind == "gb":
+            flag = f"--device-memory-gb {budget_value}"
+            if budget_value * 1e9 > (device_bytes if device_bytes is not None else sys.float_info.max):
                 raise SpecterError(f"{flag} is more than the device's "
                                    f"{'memory' if device_bytes is None else f'{device_bytes / 1e9:g} GB'}; give a "
                                    "smaller budget or a profile with more device memory")
-            budget_bytes = int(budget.value * 1e9)  # finite: 1e300 GB was an OverflowError here
+            budget_bytes = int(budget_value * 1e9)  # finite: the check above keeps an infinity from int()
         else:
-            budget_bytes = reference_bytes + int(budget.value) * per_slot_row
-            flag = f"--same-memory-as {int(budget.value)} (Specter's memory at {int(budget.value)} slots per layer)"
+            budget_bytes = reference_bytes + int(budget_value) * per_slot_row
+            flag = f"--same-memory-as {int(budget_value)} (Specter's memory at {int(budget_value)} slots per layer)"
         if device_bytes is not None and budget_bytes > device_bytes:
             raise SpecterError(f"{flag} is {budget_bytes / 1e9:.9g} GB, more than the device's {device_bytes / 1e9:g} "
                                "GB; give a smaller budget or a profile with more device memory")
@@ -90,10 +95,10 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget: Budg
             )
     else:
         budget_bytes = None
-        if budget.kind == "fraction":
-            slots = max(1, round(budget.value * work.experts_per_layer))
+        if budget_kind == "fraction":
+            slots = max(1, round(budget_value * work.experts_per_layer))
         else:
-            slots = int(budget.value)
+            slots = int(budget_value)
             if not 1 <= slots <= work.experts_per_layer:
                 raise SpecterError(f"--resident-per-layer {slots} must be between 1 and {work.experts_per_layer} "
                                    "(the experts per layer)")

@@ -19,8 +19,8 @@ from safetensors import safe_open
 from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.experts import Activation, module_ffn
-from specter.models.integrity import first_nonfinite
-from specter.quant.meta import DraftMeta, model_hash
+from specter.models.integrity import first_nonfinite, model_hash
+from specter.quant.meta import DraftMeta
 from specter.quant.packing import PackedLinear, dequantize
 from specter.quant.quantize import PROJECTIONS
 

@@ -1,11 +1,11 @@
-"""The draft's sidecar `meta.json` and the model hash that ties a draft to the target it was made from.
+"""The draft's sidecar `meta.json`, tied to the target it was made from by the target's model hash
+(`specter.models.integrity.model_hash`).
 
 Loaders read the sidecar; nothing is inferred from file names.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from dataclasses import asdict, dataclass, field
@@ -16,59 +16,6 @@ from specter.errors import SpecterError
 METHODS = ("gptq", "rtn")  # GPTQ (GPTQModel, calibrated) and round-to-nearest
 
 META_FILE = "meta.json"
-
-
-def files_sha256(paths) -> str:
-    """sha256 over each file's name and bytes, in the order given. Kept in the cache (`specter.io.cache_root`) under
-    the files' paths, sizes, inodes and modification and change times (a model's weights take about 2.5 s to hash,
-    and every run and sweep checks them): a file written, moved or touched since changes its change time, and its
-    hash is computed again."""
-    paths = [Path(p) for p in paths]
-    key_path = _hash_cache_entry(paths)
-    if key_path is not None and key_path.is_file():
-        cached = key_path.read_text().strip()
-        if len(cached) == 64 and all(c in "0123456789abcdef" for c in cached):
-            return cached
-    digest = _files_sha256(paths)
-    if key_path is not None:
-        from specter.io import atomic_write_text
-
-        try:
-            atomic_write_text(key_path, digest + "\n")
-        except OSError:  # an unwritable cache costs the next check its hashing, nothing else
-            pass
-    return digest
-
-
-def _hash_cache_entry(paths: list[Path]) -> Path | None:
-    from specter.io import cache_root
-
-    root = cache_root()
-    if root is None:
-        return None
-    try:
-        stats = [(str(p.resolve()), p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-                 for p in paths for st in [p.stat()]]
-    except OSError:  # a missing file: hashing it raises the error the caller expects
-        return None
-    key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
-    return root / "file-hashes" / key[:2] / key
-
-
-def _files_sha256(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for path in paths:
-        h.update(Path(path).name.encode())
-        with Path(path).open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-def model_hash(model_dir: str | Path) -> str:
-    """sha256 over config.json and every weight file's bytes (sorted by name): the target's identity."""
-    root = Path(model_dir)
-    return files_sha256([root / "config.json", *sorted(root.glob("*.safetensors")), *sorted(root.glob("*.bin"))])
 
 
 def versions() -> dict[str, str]:

@@ -189,7 +189,8 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
     window = system.window(_max_governed_k() if k.governor and system.takes_window else k.fixed) or 0
     kv_positions = spec.prefix_tokens + spec.max_new_tokens + window
     reference = _specter_resident(spec, work, k) if spec.budget.kind == "same_memory" else None
-    memory = plan_memory(work, kv_positions, draft_resident, spec.budget,
+    spec.budget.check()
+    memory = plan_memory(work, kv_positions, draft_resident, spec.budget.kind, spec.budget.value,
                          kv_copies=2 if system.keeps_draft_kv else 1, device_bytes=device_bytes,
                          reference_bytes=reference)
     return memory.slots_per_layer, memory
