@@ -33,7 +33,7 @@ def _palette(systems) -> dict[str, str]:
     out = {}
     for s in _ordered(systems):
         i = others.index(s) if s in others else len(others) + sorted(set(systems)).index(s)
-        out[s] = SPECTER_COLOR if s == "specter" else _OTHERS[i % len(_OTHERS)]
+        out[s] = SPECTER_COLOR if _base(s) == "specter" else _OTHERS[i % len(_OTHERS)]
     return out
 
 
@@ -52,9 +52,15 @@ def _hardware_order(sub: pd.DataFrame) -> list[str]:
     return [r["hardware"] for r in sorted(rows, key=key)]
 
 
+def _base(system: str) -> str:
+    """The system of a row: `specter` for `specter (K auto)`, Specter at its governor's K."""
+    return str(system).split(" (K ")[0]
+
+
 def _ordered(systems) -> list[str]:
-    known = [s for s in SYSTEM_ORDER if s in set(systems)]
-    return known + sorted(set(systems) - set(known))
+    """The rows in SYSTEM_ORDER (others after, by name), a system's governor rows right after it."""
+    known = [s for s in SYSTEM_ORDER if s in set(map(_base, systems))]
+    return sorted(set(systems), key=lambda s: (known.index(_base(s)) if _base(s) in known else len(known), s))
 
 
 def _shapes(model: str, cost_as) -> str:
@@ -234,7 +240,7 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
             xs = [j - 0.4 + width * (i + 0.5) for j, s in enumerate(order) if s in part.index]
             names = [s for s in order if s in part.index]
             tpot = [float(part.loc[s, "tpot_ms"]) for s in names]
-            colors = [SPECTER_COLOR if s == "specter" else OTHER_COLOR for s in names]
+            colors = [SPECTER_COLOR if _base(s) == "specter" else OTHER_COLOR for s in names]
             ax.bar(xs, tpot, width=width * 0.95, color=colors, alpha=1.0 if i == 0 else 0.55,
                    label=mode or "TPOT", edgecolor="white")
             ax.scatter(xs, [float(part.loc[s, "lower_bound_tpot_ms"]) for s in names], marker="_", s=180,
