@@ -162,14 +162,17 @@ def sweep_priority(wc):
     return PRIORITY["sweep_live" if live else "sweep"]
 
 
+def replaying(model, k):
+    """The config entries of the experiments that replay the main recording of `model` at window K."""
+    return [ENTRY[name] for name in SWEEPS if name not in OWN_NUMERICS
+            and any(case_model(c) == model and CASES[c]["k"] == int(k) for c in cases_of(name))]
+
+
 def record_systems(model, k):
     """What the main recording of `model` at window K must cover: every system of the experiments that replay it."""
     systems = []
-    for name in SWEEPS:
-        if name in OWN_NUMERICS:
-            continue
-        if any(case_model(c) == model and CASES[c]["k"] == int(k) for c in cases_of(name)):
-            systems += [s for s in ENTRY[name]["systems"] if s not in systems]
+    for entry in replaying(model, k):
+        systems += [s for s in entry["systems"] if s not in systems]
     return systems or ["on-demand"]
 
 
@@ -177,11 +180,8 @@ def record_ks(model, k):
     """The K settings the main recording of `model` at window K covers: K, and the governors of the experiments that
     replay it (their chosen windows and the governors' calibration decodes are then recorded once, with the rest)."""
     ks = [str(k)]
-    for name in SWEEPS:
-        if name in OWN_NUMERICS:
-            continue
-        if any(case_model(c) == model and CASES[c]["k"] == int(k) for c in cases_of(name)):
-            ks += [g for g in ENTRY[name].get("governors") or [] if g not in ks]
+    for entry in replaying(model, k):
+        ks += [g for g in entry.get("governors") or [] if g not in ks]
     return ks
 
 
