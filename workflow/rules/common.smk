@@ -6,6 +6,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)  # the suite of this repository: its registry and run settings plan the jobs
+from specter.io import cache_bytecode  # noqa: E402
+
+# Planning imports the suite, and with it torch and transformers: where the environment forbids writing bytecode beside
+# the sources, Snakemake's own process (and, under SLURM, each job's) keeps it in the suite's cache, as the suite's
+# commands do, instead of compiling them from source on every start.
+cache_bytecode()
 from specter.workflow_checks import ConfigError, check_config, check_schema  # noqa: E402
 
 # The schema, then names, paths, numbers and cross-field checks, before Snakemake plans any job: a problem is one
