@@ -129,6 +129,38 @@ def test_speculative_sampling_matches_target_sampling_on_a_model(tiny_dirs, rtn_
     assert _chi2_p(counts, marginal.float() * n) > 0.01
 
 
+@pytest.mark.parametrize("arch", EQUALITY_ARCHS)
+def test_sampled_decodes_computed_together_commit_what_each_computes_alone(arch, tiny_dirs, rtn_drafts):
+    """Prompts of different lengths, the target alone and speculative sessions of two K: in lockstep batches each
+    prompt draws what it draws alone (its own generator, in the same order; only the logits' last bits differ), and
+    the sessions' KV grows by exactly the accepted inputs, as one row's does (sliding-window layers included)."""
+    from specter.numerics.forward import ForwardService
+    from specter.numerics.sampling import cycle_together, decode_together
+    from specter.quant.draft import load_draft
+
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    draft = load_draft(target, rtn_drafts[arch])
+    service = ForwardService(target, draft.moe)
+    prompts = [[104, 101, 108, 108, 111], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7, 8, 9]]
+    decodes = [(p, 9 + i, 1.0, 30 + i) for i, p in enumerate(prompts)]
+    together = decode_together(service, decodes)
+    for (prompt, tokens, temperature, seed), trace in zip(decodes, together):
+        alone = ForwardService(target).sampled_trace(prompt, tokens, temperature, seed)
+        assert (trace.tokens, trace.step_routes, trace.prefill_routes) == \
+            (alone.tokens, alone.step_routes, alone.prefill_routes)
+    requests = [(p, 12, 0.8, 50 + i, 2 + i % 2) for i, p in enumerate(prompts)]
+    for (prompt, tokens, temperature, seed, k), cycles in zip(requests, cycle_together(service, requests)):
+        session = SamplingSession(target, draft.moe, prompt, temperature, seed)
+        committed = 1
+        for kk, window, accepted, new in cycles:
+            assert kk == k
+            alone, alone_accepted, alone_new = session.cycle(k)
+            assert (accepted, new, window.draft_tokens, window.verify_argmax, window.verify_routes) == \
+                (alone_accepted, alone_new, alone.draft_tokens, alone.verify_argmax, alone.verify_routes)
+            committed += len(new)
+        assert committed >= tokens
+
+
 def _cli_run(tiny_dirs, rtn_drafts, tmp_path, *extra, system="specter", arch="mixtral", draft=None):
     out = tmp_path / "out.jsonl"
     args = [sys.executable, "-m", "specter", "run", "--system", system, "--model", tiny_dirs[arch], "--dataset", "code",

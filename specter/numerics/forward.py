@@ -218,6 +218,7 @@ class ForwardService:
         self.forward_calls = 0  # model forwards actually run (a replayed run adds none)
         self.recorders: dict[str, TraceRecorder] = {}  # what some system of this process needs from each decode step
         self.used: set[tuple] = set()  # the traces some run of this process asked for (what a memo it writes keeps)
+        self.prepared_sampling: dict[tuple, list] = {}  # (draft, prompt, T, seed) -> [(tokens, K, cycles)]
 
     def require(self, recorders) -> None:
         """Compute these recorders' values in every trace from now on (and for cached traces when next asked)."""
@@ -259,10 +260,53 @@ class ForwardService:
         return PromptTrace(list(prompt), tokens, prefill_routes, step_routes, extras, _cache=cache)
 
     def sampling_session(self, prompt: list[int], temperature: float, seed: int):
-        """A live sampled decode of `prompt` by the target with the current draft (rejection sampling)."""
-        from specter.numerics.sampling import SamplingSession
+        """A sampled decode of `prompt` by the target with the current draft (rejection sampling): the cycles
+        `prepare_sampling` computed for it, else live, one row at a time."""
+        from specter.numerics.sampling import PreparedSession, SamplingSession
 
-        return SamplingSession(self.target, self.draft, prompt, temperature, seed, owner=self)
+        def live():
+            return SamplingSession(self.target, self.draft, prompt, temperature, seed, owner=self)
+
+        prepared = self.prepared_sampling.get((self.draft_key, tuple(prompt), temperature, seed))
+        if prepared is None:
+            return live()
+        return PreparedSession([c for _, _, c in sorted(prepared, key=lambda p: -p[0])], live)  # the longest first
+
+    def prepare_sampling(self, requests: list[tuple[list[int], int, float, int, int]]) -> None:
+        """Compute the speculative sampled decodes of `requests` (prompt, max_new_tokens, temperature, seed, fixed K)
+        not yet prepared, all together (`specter.numerics.sampling.cycle_together`), for `sampling_session`."""
+        from specter.numerics.sampling import cycle_together
+
+        if self.draft is None:
+            raise ValueError("this forward service has no draft; speculative systems need --draft")
+        missing, seen = [], set()
+        for prompt, tokens, temperature, seed, k in requests:
+            key = (self.draft_key, tuple(prompt), temperature, seed)
+            done = {(n, kk) for n, kk, _ in self.prepared_sampling.get(key, [])}
+            if (tokens, k) in done or (key, tokens, k) in seen:
+                continue
+            seen.add((key, tokens, k))
+            missing.append((list(prompt), tokens, temperature, seed, k))
+        for request, cycles in zip(missing, cycle_together(self, missing) if missing else []):
+            prompt, tokens, temperature, seed, k = request
+            self.prepared_sampling.setdefault((self.draft_key, tuple(prompt), temperature, seed), []).append(
+                (tokens, k, cycles))
+
+    def sampled_traces(self, requests: list[tuple[list[int], int, float, int]]) -> None:
+        """Compute the target's own sampled decodes of `requests` (prompt, max_new_tokens, temperature, seed) not yet
+        computed, all together (`specter.numerics.sampling.decode_together`), for `sampled_trace`. With recorders
+        to compute, each is decoded alone (their values are per one-row forward)."""
+        from specter.numerics.sampling import decode_together
+
+        keys = list(dict.fromkeys((tuple(p), n, t, s) for p, n, t, s in requests))
+        missing = [key for key in keys if key not in self.traces]
+        if self.recorders:
+            for prompt, tokens, temperature, seed in missing:
+                self.sampled_trace(list(prompt), tokens, temperature, seed)
+            return
+        for key, trace in zip(missing, decode_together(self, [(list(k[0]), *k[1:]) for k in missing])
+                              if missing else []):
+            self.traces[key] = trace
 
     def sampled_trace(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> PromptTrace:
         """The target's own sampled decode (live, not memoized across seeds): what non-speculative systems commit."""

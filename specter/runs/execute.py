@@ -117,9 +117,11 @@ def walk_windows(runs: list[PreparedRun]) -> None:
     """Compute the windows greedy speculative runs will visit before any of them schedules a prompt, every run's
     prompts together (`ForwardService.walk`: one batch per draft step over all their rebase points), so that
     scheduling finds them memoized. Each run's first record counts the forwards (`walked_forwards`); where several runs
-    walk together, the first of them that computed any."""
+    walk together, the first of them that computed any. Sampled runs (temperature > 0) are prepared the same way
+    (`_prepare_sampled`)."""
     from specter.numerics.forward import WindowPath
 
+    _prepare_sampled(runs)
     groups: dict[tuple, tuple] = {}  # (the model's service, own KV) -> (service, [(run, paths)])
     for p in runs:
         if not p.system.speculative or p.config.temperature > 0:
@@ -143,6 +145,35 @@ def walk_windows(runs: list[PreparedRun]) -> None:
         before = service.forward_calls
         service.walk([path for _, paths in members for path in paths], own_kv=own_kv)
         members[0][0].walked_forwards += service.forward_calls - before
+
+
+def _prepare_sampled(runs: list[PreparedRun]) -> None:
+    """The sampled decodes of every run at a temperature above 0, before any schedules: the target's own (which every
+    such run reads, `run_prompt`), then the speculative sessions of runs at a fixed K; every prompt of every run
+    together, per model (`ForwardService.sampled_traces`, `prepare_sampling`). A speculative run with a governor
+    samples live, one row at a time (its K follows its own acceptance). The first run of each kind counts the
+    forwards: any run for the target's decodes, a speculative one for the sessions'."""
+    services: dict[int, tuple] = {}  # the model's service -> (service, [run], target requests, session requests)
+    for p in runs:
+        if p.config.temperature <= 0:
+            continue
+        inner = getattr(p.service, "inner", p.service)
+        _, members, decodes, sessions = services.setdefault(id(inner), (inner, [], [], []))
+        members.append(p)
+        tokens, temperature = p.config.max_new_tokens, p.config.temperature
+        for index, prompt in enumerate(p.prompts):  # the seeds `run_prompt` draws each prompt with
+            decodes.append((prompt, tokens, temperature, p.spec.seed + index))
+            if p.system.speculative and p.online is None:
+                sessions.append((prompt, tokens, temperature, p.spec.seed + index, p.system.window(p.config.k)))
+    for service, members, decodes, sessions in services.values():
+        before = service.forward_calls
+        service.sampled_traces(decodes)
+        members[0].walked_forwards += service.forward_calls - before
+        if sessions:
+            before = service.forward_calls
+            service.prepare_sampling(sessions)
+            first = next(p for p in members if p.system.speculative and p.online is None)
+            first.walked_forwards += service.forward_calls - before
 
 
 def _fixed(k: int) -> Callable[[int], int]:
