@@ -392,7 +392,7 @@ EXAMPLES = {
     "systems": "specter systems",
     "architectures": "specter architectures mixtral-8x7b",
     "inspect": "specter inspect results/models/smollm2-moe --json",
-    "build-model": "specter build-model smollm2-moe --out results/models/smollm2-moe --threads 2\n"
+    "build-model": "specter build-model smollm2-moe --out results/models/smollm2-moe --threads 1\n"
                    "specter build-model tiny-mixtral --out /tmp/tiny-mixtral",
     "quantize": "specter quantize --model results/models/smollm2-moe --method gptq --bits 4 --group-size 64 "
                 "--out results/drafts/smollm2-moe/gptq-int4-g64",

@@ -14,6 +14,9 @@ rule build_model:
     params:
         args=lambda wc: join([config["models"][wc.model]["build"], "--out", f"results/models/{wc.model}"]),
     priority: PRIORITY["build_model"]
-    threads: 2  # part of the model's numerics (the card records it): the same checkpoint needs the same count
+    # One thread, and the builds side by side: the count is part of the model's numerics (the card records it), so
+    # it is fixed whatever the machine. The two default builds (2026-12-03, 2 AMD EPYC cores) took 460 s side by side
+    # at one thread each, 517 s one after the other at two (a build's two threads kept 1.5 cores busy).
+    threads: 1
     shell:
-        "python -m specter build-model {params.args} --threads 2 > {log:q} 2>&1"
+        "python -m specter build-model {params.args} --threads 1 > {log:q} 2>&1"
