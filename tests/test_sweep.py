@@ -236,3 +236,24 @@ def test_simulated_repeats_run_once_and_say_so(tiny_dirs, draft):
     assert thrice[0].config["repeats"] == 3
     with pytest.raises(SpecterError, match="--repeats must be a whole number from 1 to 100, got 0"):
         execute(_req(tiny_dirs, draft, repeats=0), session, progress=False)
+
+
+def test_a_draft_written_again_or_elsewhere_keeps_its_key_and_a_changed_one_does_not(tmp_path):
+    """Memoized windows are keyed by the draft: the same quantization written again (another time, another source
+    path) keeps the key, so a second cold reproduce writes the same memos; other tensors or settings change it."""
+    from specter.numerics.memo import draft_key
+
+    meta = {"method": "gptq", "bits": 4, "group_size": 64, "source_hash": "ab" * 32, "seconds": 134.7,
+            "source_model": "/one/results/models/m"}
+
+    def write(name, tensors=b"experts", **over):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps({**meta, **over}, indent=2))
+        (d / "experts.safetensors").write_bytes(tensors)
+        return d
+
+    first = draft_key(write("first"))
+    assert draft_key(write("again", seconds=115.6, source_model="/two/results/models/m")) == first
+    assert draft_key(write("bits", bits=3)) != first
+    assert draft_key(write("tensors", tensors=b"other experts")) != first

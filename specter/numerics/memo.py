@@ -46,11 +46,22 @@ FORMAT = "specter-memo-2"
 _FIRST_FORMAT = b"\x80"  # the first byte of the first format's files (a protocol-5 object stream)
 
 
+#: what a draft's sidecar says of how long its writing took and where its source lay, not of what the draft is: the
+#: same quantization of the same model, run again or elsewhere, gives the same key
+DRAFT_RUN_FIELDS = ("seconds", "source_model")
+
+
 def draft_key(draft_dir: str | Path) -> str:
-    """A draft's identity for memoized windows: a hash of its sidecar and expert tensors."""
+    """A draft's identity for memoized windows: a hash of its expert tensors and its sidecar (method, bits, group,
+    calibration, numerics, versions and the source model's hash), without `DRAFT_RUN_FIELDS`."""
     from specter.io import files_sha256
 
-    return f"draft:{files_sha256([Path(draft_dir) / 'meta.json', Path(draft_dir) / 'experts.safetensors'])[:16]}"
+    meta = json.loads((Path(draft_dir) / "meta.json").read_text())
+    for name in DRAFT_RUN_FIELDS:
+        meta.pop(name, None)
+    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    h.update(files_sha256([Path(draft_dir) / "experts.safetensors"]).encode())
+    return f"draft:{h.hexdigest()[:16]}"
 
 
 def _routes_out(routes: list[dict]) -> list[dict]:
