@@ -189,7 +189,12 @@ def test_the_numerics_pin_holds_torch_mkl_and_onednn_to_avx2():
     assert env == {**env, "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     native = {determinism.NATIVE: "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
     determinism.pin_environment(native)
-    assert native == {determinism.NATIVE: "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
+    # deterministic algorithms stay on under native numerics, and on CUDA they need cuBLAS's workspace fixed
+    assert native == {determinism.NATIVE: "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX",
+                      "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    own = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    determinism.pin_environment(own)
+    assert own["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"  # a user's own setting stands
     assert determinism.settings()["onednn_max_cpu_isa"] == os.environ.get("ONEDNN_MAX_CPU_ISA")
     if os.environ.get(determinism.NATIVE) != "1":  # the test session is pinned as the CLI is (conftest)
         assert determinism.settings()["onednn_max_cpu_isa"] == "AVX2"

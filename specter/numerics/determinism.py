@@ -14,7 +14,9 @@ runs with:
   under the AVX2 pin alone raises "pack_vnni2 is only supported when avx512 is supported" (GPTQModel's calibration
   pass in bfloat16 on such a CPU fails, so on the CPU it calibrates in float32 unless asked);
 - a fixed thread count (the command's `--threads`), deterministic algorithms, and `PYTHONHASHSEED=0` for child
-  processes (the GPTQ worker).
+  processes (the GPTQ worker). Deterministic algorithms on CUDA need cuBLAS's workspace fixed
+  (`CUBLAS_WORKSPACE_CONFIG=:4096:8`, NVIDIA's documented setting; without it the first GEMM on a GPU raises), so it
+  is set unless the environment already sets it, native numerics or not.
 These must be set before torch computes anything, so `pin_environment` runs first in `specter.cli.main`. Records and
 model cards carry `settings()`: to reproduce a number, match its CPU capability and thread count. Setting
 `SPECTER_NATIVE_NUMERICS=1` leaves the machine's fastest paths in place (and the records then say so).
@@ -27,12 +29,14 @@ import os
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2",
               "PYTHONHASHSEED": "0"}
 NATIVE = "SPECTER_NATIVE_NUMERICS"
+CUBLAS_WORKSPACE = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def pin_environment(env: dict | None = None) -> None:
     """Pin the numerics' code paths in `env` (the process environment by default), unless native numerics were asked
     for. Call before torch is imported."""
     env = os.environ if env is None else env
+    env.setdefault(*CUBLAS_WORKSPACE)  # deterministic algorithms are on either way (`use`)
     if env.get(NATIVE) == "1":
         return
     env.update(PINNED_ENV)
