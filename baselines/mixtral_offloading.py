@@ -160,6 +160,12 @@ class MixtralOffloading(System):
     def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:
         return SwapExecutor(engine, work, cache, stats, device, cost)
 
+    def cannot_run_live(self) -> str | None:
+        if self.depth:
+            return (f"depth={self.depth} guesses from the target's recorded gate guesses, which the live engine does "
+                    "not compute")
+        return super().cannot_run_live()
+
     def run(self, ctx: PromptContext) -> PromptResult:
         if self.depth:
             ctx.executor.hooks.append(_SpeculativeLoading(ctx, self.depth))

@@ -25,7 +25,7 @@ from specter.data.prompts import DATASETS
 from specter.errors import SpecterError
 
 GOVERNORS = ("auto", "profile", "online")
-ENGINES = ("sim", "cuda")
+ENGINES = ("sim", "cuda", "live")
 PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
 DRAFT_KERNELS = ("fused", "unfused")
 #: the expert cache at each prompt's start: `restored`, the artifact's (benchmarks/cache_reset.py: the resident set
@@ -282,7 +282,10 @@ class RunSpec:
         metavar="R"))
     engine: str = setting(default="sim", metadata=_flag(
         "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
-                    "slots, copies and kernels; --hardware then costs the lower bound and the planners)",
+                    "slots, copies and kernels at the model's shapes on a fixed input; --hardware then costs the "
+                    "lower bound and the planners); live: the model itself decodes through the offload runtime on "
+                    "the CPU as device (its router's choices drive real copies into real slots), measured, each "
+                    "record beside its simulated twin on --hardware",
         choices=ENGINES))
     dtype: str = setting(default="float32", metadata=_flag(
         "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
@@ -358,15 +361,27 @@ class RunSpec:
         check_positions(model_config, {"--prefix-tokens": self.prefix_tokens,
                                        "--max-new-tokens": self.max_new_tokens, "a window of": window})
 
+    def _check_live(self, system) -> None:
+        """What the live engine cannot run, refused before anything loads."""
+        if self.expert_bits != 16:
+            raise SpecterError(f"--expert-bits {self.expert_bits} prices quantized experts; the live engine copies and "
+                               "computes this model's own experts, so use --engine sim (or drop --expert-bits)")
+        if self.temperature > 0:
+            raise SpecterError(f"--engine live decodes greedily; --temperature {self.temperature} samples: use "
+                               "--engine sim or --temperature 0")
+        reason = system.cannot_run_live()
+        if reason:
+            raise SpecterError(f"--engine live cannot run {self.system}: {reason}; use --engine sim")
+
     def _check_cost_as(self, structures: dict | None = None) -> None:
         from pathlib import Path
 
         from specter.models.architectures import check_structure, load_architecture
         from specter.models.loading import describe_model
 
-        if self.engine == "cuda":
-            raise SpecterError(f"--cost-as {self.cost_as} prices ops at another model's shapes; the CUDA engine runs "
-                               "this model's own kernels, so use --engine sim (or drop --cost-as)")
+        if self.engine in ("cuda", "live"):
+            raise SpecterError(f"--cost-as {self.cost_as} prices ops at another model's shapes; --engine {self.engine} "
+                               "runs this model's own kernels, so use --engine sim (or drop --cost-as)")
         arch = load_architecture(self.cost_as)
         config = Path(self.model) / "config.json"
         # both structures come from meta-device models (about 0.25 s a spec, and a sweep validates every spec twice):
@@ -418,6 +433,8 @@ class RunSpec:
                 raise SpecterError(f"--engine cuda times greedy runs (their numerics are recorded before the timed "
                                    f"run); --temperature {self.temperature} samples live: use --engine sim or "
                                    "--temperature 0")
+        if self.engine == "live":
+            self._check_live(system)
         profile = load_profile(self.hardware)
         self._check_positions(read_model_config(self.model))
         if self.cost_as is not None:

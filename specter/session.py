@@ -23,7 +23,7 @@ class Session:
         self._drafts: dict[tuple[str, str], tuple[object, str]] = {}  # (draft dir, dtype) -> (Draft, content key)
         self._hashes: dict[str, str] = {}
         self._memos: set[tuple[str, str, str]] = set()  # (model dir, dtype, memo file) already read
-        self._stores: dict[str, object] = {}  # model dir -> ExpertStore
+        self._stores: dict[tuple, object] = {}  # (model dir, dtype) -> ExpertStore
         self._architectures: dict[str, tuple[object, object]] = {}  # --cost-as -> (Architecture, its ModelWork)
         self._tokenizers: dict[str, object] = {}  # model dir -> its tokenizer
         self._calibration: dict[tuple, list[list[int]]] = {}  # (model dir, corpus, count, length) -> prompts
@@ -101,11 +101,13 @@ class Session:
             self._architectures[name_or_path] = (arch, ModelWork.of(arch.meta_model()))
         return self._architectures[name_or_path]
 
-    def expert_store(self, model_dir: str | Path, target, pin: bool):
-        """The target's routed experts in host memory (pinned on CUDA), built once."""
-        from specter.offload.store import ExpertStore
+    def expert_store(self, model_dir: str | Path, target, pin: bool, dtype=None):
+        """The target's routed experts in host memory (pinned on CUDA), built once per dtype (None: the store's
+        FP16)."""
+        from specter.offload.store import WEIGHT_DTYPE, ExpertStore
 
-        key = _key(model_dir)
+        dtype = dtype or WEIGHT_DTYPE
+        key = (_key(model_dir), dtype)
         if key not in self._stores:
-            self._stores[key] = ExpertStore(target, pin=pin)
+            self._stores[key] = ExpertStore(target, pin=pin, dtype=dtype)
         return self._stores[key]

@@ -82,20 +82,70 @@ class _DraftExpert(torch.nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = (projections[n] for n in ("gate_proj", "up_proj", "down_proj"))
 
 
-class DeviceRuntime:
+class ExpertSlots:
+    """Expert slots per MoE layer, staging buffers and the copies into and out of them: the part of a device runtime
+    that every engine with real buffers shares (`DeviceRuntime` here, `specter.offload.live.LiveRuntime`). A slot is a
+    row of one `[slots, numel]` buffer per MoE layer at the store's dtype, allocated once. `check=True` makes every
+    expert kernel assert that the buffer it reads holds the expert it was asked for."""
+
+    def __init__(self, work: ModelWork, store: ExpertStore, slots_per_layer: int, device: str,
+                 check: bool = False) -> None:
+        self.device = torch.device(device)
+        self.work, self.store, self.check = work, store, check
+        dev, dt, numel = self.device, store.dtype, store.layout.numel
+        self.slots = {layer: torch.zeros(slots_per_layer, numel, dtype=dt, device=dev) for layer in work.moe_layers}
+        self.slot_holds: dict[tuple[int, int], int] = {}  # (layer, slot) -> expert, kept for `check`
+        self.staging = torch.zeros(STAGING_BUFFERS, numel, dtype=dt, device=dev)
+        self.staging_holds: dict[int, tuple[int, int]] = {}
+        self.host_back = torch.zeros(numel, dtype=dt, pin_memory=self.device.type == "cuda")  # where write-backs land
+
+    def _holds(self, layer: int, index: int, expert: int, when: str = "") -> None:
+        if self.check and self.slot_holds.get((layer, index)) != expert:
+            raise AssertionError(f"L{layer} slot {index} holds expert {self.slot_holds.get((layer, index))}, "
+                                 f"not {expert}{when}")
+
+    def _staged(self, index: int, layer: int, expert: int) -> None:
+        if self.check and self.staging_holds.get(index) != (layer, expert):
+            raise AssertionError(f"staging {index} holds {self.staging_holds.get(index)}, not L{layer} e{expert}")
+
+    def copy_to_slot(self, layer: int, expert: int, index: int) -> Callable[[], None]:
+        def fn() -> None:
+            self.slots[layer][index].copy_(self.store.row(layer, expert), non_blocking=True)
+            self.slot_holds[layer, index] = expert
+        return fn
+
+    def copy_to_host(self, layer: int, expert: int, index: int) -> Callable[[], None]:
+        """Copy slot `index` of `layer` (holding `expert`) back to the host."""
+        def fn() -> None:
+            self._holds(layer, index, expert, " at its write-back")
+            self.host_back.copy_(self.slots[layer][index], non_blocking=True)
+        return fn
+
+    def staging_rows(self, count: int) -> None:
+        """At least `count` staging buffers (a system that streams a whole layer through needs one per expert)."""
+        if count > self.staging.shape[0]:
+            self.staging = torch.zeros(count, self.store.layout.numel, dtype=self.store.dtype, device=self.device)
+
+    def copy_to_staging(self, layer: int, expert: int, index: int) -> Callable[[], None]:
+        def fn() -> None:
+            self.staging[index].copy_(self.store.row(layer, expert), non_blocking=True)
+            self.staging_holds[index] = (layer, expert)
+        return fn
+
+    def place(self, layer: int, expert: int, index: int) -> None:
+        """Put `expert` in slot `index` before the run starts (resident and statically placed experts)."""
+        self.slots[layer][index].copy_(self.store.row(layer, expert))
+        self.slot_holds[layer, index] = expert
+
+
+class DeviceRuntime(ExpertSlots):
     """Device buffers and kernels for one run: `slots_per_layer` expert slots per MoE layer, passes of at most
     `max_tokens` tokens over at most `max_context` positions."""
 
     def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int, device: str,
                  max_tokens: int, max_context: int, draft=None, seed: int = 0, check: bool = False) -> None:
-        self.device = torch.device(device)
-        self.work, self.store, self.check = work, store, check
+        super().__init__(work, store, slots_per_layer, device, check)
         dev, dt = self.device, WEIGHT_DTYPE
-        numel = store.layout.numel
-        self.slots = {layer: torch.zeros(slots_per_layer, numel, dtype=dt, device=dev) for layer in work.moe_layers}
-        self.slot_holds: dict[tuple[int, int], int] = {}  # (layer, slot) -> expert, kept for `check`
-        self.staging = torch.zeros(STAGING_BUFFERS, numel, dtype=dt, device=dev)
-        self.staging_holds: dict[int, tuple[int, int]] = {}
         self.layer_weights: dict[int, list[torch.Tensor]] = {}
         width = work.hidden
         for i, layer in enumerate(target.decoder_layers):
@@ -114,7 +164,6 @@ class DeviceRuntime:
         self.max_tokens, self.max_context = max_tokens, max_context
         pin = self.device.type == "cuda"
         self.host_act = torch.zeros(max_tokens, work.hidden, dtype=dt, pin_memory=pin)
-        self.host_back = torch.zeros(numel, dtype=dt, pin_memory=pin)  # where write-backs land
         self.act_in = torch.zeros(max_tokens, work.hidden, dtype=dt, device=dev)
         self.draft_experts: dict[tuple[int, int], _DraftExpert] = {}
         if draft is not None:
@@ -130,12 +179,6 @@ class DeviceRuntime:
             raise ValueError(f"{what}: {n} tokens in one pass, but the runtime was sized for {self.max_tokens}")
 
     # copies ------------------------------------------------------------------------------------------------------
-    def copy_to_slot(self, layer: int, expert: int, index: int) -> Callable[[], None]:
-        def fn() -> None:
-            self.slots[layer][index].copy_(self.store.row(layer, expert), non_blocking=True)
-            self.slot_holds[layer, index] = expert
-        return fn
-
     def copy_kv(self, start: int, tokens: int) -> Callable[[], None]:
         """Copy the target's KV of `tokens` positions from `start` into the draft's own cache (allocated here, when
         the first copy is scheduled, outside any timed op)."""
@@ -151,44 +194,16 @@ class DeviceRuntime:
                 own_v[:, :, start : start + tokens].copy_(v[:, :, start : start + tokens])
         return fn
 
-    def copy_to_host(self, layer: int, expert: int, index: int) -> Callable[[], None]:
-        """Copy slot `index` of `layer` (holding `expert`) back to the host."""
-        def fn() -> None:
-            if self.check and self.slot_holds.get((layer, index)) != expert:
-                raise AssertionError(f"L{layer} slot {index} holds expert {self.slot_holds.get((layer, index))}, "
-                                     f"not {expert}, at its write-back")
-            self.host_back.copy_(self.slots[layer][index], non_blocking=True)
-        return fn
-
-    def staging_rows(self, count: int) -> None:
-        """At least `count` staging buffers (a system that streams a whole layer through needs one per expert)."""
-        if count > self.staging.shape[0]:
-            self.staging = torch.zeros(count, self.store.layout.numel, dtype=WEIGHT_DTYPE, device=self.device)
-
-    def copy_to_staging(self, layer: int, expert: int, index: int) -> Callable[[], None]:
-        def fn() -> None:
-            self.staging[index].copy_(self.store.row(layer, expert), non_blocking=True)
-            self.staging_holds[index] = (layer, expert)
-        return fn
-
-    def place(self, layer: int, expert: int, index: int) -> None:
-        """Put `expert` in slot `index` before the run starts (resident and statically placed experts)."""
-        self.slots[layer][index].copy_(self.store.row(layer, expert))
-        self.slot_holds[layer, index] = expert
-
     # compute -----------------------------------------------------------------------------------------------------
     def expert_in_slot(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], torch.Tensor]:
         def fn() -> torch.Tensor:
-            if self.check and self.slot_holds.get((layer, index)) != expert:
-                raise AssertionError(f"L{layer} slot {index} holds expert {self.slot_holds.get((layer, index))}, "
-                                     f"not {expert}")
+            self._holds(layer, index, expert)
             return self._expert(self.slots[layer][index], tokens)
         return fn
 
     def expert_in_staging(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], torch.Tensor]:
         def fn() -> torch.Tensor:
-            if self.check and self.staging_holds.get(index) != (layer, expert):
-                raise AssertionError(f"staging {index} holds {self.staging_holds.get(index)}, not L{layer} e{expert}")
+            self._staged(index, layer, expert)
             return self._expert(self.staging[index], tokens)
         return fn
 

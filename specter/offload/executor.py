@@ -134,6 +134,7 @@ class Executor:
         self.timed_demand: list[tuple[float, Event, Event]] | None = None
         self.routed: Forecast | None = None  # the latest routing given to the host (see the module's docstring)
         self.prefetch_log: list[tuple[str, Forecast]] = []  # (prefetch copy's label, the forecast it was chosen from)
+        self.last_pass = None  # the live engine's last pass: its argmax per input and its routes (`LivePass`)
 
     def _compute(self, op: Op) -> None:
         if self._acc is not None:
@@ -312,14 +313,26 @@ class Executor:
             self.engine.wait(COMPUTE, ready)
             self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}", staging)
 
-    def target_pass(self, routes: list[dict[int, tuple[int, ...]]], context: int, tag: str) -> Event:
-        """A full target pass over len(routes) tokens after `context` cached tokens; returns its end event (logits)."""
-        n = len(routes)
+    @property
+    def live(self) -> bool:
+        """Whether the model itself runs through this executor (the live engine's `LiveRuntime`): each pass's routes
+        and logits are then the live model's, read as the pass runs (`last_pass`)."""
+        return self.device is not None and getattr(self.device, "live", False)
+
+    def target_pass(self, routes: list[dict[int, tuple[int, ...]]] | None, context: int, tag: str,
+                    inputs: list[int] | None = None) -> Event:
+        """A full target pass over len(routes) tokens after `context` cached tokens; returns its end event (logits).
+        On the live engine the pass runs the model on `inputs` (token ids) and `routes` is None: the routes are the
+        live router's, and they and the pass's argmax are in `last_pass` once it returns."""
         self._acc = []
         before = self.stats.demand.counts()
-        for layer in self.work.layers:
-            per_token = [r[layer] for r in routes] if layer in self.work.moe_layers else []
-            self.layer(layer, per_token, context + n, tag)
+        if self.live:
+            routes = self._live_forward(inputs, context, tag, draft=False)
+        else:
+            for layer in self.work.layers:
+                per_token = [r[layer] for r in routes] if layer in self.work.moe_layers else []
+                self.layer(layer, per_token, context + len(routes), tag)
+        n = len(routes)
         self._compute(self._head(n, f"{tag}.head"))
         ops, self._acc = self._acc, None
         used = tuple((layer, frozenset(e for r in routes for e in r[layer])) for layer in self.work.moe_layers)
@@ -328,37 +341,87 @@ class Executor:
         self.stats.target_passes.append(tuple(a - b for a, b in zip(self.stats.demand.counts(), before)))
         return self.engine.record(COMPUTE)
 
-    def draft_step(self, routes: dict[int, tuple[int, ...]], context: int, expert_bytes: int, tag: str) -> Event:
-        """One draft step (one token): the target's shared attention blocks and the draft's resident quantized
-        experts."""
-        return self.draft_pass([routes], context, expert_bytes, tag)
+    def _live_forward(self, inputs: list[int] | None, context: int, tag: str, draft: bool,
+                      ops: list[Op] | None = None, expert_bytes: int = 0) -> list[dict[int, tuple[int, ...]]]:
+        """The live model's pass over `inputs` after `context` cached positions, each decoder layer scheduled as the
+        model reaches it: a target MoE layer once its router has run (its experts then compute from the slots), a
+        draft MoE layer once its resident experts have; returns the live routes per input."""
+        if not inputs:
+            raise ValueError(f"{tag}: a live pass needs its input tokens")
+        n = len(inputs)
+        routes: list[dict[int, tuple[int, ...]]] = [{} for _ in inputs]
+        layers = iter(self.work.layers)
 
-    def draft_pass(self, routes: list[dict[int, tuple[int, ...]]], context: int, expert_bytes: int, tag: str) -> Event:
-        """A draft pass over len(routes) tokens after `context` cached tokens (its experts are all resident). With
-        `fused_draft` each MoE layer's routed experts run as one fused INT4 MoE kernel (one launch, the quantized bytes
-        and FLOPs of the experts it runs), as the paper's draft does; else one kernel group per expert."""
-        n = len(routes)
-        ops: list[Op] = []
-        for layer in self.work.layers:
+        def reach(moe_layer: int | None, per_token: list[tuple[int, ...]]) -> None:
+            for layer in layers:  # the dense layers before this MoE layer, then the layer itself
+                if layer != moe_layer:
+                    self._live_dense(layer, n, context, tag, draft, ops)
+                    continue
+                for j, experts in enumerate(per_token):
+                    routes[j][layer] = experts
+                if draft:
+                    self._draft_layer(layer, per_token, n, context, tag, ops, expert_bytes)
+                else:
+                    self.layer(layer, per_token, context + n, tag)
+                return
+
+        self.last_pass = self.device.forward(inputs, context, reach, draft=draft)
+        reach(None, [])  # the dense layers after the last MoE layer
+        self.last_pass.routes = routes
+        return routes
+
+    def _live_dense(self, layer: int, n: int, context: int, tag: str, draft: bool, ops: list[Op] | None) -> None:
+        if draft:
             ops.append(self._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
             self.engine.launch(COMPUTE, ops[-1])
-            if layer in self.work.moe_layers:
-                if n == 1 and self.hooks:  # the draft layer's router has run once its block has
-                    routed = Forecast(self.engine.record(COMPUTE), ops[-1].label)
-                tokens = sorted(Counter(e for r in routes for e in r[layer]).items())
-                if self.fused_draft:
-                    ops.append(self.work.fused_experts_op([m for _, m in tokens], f"{tag}.L{layer}.qmoe",
-                                                          expert_bytes))
-                    self.engine.launch(COMPUTE, self._with(ops[-1], "draft_layer", layer, tokens))
-                for e, m in tokens if not self.fused_draft else ():
-                    ops.append(self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
-                    self.engine.launch(COMPUTE, self._with(ops[-1], "draft_expert", layer, e, m))
-                if n == 1 and self.hooks:
-                    self.routed = routed
-                    for hook in self.hooks:
-                        hook.on_draft_layer(layer, routes[0][layer])
+        else:
+            self.layer(layer, [], context + n, tag)
+
+    def draft_step(self, routes: dict[int, tuple[int, ...]] | None, context: int, expert_bytes: int, tag: str,
+                   inputs: list[int] | None = None) -> Event:
+        """One draft step (one token): the target's shared attention blocks and the draft's resident quantized
+        experts (live: the draft runs on `inputs`, one token, and `routes` is None)."""
+        return self.draft_pass(None if routes is None else [routes], context, expert_bytes, tag, inputs)
+
+    def draft_pass(self, routes: list[dict[int, tuple[int, ...]]] | None, context: int, expert_bytes: int, tag: str,
+                   inputs: list[int] | None = None) -> Event:
+        """A draft pass over len(routes) tokens after `context` cached tokens (its experts are all resident). With
+        `fused_draft` each MoE layer's routed experts run as one fused INT4 MoE kernel (one launch, the quantized bytes
+        and FLOPs of the experts it runs), as the paper's draft does; else one kernel group per expert. Live: the
+        draft runs on `inputs`, and its routes and argmax are in `last_pass`."""
+        ops: list[Op] = []
+        if self.live:
+            routes = self._live_forward(inputs, context, tag, draft=True, ops=ops, expert_bytes=expert_bytes)
+        else:
+            for layer in self.work.layers:
+                if layer in self.work.moe_layers:
+                    self._draft_layer(layer, [r[layer] for r in routes], len(routes), context, tag, ops, expert_bytes)
+                else:
+                    ops.append(self._attention(layer, len(routes), context + len(routes), f"{tag}.L{layer}.attn"))
+                    self.engine.launch(COMPUTE, ops[-1])
+        n = len(routes)
         ops.append(self._head(n, f"{tag}.head"))
         self.engine.launch(COMPUTE, ops[-1])
         self.passes.append(PassWork(n, sum(o.flops for o in ops), sum(o.bytes_read for o in ops),
                                     sum(o.launches for o in ops), draft=True))
         return self.engine.record(COMPUTE)
+
+    def _draft_layer(self, layer: int, per_token: list[tuple[int, ...]], n: int, context: int, tag: str,
+                     ops: list[Op], expert_bytes: int) -> None:
+        """One MoE layer of a draft pass: its attention block, then its routed experts (hooks told on one-token
+        steps)."""
+        ops.append(self._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
+        self.engine.launch(COMPUTE, ops[-1])
+        if n == 1 and self.hooks:  # the draft layer's router has run once its block has
+            routed = Forecast(self.engine.record(COMPUTE), ops[-1].label)
+        tokens = sorted(Counter(e for r in per_token for e in r).items())
+        if self.fused_draft:
+            ops.append(self.work.fused_experts_op([m for _, m in tokens], f"{tag}.L{layer}.qmoe", expert_bytes))
+            self.engine.launch(COMPUTE, self._with(ops[-1], "draft_layer", layer, tokens))
+        for e, m in tokens if not self.fused_draft else ():
+            ops.append(self.work.expert_op(m, f"{tag}.L{layer}.q{e}", stored_bytes=expert_bytes))
+            self.engine.launch(COMPUTE, self._with(ops[-1], "draft_expert", layer, e, m))
+        if n == 1 and self.hooks:
+            self.routed = routed
+            for hook in self.hooks:
+                hook.on_draft_layer(layer, per_token[0])

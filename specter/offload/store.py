@@ -47,19 +47,21 @@ class ExpertLayout:
 
 
 class ExpertStore:
-    """The target's routed experts on the host, at `WEIGHT_DTYPE`; `pin` page-locks them (needs CUDA)."""
+    """The target's routed experts on the host, at `dtype` (`WEIGHT_DTYPE` unless given; the live engine keeps the
+    model's own, so that its slots compute what the model computes); `pin` page-locks them (needs CUDA)."""
 
-    def __init__(self, target: MoEModel, pin: bool = False) -> None:
+    def __init__(self, target: MoEModel, pin: bool = False, dtype: torch.dtype = WEIGHT_DTYPE) -> None:
         first = target.moe_layers[0]
         self.layout = ExpertLayout.of(first.expert_weights(0))
         self.layers: dict[int, torch.Tensor] = {}
         for layer in target.moe_layers:
-            rows = torch.empty(layer.num_experts, self.layout.numel, dtype=WEIGHT_DTYPE)
+            rows = torch.empty(layer.num_experts, self.layout.numel, dtype=dtype)
             for e in range(layer.num_experts):
-                rows[e] = self.layout.flatten(layer.expert_weights(e))
+                rows[e] = self.layout.flatten(layer.expert_weights(e), dtype)
             self.layers[layer.layer_index] = rows.pin_memory() if pin else rows
         self.pinned = pin
-        self.expert_bytes = self.layout.numel * torch.finfo(WEIGHT_DTYPE).bits // 8
+        self.dtype = dtype
+        self.expert_bytes = self.layout.numel * torch.finfo(dtype).bits // 8
 
     def row(self, layer: int, expert: int) -> torch.Tensor:
         return self.layers[layer][expert]

@@ -9,7 +9,6 @@ the stored codes once at load, so the draft's numerics are exactly those of the 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.experts import Activation, module_ffn
 from specter.models.integrity import first_nonfinite, model_hash
+from specter.models.trees import experts_path, with_replaced
 from specter.quant.meta import DraftMeta
 from specter.quant.packing import PackedLinear, dequantize
 from specter.quant.quantize import PROJECTIONS
@@ -113,9 +113,9 @@ def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True,
                     p.nbytes() + (0 if bias is None else bias.numel() * bias.element_size()),
                 )
             experts.append(QuantizedExpert(**projs))
-        path = f"model.layers.{layer.layer_index}.{_attr_path(target, layer.block)}.experts"
-        replacements[path] = QuantizedExperts(experts, layer.activation, interleaved=layer.spec.gpt_oss_layout)
-    model = _with_replaced(target.model, replacements)
+        replacements[experts_path(target, layer)] = QuantizedExperts(experts, layer.activation,
+                                                                     interleaved=layer.spec.gpt_oss_layout)
+    model = with_replaced(target.model, replacements)
     return Draft(model=model, moe=MoEModel(model), meta=meta, path=Path(draft_dir))
 
 
@@ -167,37 +167,3 @@ def _check_packed(draft_dir, key: str, parts: list[torch.Tensor], weight_shape, 
                 f"draft {draft_dir}: {key}.{name} has shape {tuple(tensor.shape)}, but the target's [{out_f}, {in_f}] "
                 f"weight at {meta.bits} bits, group {meta.group_size} needs {want[name]}; the draft was made for "
                 "another model or with other settings, quantize it again")
-
-
-def _attr_path(target: MoEModel, block: torch.nn.Module) -> str:
-    for layer in target.decoder_layers:
-        for name, child in layer.named_children():
-            if child is block:
-                return name
-    raise AssertionError("MoE block not found under its decoder layer")
-
-
-def _with_replaced(root: torch.nn.Module, replacements: dict[str, torch.nn.Module]) -> torch.nn.Module:
-    """A new tree equal to `root` but for `replacements` (dotted path -> module); modules off those paths are shared."""
-    copies: dict[int, torch.nn.Module] = {}
-
-    def own(module: torch.nn.Module) -> torch.nn.Module:
-        if id(module) not in copies:
-            dup = copy.copy(module)  # shares parameters and buffers; gets its own child table and hook tables
-            dup._modules = dict(module._modules)
-            for name, value in vars(module).items():
-                if name.startswith(("_forward", "_backward")) and isinstance(value, dict):
-                    setattr(dup, name, type(value)(value))
-            copies[id(module)] = dup
-        return copies[id(module)]
-
-    new_root = own(root)
-    for path, new in replacements.items():
-        *parents, leaf = path.split(".")
-        node = new_root
-        for name in parents:
-            child = own(node._modules[name])
-            node._modules[name] = child
-            node = child
-        node._modules[leaf] = new
-    return new_root

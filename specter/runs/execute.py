@@ -21,6 +21,7 @@ from specter.offload.work import ModelWork
 from specter.progress import log, steps
 from specter.records import record_of, run_fields, write_records
 from specter.runs import device as on_device
+from specter.runs import live as on_live
 from specter.runspec import RunSpec, Window
 from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
@@ -28,6 +29,8 @@ from specter.systems import DecodeConfig, PromptContext, System
 from specter.timing.bounds import LowerBound, lower_bound
 from specter.timing.cost import CostModel, hqq_expert_bytes
 from specter.timing.hardware import HardwareProfile
+
+MEASURED = {"cuda": on_device, "live": on_live}  # the engines that measure: each one's runtime and record fields
 
 
 @dataclass
@@ -73,11 +76,12 @@ def execute(spec: RunSpec, session: Session | None = None, progress: bool = True
 
 
 def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = True) -> list[RunRecord]:
-    """Schedule every prompt of a prepared run (on the device too for `--engine cuda`); returns its records."""
+    """Schedule every prompt of a prepared run (on the device too for `--engine cuda`, decoded live too for `--engine
+    live`); returns its records."""
     spec = prepared.spec
-    if spec.engine == "cuda" and prepared.device is None:
-        prepared.device = on_device.runtime(prepared, session)
-        prepared.common = on_device.measured_fields(prepared)
+    if spec.engine in MEASURED and prepared.device is None:
+        prepared.device = MEASURED[spec.engine].runtime(prepared, session)
+        prepared.common = MEASURED[spec.engine].measured_fields(prepared)
     timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
     return [run_prompt(prepared, index, prompt, repeat) for index, prompt in
             enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)
@@ -344,7 +348,10 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
     result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
                                 p.cost, p.warmup, online=p.online)
     measured = {}
-    if p.device is not None:  # the simulated run above recorded every numeric; now time the same schedule for real
+    if p.spec.engine == "live":  # the simulated run above is the live run's twin; now the model decodes live
+        result, timeline, measured = on_live.timed(p, index, prompt, config, result, warm_up=index == repeat == 0)
+        measured = {**measured, "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}
+    elif p.device is not None:  # the simulated run above recorded every numeric; now time the same schedule for real
         result, timeline, measured = on_device.timed(p, index, trace, config, result, warm_up=index == repeat == 0)
         measured = {**measured, "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}
     else:

@@ -164,6 +164,14 @@ class System:
             known = ", ".join(self.options) or "none"
             raise SpecterError(f"system {self.name!r} has no option {', '.join(options)}; its options: {known}")
 
+    def cannot_run_live(self) -> str | None:
+        """Why the live engine (the model decoding through the runtime) cannot run this system as set, or None."""
+        if getattr(self, "draft_kv", "shared") == "copied":
+            return "draft-kv=copied is an ablation of the simulator (the live draft reads the target's KV cache)"
+        if self.separate_draft:
+            return "its draft keeps a KV cache of its own, which the live engine does not build"
+        return None
+
     def settings(self) -> dict:
         return {key: getattr(self, key.replace("-", "_")) for key in self.options}
 
@@ -192,8 +200,12 @@ class System:
 
     def prefill(self, ctx: PromptContext) -> PromptResult:
         """The prompt in one target pass (experts on demand); the first token commits when its logits are ready."""
-        trace = ctx.trace
-        end = ctx.executor.target_pass(trace.prefill_routes, context=0, tag="prefill")
+        trace, ex = ctx.trace, ctx.executor
+        if ex.live:  # the live engine fills the trace as the model decodes (see decode.py)
+            end = ex.target_pass(None, context=0, tag="prefill", inputs=trace.prompt)
+            trace.prefill_routes, trace.tokens[:] = ex.last_pass.routes, ex.last_pass.argmax[-1:]
+        else:
+            end = ex.target_pass(trace.prefill_routes, context=0, tag="prefill")
         ctx.engine.synchronize(end)
         return PromptResult(tokens=[trace.tokens[0]], commit_times=[ctx.engine.event_time(end)],
                             stats=ctx.executor.stats, executor=ctx.executor)

@@ -5,6 +5,11 @@ A speculative cycle: the draft proposes K tokens, one draft step each (the host 
 synchronization); the system's planner sees the draft's routing after every step and may prefetch; the target then
 verifies the K + 1 tokens in one pass, and the accepted proposals plus the target's own next token commit when the
 verification's logits are ready. Greedy runs replay the memoized windows; sampling runs (temperature > 0) draw live.
+
+On the live engine (`Executor.live`) the model itself runs through the executor: each pass is given its input tokens,
+and its tokens and routes are what that pass computed. The prompt's trace then starts empty and the loops fill it as
+they commit (the prefill's routes, each step's routes and tokens), so a hook reads the same fields either way; a
+window is filled step by step as the draft proposes, and the verification's argmax decides the acceptance.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specter.errors import SpecterError
-from specter.numerics.forward import disagreement_cause
+from specter.numerics.forward import DraftWindow, disagreement_cause
 from specter.offload.executor import Forecast
 from specter.speculation.lookahead import PlannerState
 from specter.systems.base import PredictionCounts, PromptContext, PromptResult
@@ -21,16 +26,23 @@ from specter.systems.base import PredictionCounts, PromptContext, PromptResult
 def decode_one_by_one(ctx: PromptContext, result: PromptResult) -> PromptResult:
     """Decode the remaining tokens one target pass each, committing each when its logits are ready; every hook's
     `before_step(j)` runs before decode step j (1-based) is scheduled."""
-    trace = ctx.trace
+    trace, ex = ctx.trace, ctx.executor
     prompt_len = len(trace.prompt)
     for j in range(1, ctx.config.max_new_tokens):
-        for hook in ctx.executor.hooks:
+        for hook in ex.hooks:
             hook.before_step(j)
         # input seq[P + j - 1] after P + j - 1 cached tokens
-        end = ctx.executor.target_pass([trace.step_routes[j - 1]], context=prompt_len + j - 1, tag=f"d{j}")
+        if ex.live:
+            end = ex.target_pass(None, context=prompt_len + j - 1, tag=f"d{j}", inputs=[trace.tokens[j - 1]])
+            trace.step_routes.append(ex.last_pass.routes[0])
+            trace.tokens.append(ex.last_pass.argmax[0])
+        else:
+            end = ex.target_pass([trace.step_routes[j - 1]], context=prompt_len + j - 1, tag=f"d{j}")
         ctx.engine.synchronize(end)  # the host reads the next token
         result.tokens.append(trace.tokens[j])
         result.commit_times.append(ctx.engine.event_time(end))
+    if ex.live:
+        result.decode_routes = trace.step_routes
     return result
 
 
@@ -46,13 +58,16 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
     session = None
     if cfg.temperature > 0:  # live rejection sampling; the first token equals the trace's (same seed, same draw)
         session = ctx.service.sampling_session(trace.prompt, cfg.temperature, cfg.seed)
+    if session is not None or ex.live:
         result.decode_routes = []
     cycle = 0
     while len(result.tokens) < cfg.max_new_tokens:
         cycle += 1
         k = ctx.online.next_k(len(result.tokens)) if ctx.online is not None else fixed
         result.ks.append(k)
-        if session is None:
+        if ex.live:
+            window = DraftWindow(t, [], [], [], [])
+        elif session is None:
             window = ctx.service.window(trace, t, k, own_kv=system.separate_draft)
             accepted = window.accepted(k)
             new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
@@ -60,14 +75,24 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
             window, accepted, new_tokens = session.cycle(k)
             result.decode_routes += window.verify_routes[: accepted + 1]
         planner = system.planner(ctx, k, state)
+        counts = _draft(system, ctx, planner, window, t, k, f"c{cycle}")
         forecast = system.forecast(ctx, window, k)
-        counts = _draft(ctx, planner, window, forecast, t, k, f"c{cycle}")
         planner.before_verify(counts)
+        if ex.live:
+            end = ex.target_pass(None, context=t - 1, tag=f"c{cycle}.verify",
+                                 inputs=[result.tokens[-1], *window.draft_tokens])
+            window.verify_argmax, window.verify_routes = ex.last_pass.argmax, ex.last_pass.routes
+            accepted = window.accepted(k)
+            new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
+            result.decode_routes += window.verify_routes[: accepted + 1]
+        else:
+            end = ex.target_pass(window.verify_routes[: k + 1], context=t - 1, tag=f"c{cycle}.verify")
         verify = window.verify_routes[: k + 1]
-        end = ex.target_pass(verify, context=t - 1, tag=f"c{cycle}.verify")
         engine.synchronize(end)
         state.observe_demand(ex)
-        _commit(ctx, result, new_tokens, accepted, k, t, engine.event_time(end), check=session is None)
+        _commit(ctx, result, new_tokens, accepted, k, t, engine.event_time(end), check=session is None and not ex.live)
+        if ex.live:
+            trace.tokens[:] = result.tokens
         system.after_verify(ctx, t - 1, accepted + 1, f"c{cycle}")
         if ctx.online is not None:
             ctx.online.observe(accepted, accepted + 1 if accepted < k else k)
@@ -80,19 +105,31 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
     return result
 
 
-def _draft(ctx: PromptContext, planner, window, forecast, t: int, k: int, tag: str) -> dict[int, Counter]:
-    """K draft steps, the planner told after each; returns the window's forecast counts per (layer, expert)."""
+def _draft(system, ctx: PromptContext, planner, window, t: int, k: int, tag: str) -> dict[int, Counter]:
+    """K draft steps, the planner told after each of what the system forecasts from the steps so far; returns the
+    window's forecast counts per (layer, expert). Live, each step runs the draft on the previous proposal (the first
+    on the last committed token) and adds its proposal and routes to `window`."""
     engine, ex = ctx.engine, ctx.executor
     counts = {layer: Counter() for layer in ctx.work.moe_layers}
+    forecast = None if ex.live else system.forecast(ctx, window, k)
     ex.hooks.append(planner)  # a planner may act after each draft layer (SP-MoE), never inside the verification
     previous = engine.now()
     for i in range(1, k + 1):  # draft step i reads the token at position t - 2 + i
-        end = ex.draft_step(window.draft_routes[i - 1], context=t - 2 + i, expert_bytes=ctx.config.draft_expert_bytes,
-                            tag=f"{tag}.draft{i}")
+        if ex.live:
+            token = window.draft_tokens[-1] if window.draft_tokens else ctx.trace.tokens[-1]
+            end = ex.draft_step(None, context=t - 2 + i, expert_bytes=ctx.config.draft_expert_bytes,
+                                tag=f"{tag}.draft{i}", inputs=[token])
+            window.draft_tokens.append(ex.last_pass.argmax[0])
+            window.draft_routes.append(ex.last_pass.routes[0])
+            step = system.forecast(ctx, window, i)[i - 1]  # what the system forecasts from the steps so far
+        else:
+            end = ex.draft_step(window.draft_routes[i - 1], context=t - 2 + i,
+                                expert_bytes=ctx.config.draft_expert_bytes, tag=f"{tag}.draft{i}")
+            step = forecast[i - 1]
         engine.synchronize(end)  # the host reads the proposal
         ex.routed = Forecast(end, f"{tag}.draft{i}.head")  # the step's routing, every layer of it, is known now
         for layer in counts:
-            counts[layer].update(forecast[i - 1][layer])
+            counts[layer].update(step[layer])
         now = engine.event_time(end)
         planner.after_step(i, counts, now - previous)
         previous = now

@@ -72,6 +72,9 @@ class SpecterOracle(Specter):
     options = {**Specter.options,
                "noise": (float, 0.0, "share of the target's expert identities replaced at random", (0.0, 1.0))}
 
+    def cannot_run_live(self) -> str | None:
+        return "it forecasts from the target's own routes of the verification, known only after it"
+
     def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
         import random
 

@@ -23,13 +23,18 @@ __all__ = [
 
 
 def make_engine(kind: str, profile: HardwareProfile) -> Engine:
-    """The engine named `kind` ("sim" or "cuda"); the profile drives the simulator and labels CUDA runs."""
+    """The engine named `kind` ("sim", "cuda" or "live"); the profile drives the simulator and labels the others'
+    runs."""
     if kind == "sim":
         return SimEngine(profile)
     if kind == "cuda":
         from specter.timing.cuda import CudaEngine
 
         return CudaEngine()
+    if kind == "live":
+        from specter.timing.wall import WallEngine
+
+        return WallEngine("cpu")
     from specter.errors import SpecterError
 
-    raise SpecterError(f"unknown engine {kind!r}; engines: sim, cuda")
+    raise SpecterError(f"unknown engine {kind!r}; engines: sim, cuda, live")

@@ -1,0 +1,187 @@
+"""The live engine's device side: the model itself decodes through the offload runtime.
+
+The target runs as its stock transformers module tree, with each MoE layer's routed experts replaced by an
+`OffloadedExperts` module (`specter.models.trees.with_replaced`: every other module, attention, norms, routers, shared
+experts, embeddings and head, is the target's own object). When the model reaches an MoE layer, its own router has
+chosen; the module hands those choices to the executor (`reach`), which schedules the layer as the simulator does, with
+the system's cache, hooks and planners: the copies it issues are real copies from the host `ExpertStore` into device
+slots (`ExpertSlots`), and each routed expert computes on the layer's hidden states from the slot or staging buffer the
+executor names. The module then sums the experts' weighted outputs in expert order, as the stock experts module does.
+
+A speculative system's draft is the target's tree with the draft's quantized experts (`specter.quant.draft`), here
+wrapped so that the executor hears each MoE layer's routing once the draft's experts have run. The draft reads the
+target's KV cache and writes its speculative positions into it; every pass first crops the cache to the positions it
+comes after, so a verification overwrites them and a rejection drops them. A pass at position 0 starts a new cache.
+
+Nothing here is recorded: the tokens and routes are the ones this pass computed (`LivePass`), so a corrupted slot, a
+copy into the wrong slot or an expert computed from a stale buffer changes what the model decodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specter.errors import SpecterError
+from specter.models.adapter import MoEModel
+from specter.models.experts import ExpertWeights, expert_ffn
+from specter.models.trees import experts_path, with_replaced
+from specter.numerics.forward import new_cache
+from specter.offload.device import ExpertSlots
+from specter.offload.store import ExpertStore
+from specter.offload.work import ModelWork
+
+Reach = Callable[[int, list[tuple[int, ...]]], None]  # (MoE layer, each input's routed experts) -> None
+
+
+@dataclass
+class LivePass:
+    """What one live pass computed: its logits [T, V] (float32), the argmax after each input, and each input's routes
+    {layer: experts}."""
+
+    logits: torch.Tensor
+    argmax: list[int]
+    routes: list[dict[int, tuple[int, ...]]] = field(default_factory=list)
+
+
+class OffloadedExperts(torch.nn.Module):
+    """Drop-in for a stock experts module: forward(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]), computed
+    by the live runtime from the device slots the executor fills."""
+
+    def __init__(self, runtime: LiveRuntime, layer: int) -> None:
+        super().__init__()
+        self.runtime, self.layer = runtime, layer
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        return self.runtime.target_experts(self.layer, hidden_states, top_k_index, top_k_weights)
+
+
+class ObservedExperts(torch.nn.Module):
+    """A draft's resident experts, computed by the draft's own module; the executor hears the routing after."""
+
+    def __init__(self, runtime: LiveRuntime, layer: int, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.runtime, self.layer, self.inner = runtime, layer, inner
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = self.inner(hidden_states, top_k_index, top_k_weights)
+        self.runtime.reached(self.layer, top_k_index)
+        return out
+
+
+def _routes(index: torch.Tensor) -> list[tuple[int, ...]]:
+    return [tuple(sorted(row)) for row in index.tolist()]
+
+
+class LiveRuntime(ExpertSlots):
+    """The target (and its draft) decoding through `slots_per_layer` slots per MoE layer on `device`."""
+
+    live = True
+
+    def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int,
+                 device: str = "cpu", draft=None, check: bool = False) -> None:
+        super().__init__(work, store, slots_per_layer, device, check)
+        self.target = target
+        self.model = with_replaced(target.model, {experts_path(target, m): OffloadedExperts(self, m.layer_index)
+                                                  for m in target.moe_layers})
+        self.draft_model = None
+        if draft is not None:
+            self.draft_model = with_replaced(draft.model, {
+                experts_path(draft.moe, m): ObservedExperts(self, m.layer_index, m.experts)
+                for m in draft.moe.moe_layers})
+        self.cache = None
+        self._reach: Reach | None = None
+        # the MoE layer being computed: (hidden [T, H], top-k index [T, k], top-k weights [T, k], {expert: output})
+        self._call: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict] | None = None
+
+    # passes ------------------------------------------------------------------------------------------------------
+    def forward(self, inputs: list[int], context: int, reach: Reach, draft: bool = False) -> LivePass:
+        """One pass of the target (or the draft) over `inputs` after the cache's first `context` positions, calling
+        `reach` at each MoE layer as the model gets there."""
+        if draft and self.draft_model is None:
+            raise RuntimeError("a live draft pass, but the runtime was given no draft; please report this")
+        if context == 0:
+            self.cache = new_cache(self.target)
+        held = self.cache.get_seq_length() if self.cache is not None else 0
+        if held < context:
+            raise RuntimeError(f"a live pass after {context} positions, but the KV cache holds {held}; please report "
+                               "this")
+        if held > context:
+            self.cache.crop(context - held)  # drop the positions a draft or a rejected verification wrote
+        self._reach = reach
+        try:
+            with torch.no_grad():
+                out = (self.draft_model if draft else self.model)(
+                    input_ids=torch.tensor([inputs], device=self.device), cache=self.cache, use_cache=True)
+        finally:
+            self._reach = None
+        self.cache = out.cache
+        logits = out.logits[0].float()
+        return LivePass(logits, logits.argmax(-1).tolist())
+
+    def target_experts(self, layer: int, hidden: torch.Tensor, index: torch.Tensor,
+                       weights: torch.Tensor) -> torch.Tensor:
+        """Target MoE layer `layer` on `hidden`, routed by the model's own router: the executor schedules it (copies,
+        then each expert from its buffer); the outputs are summed in expert order."""
+        if self._reach is None:
+            raise RuntimeError(f"L{layer}: the live model ran outside a scheduled pass; please report this")
+        per_token = _routes(index)
+        self._call = (hidden, index, weights, {})
+        try:
+            self._reach(layer, per_token)
+            outputs = self._call[3]
+        finally:
+            self._call = None
+        missing = sorted({e for r in per_token for e in r} - set(outputs))
+        if missing:
+            raise RuntimeError(f"L{layer}: the executor computed no output for experts {missing}; please report this")
+        out = torch.zeros_like(hidden)
+        for e in sorted(outputs):
+            token_idx, y = outputs[e]
+            out.index_add_(0, token_idx, y)
+        return out
+
+    def reached(self, layer: int, index: torch.Tensor) -> None:
+        """The draft's MoE layer `layer` has run; the executor schedules its part of the pass."""
+        self._reach(layer, _routes(index))
+
+    def _compute(self, layer: int, expert: int, weights: ExpertWeights) -> None:
+        if self._call is None:
+            raise RuntimeError(f"L{layer} expert {expert} computed outside its layer; please report this")
+        hidden, index, top_k_weights, outputs = self._call
+        token_idx, position = torch.where(index == expert)
+        y = expert_ffn(hidden[token_idx], weights) * top_k_weights[token_idx, position, None]
+        outputs[expert] = (token_idx, y.to(hidden.dtype))
+
+    # the executor's device work ----------------------------------------------------------------------------------
+    def expert_in_slot(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], None]:
+        def fn() -> None:
+            self._holds(layer, index, expert)
+            self._compute(layer, expert, self.store.layout.views(self.slots[layer][index]))
+        return fn
+
+    def expert_in_staging(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], None]:
+        def fn() -> None:
+            self._staged(index, layer, expert)
+            self._compute(layer, expert, self.store.layout.views(self.staging[index]))
+        return fn
+
+    def host_expert(self, layer: int, expert: int, tokens: int) -> Callable[[], None]:
+        """An expert computed where the host keeps it (Fiddler): from its row of the store."""
+        return lambda: self._compute(layer, expert, self.store.layout.views(self.store.row(layer, expert)))
+
+    def copy_kv(self, start: int, tokens: int) -> Callable[[], None]:
+        raise SpecterError("the live engine's draft reads the target's KV cache: draft-kv=copied is an ablation of the "
+                           "simulator; drop the option or use --engine sim")
+
+    @staticmethod
+    def _model_work(*_args) -> None:
+        """Work the model's own modules did as the pass reached this op (attention, the head, the draft's experts)."""
+        return None
+
+    attention = lm_head = draft_layer = draft_expert = _model_work
+    activations_to_host = activations_to_device = _model_work

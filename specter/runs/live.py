@@ -1,0 +1,57 @@
+"""The live engine's part of a run: the model decoding through the offload runtime, each prompt measured beside its
+simulated twin.
+
+Per prompt the system runs twice: simulated on the --hardware profile from the recorded trace (the target's own greedy
+decode), and live, where the trace starts empty and the live model fills it (`specter.systems.decode`). The first
+prompt also runs live once untimed first (warm-up: the allocator and lazily sized buffers). Every prompt starts from
+the same cache state, set outside the timed region. The record is the live run's, measured on the CPU as device;
+beside it stand the simulated TPOT and whether the live tokens are the recorded ones (the CPU computes the same
+arithmetic in another order, so a near-tie may decode otherwise: the record says where, and the run goes on).
+"""
+
+from __future__ import annotations
+
+import platform
+
+from specter import timing
+from specter.metrics import tpot_seconds
+from specter.numerics.forward import PromptTrace
+
+DEVICE = "cpu"  # the live engine's device (the model, its slots and its copies)
+
+
+def runtime(p, session):
+    """The run's live runtime: the target (and its draft) over slots on the device, its store at the model's dtype."""
+    from specter.offload.live import LiveRuntime
+
+    dtype = next(p.target.model.parameters()).dtype
+    store = session.expert_store(p.spec.model, p.target, pin=False, dtype=dtype)
+    return LiveRuntime(p.target, p.work, store, p.slots, DEVICE, draft=p.draft)
+
+
+def measured_fields(p) -> dict:
+    """The run's shared record fields, as measured on the live engine's device."""
+    name = f"{DEVICE} ({platform.processor() or platform.machine()})"
+    return {**p.common, "hardware": name, "config": {
+        **p.common["config"], "device": {"name": name, "kind": DEVICE, "store_dtype": str(p.device.store.dtype),
+                                         "measured_on": f"measured on {DEVICE}: not a calibration of a GPU"}}}
+
+
+def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
+    """The prompt decoded live: (result, timeline, the record's measured extras)."""
+    from specter.runs.execute import schedule
+
+    if warm_up:
+        live_run(p, prompt, config, schedule)
+    result, timeline = live_run(p, prompt, config, schedule)
+    diverged = next((i for i, (a, b) in enumerate(zip(result.tokens, simulated.tokens)) if a != b), None)
+    measured = {"simulated_tpot_ms": tpot_seconds(simulated.commit_times) * 1e3, "simulated_on": p.profile.name,
+                "live": {"device": DEVICE, "tokens_as_recorded": diverged is None, "first_divergence": diverged}}
+    return result, timeline, measured
+
+
+def live_run(p, prompt, config, schedule):
+    """One live decode of `prompt` from the run's start state: (result, timeline)."""
+    trace = PromptTrace(list(prompt), [], [], [])
+    return schedule(p.system, timing.make_engine("live", p.profile), p.work, p.service, trace, config, p.cost,
+                    p.warmup, p.device, p.online)

@@ -1,0 +1,127 @@
+"""The live engine: the model itself decodes through the offload runtime on the CPU as device.
+
+Every system the live engine runs commits `generate`'s greedy tokens on four classes; the slots are real (an expert's
+host copy corrupted after it was loaded changes nothing until the expert is loaded again); records say measured on the
+CPU, with the simulated twin beside; what it cannot run is refused before anything loads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import spec
+from specter.models import load_moe_model
+from specter.runs import live as on_live
+from specter.runs.execute import execute, prepare, schedule
+from specter.session import Session
+from specter.systems import get_system, registry
+
+LIVE_ARCHS = ("mixtral", "qwen2_moe", "deepseek_v3", "olmoe")
+NEW = 10
+
+
+def _live_systems() -> list[str]:
+    return sorted(name for name in registry() if get_system(name).cannot_run_live() is None)
+
+
+def _request(tiny_dirs, rtn_drafts, arch, system, tmp_path, **over) -> dict:
+    return {**dict(system=system, model=tiny_dirs[arch], draft=rtn_drafts[arch], dataset="code",
+                   hardware="a100-40gb-pcie4", out=str(tmp_path / f"{system}.jsonl"), num_prompts=1,
+                   prefix_tokens=16, max_new_tokens=NEW, resident_per_layer=2, k=3, warmup_prompts=2), **over}
+
+
+@pytest.mark.parametrize("arch", LIVE_ARCHS)
+def test_every_system_decodes_live_and_commits_generates_greedy_tokens(arch, tiny_dirs, rtn_drafts, tmp_path):
+    """Each system's live run (its own cache, hooks and planner choosing real copies from the live router's choices)
+    commits what transformers' `generate` decodes greedily, and books the hits and misses of its simulated twin,
+    which decodes the recorded trace."""
+    systems = _live_systems()
+    assert {"on-demand", "specter", "mixtral-offloading", "moe-infinity", "fiddler", "sp-moe"} <= set(systems)
+    session = Session()
+    reference = None
+    for system in systems:
+        p = prepare(spec(**_request(tiny_dirs, rtn_drafts, arch, system, tmp_path, engine="live")), session)
+        p.device = on_live.runtime(p, session)
+        prompt = p.prompts[0]
+        if reference is None:
+            target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+            with torch.no_grad():
+                reference = target.model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
+                                                  eos_token_id=None, pad_token_id=target.config.pad_token_id
+                                                  )[0, len(prompt):].tolist()
+        live, timeline = on_live.live_run(p, prompt, p.config, schedule)
+        assert live.tokens == reference, (arch, system)
+        assert timeline.spans and all(s.end >= s.start for s in timeline.spans)
+        simulated, _ = schedule(p.system, on_live.timing.make_engine("sim", p.profile), p.work, p.service,
+                                p.service.trace(prompt, NEW), p.config, p.cost, p.warmup, online=p.online)
+        assert live.stats.demand.counts() == simulated.stats.demand.counts(), (arch, system)
+        assert live.accepted_lengths == simulated.accepted_lengths, (arch, system)
+
+
+def test_slots_are_real(tiny_dirs):
+    """An expert's host copy corrupted after the expert was loaded: the output is unchanged while the slot holds the
+    clean copy, and changes once the expert is loaded again from the host."""
+    from specter.offload.cache import ExpertCache
+    from specter.offload.executor import Executor, TransferStats
+    from specter.offload.live import LiveRuntime
+    from specter.offload.store import ExpertStore
+    from specter.offload.work import ModelWork
+    from specter.timing.wall import WallEngine
+
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    work = ModelWork.of(target)
+    store = ExpertStore(target, dtype=torch.float32)
+    runtime = LiveRuntime(target, work, store, work.experts_per_layer, "cpu", check=True)
+    cache = ExpertCache(work.moe_layers, work.experts_per_layer)
+    ex = Executor(WallEngine(), work, cache, TransferStats(), device=runtime)
+    prompt = list(range(5, 21))
+    ex.target_pass(None, context=0, tag="first", inputs=prompt)
+    clean, misses = ex.last_pass.logits, ex.stats.demand.misses
+    layer = work.moe_layers[0]
+    expert = ex.last_pass.routes[0][layer][0]
+    assert (layer, expert) in cache
+    store.layers[layer][expert].mul_(-3.0)  # the host copy, after the expert crossed into its slot
+
+    ex.target_pass(None, context=0, tag="resident", inputs=prompt)
+    assert ex.stats.demand.misses == misses  # nothing copied again
+    assert torch.equal(ex.last_pass.logits, clean)
+
+    cache.clear(layer)  # evicted: the next pass copies it in again, from the corrupted host copy
+    ex.target_pass(None, context=0, tag="reloaded", inputs=prompt)
+    assert ex.stats.demand.misses > misses
+    assert not torch.allclose(ex.last_pass.logits, clean)
+
+
+def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dirs, rtn_drafts, tmp_path):
+    request = _request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path, num_prompts=2)
+    session = Session()
+    simulated = execute(spec(**request), session, progress=False)
+    live = execute(spec(**request, engine="live", repeats=2), session, progress=False)
+    assert [(r.prompt_index, r.extra["repeat"]) for r in live] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in live:
+        s = simulated[r.prompt_index]
+        assert r.engine == "live" and not r.simulated and r.hardware.startswith("cpu")
+        assert r.output_token_ids == s.output_token_ids
+        assert r.extra["live"] == {"device": "cpu", "tokens_as_recorded": True, "first_divergence": None}
+        assert r.extra["simulated_tpot_ms"] == s.tpot_ms and r.extra["simulated_on"] == "a100-40gb-pcie4"
+        assert r.config["device"]["measured_on"].startswith("measured on cpu")
+        assert r.tpot_ms > 0 and r.extra["commit_ms"] == sorted(r.extra["commit_ms"])
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    (dict(temperature=0.7), "--temperature 0.7 samples"),
+    (dict(expert_bits=4), "--expert-bits 4 prices quantized experts"),
+    (dict(cost_as="mixtral-8x7b"), "--engine live runs this model's own kernels"),
+    (dict(system="specter-oracle"), "cannot run specter-oracle: it forecasts from the target's own routes"),
+    (dict(system="specmoeoff"), "cannot run specmoeoff: its draft keeps a KV cache of its own"),
+    (dict(system="mixtral-offloading", system_options=(("depth", "1"),)), "depth=1 guesses from the target's"),
+    (dict(system_options=(("draft-kv", "copied"),)), "draft-kv=copied is an ablation of the simulator"),
+])
+def test_live_refuses_what_it_cannot_run_before_loading(over, message, tiny_dirs, rtn_drafts, tmp_path):
+    from specter.errors import SpecterError
+
+    request = {**_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path), "engine": "live", **over}
+    with pytest.raises(SpecterError, match=message):
+        spec(**request).validate()
+    assert not (tmp_path / f"{request['system']}.jsonl").exists()
