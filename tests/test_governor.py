@@ -148,3 +148,26 @@ def test_the_profiler_runs_its_largest_k_first_and_picks_the_lowest_tpot():
     choice = choose_k_profile(run_with_k, tokens=64)
     assert order == sorted(candidates_for(64), reverse=True) and len(order) > 1
     assert choice.k == 4 and [row["k"] for row in choice.table] == sorted(order)
+
+
+def test_a_checkpoint_with_a_published_models_shapes_gets_the_artifacts_k_without_cost_as(tmp_path, tiny_dirs):
+    """A run without --k on a real checkpoint (its config has a shipped architecture's shapes) takes the artifact's K
+    for that model, as a run priced at those shapes does; a proxy of the same class keeps the suite's default."""
+    import json
+
+    from conftest import spec
+    from specter.models.architectures import load_architecture
+    from specter.runs.execute import _k_setting
+    from specter.systems import get_system
+
+    phi = tmp_path / "phi-3.5-moe-instruct"
+    phi.mkdir()
+    (phi / "config.json").write_text(json.dumps(load_architecture("phi-3.5-moe").config))
+    request = dict(system="specter", dataset="code", hardware="a100-40gb-pcie4", out=str(tmp_path / "x.jsonl"),
+                   resident_per_layer=2)
+    k, why = _k_setting(spec(model=str(phi), **request), get_system("specter"))
+    assert k.fixed == 16 and "the artifact's K for phi-3.5-moe" in why
+    k, why = _k_setting(spec(model=tiny_dirs["phimoe"], **request), get_system("specter"))
+    assert k.fixed == 8 and "the suite's default K" in why
+    k, why = _k_setting(spec(model=tiny_dirs["phimoe"], cost_as="phi-3.5-moe", **request), get_system("specter"))
+    assert k.fixed == 16

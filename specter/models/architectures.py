@@ -68,6 +68,23 @@ class Architecture:
         return sum(p.numel() for p in self.meta_model().model.parameters())
 
 
+#: the config keys that make a checkpoint's shapes (where a shipped architecture's config has them)
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "moe_intermediate_size", "num_local_experts", "n_routed_experts", "num_experts",
+              "num_experts_per_tok", "first_k_dense_replace", "vocab_size")
+
+
+def published_architecture(model_config: dict) -> str | None:
+    """The shipped architecture whose published shapes a checkpoint's config has (every shape key the architecture's
+    config gives, equal), or None: a real checkpoint of a published model, told apart from a proxy of its class."""
+    for name in architecture_names():
+        published = load_architecture(name).config
+        keys = [k for k in SHAPE_KEYS if k in published]
+        if keys and all(model_config.get(k) == published[k] for k in keys):
+            return name
+    return None
+
+
 def load_architecture(name_or_path: str | Path) -> Architecture:
     """A shipped architecture by name, or a local `config.json` (a Hugging Face checkpoint's, or a file of the
     shipped form with `config` inside)."""

@@ -250,14 +250,20 @@ def _max_governed_k() -> int:
 
 
 def _k_setting(spec: RunSpec, system: System) -> tuple[Window, str | None]:
-    """The run's K setting and why: --k, or the default where a speculative run gives none (`default_k`)."""
+    """The run's K setting and why: --k, or the default where a speculative run gives none (`default_k`: the
+    artifact's K of the architecture the run is priced at, or of the published model whose shapes the checkpoint
+    has)."""
+    from specter.models.architectures import load_architecture, published_architecture
+    from specter.models.loading import read_model_config
     from specter.speculation.governor import default_k
 
     if spec.k.value is not None:
         return spec.k, "--k" if system.speculative else None
     if not (system.speculative and system.takes_window) and spec.budget.kind != "same_memory":
         return spec.k, None
-    k, why = default_k(spec.cost_as and Path(spec.cost_as).stem)
+    architecture = (load_architecture(spec.cost_as).name if spec.cost_as
+                    else published_architecture(read_model_config(spec.model)))
+    k, why = default_k(architecture)
     return Window(k), why
 
 
