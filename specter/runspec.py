@@ -276,9 +276,10 @@ class RunSpec:
                          "not replayed from a memo)", float, sweep=True, metavar="T"))
     seed: int = setting(default=42, metadata=_flag("--seed", "seed (the artifact's is 42)", int, metavar="S"))
     repeats: int = setting(default=1, metadata=_flag(
-        "--repeats", "timed runs of each prompt (the artifact's protocol: 3): with --engine cuda or live each repeat is "
-                     "timed from the same cache state and recorded (extra.repeat); under --engine sim every repeat "
-                     "would be identical, so each prompt runs once and its record says so (extra.repeats)", int,
+        "--repeats", "timed runs of each prompt (the artifact's protocol: 3): with --engine cuda or live each "
+                     "repeat is timed from the same cache state and recorded (extra.repeat); under --engine sim "
+                     "every repeat would be identical, so each prompt runs once and its record says so "
+                     "(extra.repeats)", int,
         metavar="R"))
     engine: str = setting(default="sim", metadata=_flag(
         "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
