@@ -34,8 +34,8 @@ def _request(tiny_dirs, rtn_drafts, arch, system, tmp_path, **over) -> dict:
 @pytest.mark.parametrize("arch", LIVE_ARCHS)
 def test_every_system_decodes_live_and_commits_generates_greedy_tokens(arch, tiny_dirs, rtn_drafts, tmp_path):
     """Each system's live run (its own cache, hooks and planner choosing real copies from the live router's choices)
-    commits what transformers' `generate` decodes greedily, and books the hits and misses of its simulated twin,
-    which decodes the recorded trace."""
+    commits what transformers' `generate` decodes greedily, with its simulated twin's acceptance (the twin decodes
+    the recorded trace); a system whose choices depend only on the routes also books the twin's hits and misses."""
     systems = _live_systems()
     assert {"on-demand", "specter", "mixtral-offloading", "moe-infinity", "fiddler", "sp-moe"} <= set(systems)
     session = Session()
@@ -55,8 +55,9 @@ def test_every_system_decodes_live_and_commits_generates_greedy_tokens(arch, tin
         assert timeline.spans and all(s.end >= s.start for s in timeline.spans)
         simulated, _ = schedule(p.system, on_live.timing.make_engine("sim", p.profile), p.work, p.service,
                                 p.service.trace(prompt, NEW), p.config, p.cost, p.warmup, online=p.online)
-        assert live.stats.demand.counts() == simulated.stats.demand.counts(), (arch, system)
         assert live.accepted_lengths == simulated.accepted_lengths, (arch, system)
+        if not p.system.speculative:  # a speculative planner sizes its prefetches from the step times it measures
+            assert live.stats.demand.counts() == simulated.stats.demand.counts(), (arch, system)
 
 
 def test_slots_are_real(tiny_dirs):

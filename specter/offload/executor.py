@@ -355,7 +355,7 @@ class Executor:
         def reach(moe_layer: int | None, per_token: list[tuple[int, ...]]) -> None:
             for layer in layers:  # the dense layers before this MoE layer, then the layer itself
                 if layer != moe_layer:
-                    self._live_dense(layer, n, context, tag, draft, ops)
+                    self._dense_layer(layer, n, context, tag, draft, ops)
                     continue
                 for j, experts in enumerate(per_token):
                     routes[j][layer] = experts
@@ -370,7 +370,8 @@ class Executor:
         self.last_pass.routes = routes
         return routes
 
-    def _live_dense(self, layer: int, n: int, context: int, tag: str, draft: bool, ops: list[Op] | None) -> None:
+    def _dense_layer(self, layer: int, n: int, context: int, tag: str, draft: bool, ops: list[Op] | None) -> None:
+        """A dense decoder layer of a pass over `n` tokens: its attention block (a draft's ops go to `ops`)."""
         if draft:
             ops.append(self._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
             self.engine.launch(COMPUTE, ops[-1])
@@ -397,8 +398,7 @@ class Executor:
                 if layer in self.work.moe_layers:
                     self._draft_layer(layer, [r[layer] for r in routes], len(routes), context, tag, ops, expert_bytes)
                 else:
-                    ops.append(self._attention(layer, len(routes), context + len(routes), f"{tag}.L{layer}.attn"))
-                    self.engine.launch(COMPUTE, ops[-1])
+                    self._dense_layer(layer, len(routes), context, tag, True, ops)
         n = len(routes)
         ops.append(self._head(n, f"{tag}.head"))
         self.engine.launch(COMPUTE, ops[-1])
