@@ -354,11 +354,11 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
     result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
                                 p.cost, p.warmup, online=p.online)
     measured = {}
-    if p.spec.engine == "live":  # the simulated run above is the live run's twin; now the model decodes live
-        result, timeline, measured = on_live.timed(p, index, prompt, config, result, warm_up=index == repeat == 0)
-        measured = {**measured, "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}
-    elif p.device is not None:  # the simulated run above recorded every numeric; now time the same schedule for real
-        result, timeline, measured = on_device.timed(p, index, trace, config, result, warm_up=index == repeat == 0)
+    if p.device is not None:  # the simulated run above is the twin: now decoded live, or its schedule timed
+        first = index == repeat == 0  # the warm-up's turn
+        result, timeline, measured = (on_live.timed(p, index, prompt, config, result, warm_up=first)
+                                      if p.spec.engine == "live" else
+                                      on_device.timed(p, index, trace, config, result, warm_up=first))
         measured = {**measured, "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}
     else:
         measured = {"repeats": {"asked": p.spec.repeats, "timed": 1, **(
