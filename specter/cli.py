@@ -158,7 +158,7 @@ def _timing(row: dict) -> str:
 
 
 def _threads_set(args: argparse.Namespace) -> None:
-    from specter.numerics import determinism
+    from specter import determinism
 
     determinism.use(args.threads)
 
@@ -631,8 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from specter import interrupt
 
     interrupt.install()  # first: a Ctrl-C or SIGTERM from here on exits 130 (143) with one line, nothing left behind
+    from specter.determinism import pin_environment
     from specter.io import cache_bytecode
-    from specter.numerics.determinism import pin_environment
 
     cache_bytecode()  # before the heavy imports (torch, transformers): see its docstring
     try:

@@ -24,7 +24,6 @@ This module imports nothing heavy (the workflow imports it to plan jobs).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from specter.errors import SpecterError
@@ -40,13 +39,13 @@ SCOPE = ("model", "cost_as", "dataset", "hardware", "simulated")
 @dataclass(frozen=True)
 class Table:
     """How an experiment's table is made. `stats`: per setting (SCOPE + `keys`), means over prompts of the times and
-    rates (TPOT's median, p90, p99 and n beside) and sums of the counts; `derive` adds label columns first (a function
-    of the records' frame); `speedups` adds `speedup_of_specter` within SCOPE + those columns; `columns` keeps only
-    those, in order."""
+    rates (TPOT's median, p90, p99 and n beside) and sums of the counts; `derive` adds label columns first (it names
+    one of `specter.report.tables.DERIVES`, each a function of the records' frame); `speedups` adds
+    `speedup_of_specter` within SCOPE + those columns; `columns` keeps only those, in order."""
 
     kind: str = "stats"
     keys: tuple[str, ...] = ()
-    derive: Callable | None = None
+    derive: str | None = None
     speedups: tuple[str, ...] | None = None
     columns: tuple[str, ...] | None = None
 
@@ -74,80 +73,15 @@ class Experiment:
     reads: tuple[str, ...] = ()  # other experiments whose records its table also reads, where they are configured
 
 
-def _ablation_arm(df):
-    """Each run's arm (its name in the config's `arms`, else what its settings remove from Specter) and `arm_index`,
-    the arm's place in the order the records list them (the config's order)."""
-    def removed(prefetch: str, kernel: str, kv: str, serialize: str) -> str:
-        parts = [part for part, gone in (("no prefetch", prefetch == "none"), ("unfused draft kernel", kernel ==
-                                         "unfused"), ("copied KV", kv == "copied"),
-                                         ("serialized demand", str(serialize).lower() in ("true", "1", "yes")))
-                 if gone]
-        return ", ".join(parts) or "full"
-    arms = [arm or removed(p, k, kv, s) for arm, p, k, kv, s in
-            zip(df["arm"], df["prefetch"], df["draft_kernel"], df["draft_kv"], df["serialize_demand"])]
-    order = {arm: i for i, arm in enumerate(dict.fromkeys(arms))}
-    return df.assign(arm=arms, arm_index=[order[a] for a in arms])
-
-
-def _memory_label(df):
-    """`same slots` or `same memory` from the record's budget kind (the paper's same-cache and same-memory)."""
-    return df.assign(memory=["same memory" if kind == "same_memory" else "same slots" for kind in df["budget_kind"]])
+#: K settings that are governors rather than a window size (their runs repeat a fixed K's, so per-K tables skip them)
+GOVERNORS = ("auto", "profile", "online")
+#: the caching policies of the hit_rate experiment (the paper's Table 3), in the order they are shown
+HIT_POLICIES = ("LRU", "LRU scaled to equal memory", "single prefetch sooner", "single prefetch later", "speculative")
 
 
 def governed_label(system: str, k_setting: str) -> str:
     """A run's row name in `main`: the system, or `<system> (K <governor>)` for its run at a governor's K."""
     return f"{system} (K {k_setting})" if k_setting in GOVERNORS else system
-
-
-def _main_rows(df):
-    """`main`'s rows: the comparison (`_memory_label`), and each speculative system's run at a governor's K (the
-    entry's `governors`) as a row of its own beside its run at the case's fixed K, which the ratios compare with."""
-    df = _memory_label(df)
-    return df.assign(system=[governed_label(s, str(k)) for s, k in zip(df["system"], df["k_setting"])])
-
-
-def _oracle_forecast(df):
-    """`draft` for Specter's own forecast, else the oracle's noise as a share of expert identities replaced."""
-    import pandas as pd
-
-    return df.assign(forecast=["draft" if pd.isna(n) else f"target routes, {float(n):.0%} replaced"
-                               for n in df["noise"]], noise=df["noise"].astype(float).fillna(-1.0))
-
-
-#: K settings that are governors rather than a window size (their runs repeat a fixed K's, so per-K tables skip them)
-GOVERNORS = ("auto", "profile", "online")
-
-
-def _fixed_k(df):
-    """The runs at a fixed K (a governor's run repeats the fixed-K run of the K it chose: counted once)."""
-    return df[~df["k_setting"].isin(GOVERNORS)]
-
-
-#: the caching policies of the hit_rate experiment (the paper's Table 3), in the order they are shown
-HIT_POLICIES = ("LRU", "LRU scaled to equal memory", "single prefetch sooner", "single prefetch later", "speculative")
-
-
-def _hit_policy(df):
-    """The paper's Table 3 policies from the runs: on-demand LRU at Specter's slots (`LRU`) and at Specter's device
-    memory (`LRU scaled to equal memory`, more slots); Specter with one plan after the first draft step (`single
-    prefetch sooner`), one plan over the whole window before verification (`single prefetch later`) and its adaptive
-    plans (`speculative`). `specter_slots`: the slots the comparison is built on (Specter's)."""
-    policy = []
-    for system, kind, prefetch in zip(df["system"], df["budget_kind"], df["prefetch"]):
-        if system == "on-demand":
-            policy.append("LRU" if kind == "slots" else "LRU scaled to equal memory")
-        elif system == "specter" and kind == "slots":
-            policy.append({"adaptive": "speculative", "early": "single prefetch sooner",
-                           "late": "single prefetch later"}.get(prefetch))
-        else:  # Specter at its own memory is Specter at its slots: counted once
-            policy.append(None)
-    from specter.report.calibration import table3
-
-    published = table3()
-    out = df.assign(policy=policy, specter_slots=df["budget_value"])
-    out = out[out["policy"].notna()]
-    return out.assign(paper_table3=[published.get((arch, pol, int(slots)), float("nan")) for arch, pol, slots in
-                                    zip(out["cost_as"], out["policy"], out["specter_slots"])])
 
 
 _BOUND = "black ticks: the lower bound."
@@ -156,7 +90,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "main", "sweep",
         Table(keys=("memory", "system", "k", "slots_per_layer", "experts_per_layer", "resident_share"),
-              derive=_main_rows,
+              derive="main_rows",
               speedups=("memory",)),
         Figure("system_bars", "TPOT per system", x="system", xlabel="system"),
         "Time per output token (TPOT, mean over prompts) of every configured system in each case (the model whose "
@@ -195,7 +129,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "title gives the window recall (planned experts the verification used over experts it used)."),
     Experiment(
         "working_set", "k_sweep",
-        Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"), derive=_fixed_k,
+        Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"), derive="fixed_k",
               columns=("model", "cost_as", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer",
                        "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate", "n")),
         Figure("working_set", "Working set of one verification vs K"),
@@ -215,7 +149,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "ablation", "sweep",
         Table(keys=("system", "k", "arm_index", "arm", "prefetch", "draft_kernel", "draft_kv", "serialize_demand",
-                    "slots_per_layer"), derive=_ablation_arm),
+                    "slots_per_layer"), derive="ablation_arm"),
         Figure("bars", "Ablation", x="arm", xlabel="arm (in the config's order)",
                sort="arm_index"),
         "Specter with its parts removed, in the config's order (the artifact's cumulative arms): ``full``; ``no "
@@ -227,7 +161,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         f"prompts; {_BOUND}"),
     Experiment(
         "oracle", "sweep",
-        Table(keys=("system", "forecast", "noise", "k", "slots_per_layer"), derive=_oracle_forecast),
+        Table(keys=("system", "forecast", "noise", "k", "slots_per_layer"), derive="oracle_forecast"),
         Figure("bars", "Perfect and degraded forecasts", x="forecast", xlabel="prefetch forecast", sort="noise"),
         "Specter's prefetch planned from the draft's routing (``draft``) against plans from the target's own "
         "recorded routes with 0, 25, 50 or 75% of the expert identities replaced at random (``specter-oracle``): "
@@ -235,7 +169,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "hit_rate", "sweep",
         Table(keys=("policy", "specter_slots", "paper_table3", "system", "k", "slots_per_layer", "experts_per_layer"),
-              derive=_hit_policy),
+              derive="hit_policy"),
         Figure("hit_rate", "Expert hit rate per caching policy (the paper's Table 3)", x="specter_slots",
                xlabel="Specter's expert slots per layer"),
         "The share of the experts a target pass needs that are already in a device slot when it asks for them (mean "

@@ -39,7 +39,7 @@ def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict 
     """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at;
     `k_source`: where a speculative run's K came from; `numerics_device`: where the target's forwards ran, beside
     their dtype in `config.dtype`; `expert_storage`: how the target's routed experts are stored and priced)."""
-    from specter.numerics import determinism
+    from specter import determinism
     from specter.quant.meta import versions
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,

@@ -3,8 +3,9 @@ command-line flags of `specter run`, `compare` and `sweep`.
 
 A `RunSpec` is frozen. Its device budget is a `Budget` (expert slots per layer, a share of each layer's experts, or GB
 of device memory) that turns itself into slots given the model's work, and its draft window is a `Window` (an integer
-K, or a governor: `auto` or `profile`). `RunSpec.validate()` is the one place where a run's settings are checked
-before any model is loaded; `RunSpec.as_dict()` is the `config` of every record the run writes. The flags are declared
+K, or a governor: `auto` or `profile`). The spec checks its own data (numbers, names, files);
+`specter.runs.checks.validate` adds what needs the system registry, a profile or the model's config, before any model
+is loaded; `RunSpec.as_dict()` is the `config` of every record the run writes. The flags are declared
 on the fields (`metadata`), and `add_cli_args` builds them for each command, as vLLM's `EngineArgs.add_cli_args` does:
 in `sweep`, the fields marked sweepable take comma-separated lists (the grid's axes).
 
@@ -14,7 +15,6 @@ This module imports nothing heavy: the workflow reads its axis names to build sw
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
@@ -44,6 +44,8 @@ SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardwar
 ARM_SETTINGS = ("prefetch", "draft_kernel", "hardware", "expert_bits")
 #: the target's routed experts as stored: FP16 (16, the paper's targets) or HQQ at 2, 3 or 4 bits (Mixtral-Offloading's)
 EXPERT_BITS = (16, 2, 3, 4)
+#: the windows the `profile` governor tries (`specter.speculation.governor`); the largest bounds a governed run's window
+PROFILE_KS = (2, 4, 6, 8, 12, 16, 20, 24, 32)
 
 
 # Budgets ------------------------------------------------------------------------------------------------------------
@@ -194,6 +196,11 @@ class Window:
     def governor(self) -> str | None:
         return self.value if isinstance(self.value, str) else None
 
+    @property
+    def longest(self) -> int:
+        """The most proposals one window may hold: the fixed K, a governor's largest (of `PROFILE_KS`), or 0."""
+        return self.fixed or (max(PROFILE_KS) if self.governor else 0)
+
     def check(self, system: str) -> None:
         if isinstance(self.value, int) and self.value < 1:
             raise SpecterError(f"--k must be at least 1 for {system!r}, got {self.value}")
@@ -338,7 +345,7 @@ class RunSpec:
                 values[name] = tuple(tuple(v) if isinstance(v, list) else v for v in values[name])
         return cls(budget=Budget.of(**{name: data.get(name) for name in Budget.KINDS.values()}), **values)
 
-    def _check_numbers(self) -> None:
+    def check_numbers(self) -> None:
         """Every number finite and in range, before anything is loaded."""
         ints = {f"--{name.replace('_', '-')}": (getattr(self, name), low, high) for name, (low, high) in LIMITS.items()}
         for flag, (value, low, high) in ints.items():
@@ -354,48 +361,6 @@ class RunSpec:
         if self.k.fixed is not None and self.k.fixed > MAX_WINDOW:
             raise SpecterError(f"--k {self.k.fixed} is more than {MAX_WINDOW} proposals a window; give a smaller K")
 
-    def _check_positions(self, model_config: dict) -> None:
-        """The run's longest sequence (prompt, new tokens, a window beyond them) fits the model's positions."""
-        from specter.speculation.governor import PROFILE_KS
-
-        window = self.k.fixed or (max(PROFILE_KS) if self.k.governor else 0)
-        check_positions(model_config, {"--prefix-tokens": self.prefix_tokens,
-                                       "--max-new-tokens": self.max_new_tokens, "a window of": window})
-
-    def _check_live(self, system) -> None:
-        """What the live engine cannot run, refused before anything loads."""
-        if self.expert_bits != 16:
-            raise SpecterError(f"--expert-bits {self.expert_bits} prices quantized experts; the live engine copies and "
-                               "computes this model's own experts, so use --engine sim (or drop --expert-bits)")
-        if self.temperature > 0:
-            raise SpecterError(f"--engine live decodes greedily; --temperature {self.temperature} samples: use "
-                               "--engine sim or --temperature 0")
-        reason = system.cannot_run_live()
-        if reason:
-            raise SpecterError(f"--engine live cannot run {self.system}: {reason}; use --engine sim")
-
-    def _check_cost_as(self, structures: dict | None = None) -> None:
-        from pathlib import Path
-
-        from specter.models.architectures import check_structure, load_architecture
-        from specter.models.loading import describe_model
-
-        if self.engine in ("cuda", "live"):
-            raise SpecterError(f"--cost-as {self.cost_as} prices ops at another model's shapes; --engine {self.engine} "
-                               "runs this model's own kernels, so use --engine sim (or drop --cost-as)")
-        arch = load_architecture(self.cost_as)
-        config = Path(self.model) / "config.json"
-        # both structures come from meta-device models (about 0.25 s a spec, and a sweep validates every spec twice):
-        # `structures` (a session's) keeps them by the architecture's config and the model's
-        structures = {} if structures is None else structures
-        key = (json.dumps(arch.config, sort_keys=True), str(self.model),
-               config.read_text() if config.is_file() else None)
-        if key not in structures:
-            arch_moe = arch.meta_model().moe_layers[0]
-            proxy = describe_model(self.model)
-            structures[key] = (arch_moe.num_experts, arch_moe.top_k, proxy.experts_per_layer, proxy.top_k)
-        check_structure(arch, *structures[key], Path(self.model).name)
-
     def describe(self) -> str:
         """One line for progress output."""
         k = f" K={self.k}" if self.k.value is not None else ""
@@ -407,50 +372,23 @@ class RunSpec:
         return (f"{self.system}{k} {policy} {self.hardware}{shapes} {self.budget.describe()} prefix "
                 f"{self.prefix_tokens}{temperature}{opts}{arm}")
 
-    # checks
-    # ------------------------------------------------------------------------------------------------------------
-    def validate(self, structures: dict | None = None):
-        """Every check that needs no model weights; returns (the system, the hardware profile)."""
-        from pathlib import Path
-
-        import torch
-
-        from specter.models.loading import read_model_config
-        from specter.systems import get_system
-        from specter.timing import load_profile
-
-        self._check_numbers()
-        system = get_system(self.system, dict(self.system_options))
+    # the checks of data alone (`specter.runs.checks.validate` runs them beside those that need a system, a hardware
+    # profile or the model's config) ----------------------------------------------------------------------------------
+    def check_names(self) -> None:
+        """The engine, prefetch policy and cache start are names this suite has."""
         if self.engine not in ENGINES:
             raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}")
-        if self.engine == "cuda":
-            if not torch.cuda.is_available():
-                raise SpecterError("--engine cuda needs a CUDA device, and torch sees none; use --engine sim "
-                                   "(simulated time from the --hardware profile)")
-            if self.expert_bits != 16:
-                raise SpecterError(f"--expert-bits {self.expert_bits} prices quantized experts; the CUDA engine "
-                                   "copies this model's own FP16 experts, so use --engine sim (or drop --expert-bits)")
-            if self.temperature > 0:
-                raise SpecterError(f"--engine cuda times greedy runs (their numerics are recorded before the timed "
-                                   f"run); --temperature {self.temperature} samples live: use --engine sim or "
-                                   "--temperature 0")
-        if self.engine == "live":
-            self._check_live(system)
-        profile = load_profile(self.hardware)
-        self._check_positions(read_model_config(self.model))
-        if self.cost_as is not None:
-            self._check_cost_as(structures)
-        if system.speculative and self.draft is None:
-            raise SpecterError(f"system {self.system!r} speculates: pass --draft DIR (make one with "
-                               "`specter quantize`)")
-        if system.speculative and system.takes_window:
-            self.k.check(self.system)
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")
         if self.cache_start not in CACHE_STARTS:
             raise SpecterError(f"--cache-start {self.cache_start!r} is not a cache start; give one of "
                                f"{', '.join(CACHE_STARTS)}")
+
+    def check_files(self) -> None:
+        """The budget, and the files the run reads (memos) and writes (`out`)."""
+        from pathlib import Path
+
         self.budget.check()
         if self.budget.kind == "same_memory" and self.draft is None:
             raise SpecterError(f"--same-memory-as {int(self.budget.value)} charges Specter's draft: pass --draft DIR "
@@ -460,7 +398,6 @@ class RunSpec:
                 raise SpecterError(f"--memo {memo!r} does not exist; record it with `specter sweep --memo-out`")
         if self.out and Path(self.out).is_dir():
             raise SpecterError(f"--out {self.out} is a directory; give a file name ending in .jsonl")
-        return system, profile
 
 
 # The command line ----------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ class Session:
         self._architectures: dict[str, tuple[object, object]] = {}  # --cost-as -> (Architecture, its ModelWork)
         self._tokenizers: dict[str, object] = {}  # model dir -> its tokenizer
         self._calibration: dict[tuple, list[list[int]]] = {}  # (model dir, corpus, count, length) -> prompts
-        self.structures: dict[tuple, tuple[int, ...]] = {}  # `RunSpec.validate`'s --cost-as structure checks
+        self.structures: dict[tuple, tuple[int, ...]] = {}  # runs.checks.validate's --cost-as structures
 
     def calibration_prompts(self, model_dir: str | Path, corpus: str, count: int, length: int) -> list[list[int]]:
         """`count` prompts of `length` tokens from a corpus's calibration split, through the model's tokenizer

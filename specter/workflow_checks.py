@@ -213,7 +213,7 @@ def _check_same_memory(config: dict) -> None:
     from specter.models.architectures import load_architecture
     from specter.offload.memory import slot_row_bytes, specter_resident_bytes
     from specter.offload.work import ModelWork
-    from specter.speculation.governor import PROFILE_KS
+    from specter.runspec import PROFILE_KS
     from specter.timing import load_profile
 
     works: dict[str, object] = {}
@@ -256,7 +256,7 @@ def _check_positions(config: dict, widths: dict) -> None:
     would check once its job runs: a fidelity report's prompt and new tokens; a GPTQ draft's calibration sequences;
     and in each case the longest prompt, the new tokens and the largest window of the experiments run there."""
     from specter.experiments import EXPERIMENTS
-    from specter.speculation.governor import PROFILE_KS
+    from specter.runspec import PROFILE_KS
 
     protocol, fidelity, calibration = config["protocol"], config["fidelity"], config["calibration"]
     for model, (*_, positions) in widths.items():

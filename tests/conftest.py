@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specter.numerics.determinism import pin_environment
+from specter.determinism import pin_environment
 
 pin_environment()  # as the CLI does, before torch computes anything
 
@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
-    from specter.numerics import determinism
+    from specter import determinism
 
     determinism.use(2)
 

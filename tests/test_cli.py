@@ -182,7 +182,7 @@ def test_an_interrupt_wrapped_by_a_library_still_exits_130(capsys, monkeypatch):
 def test_the_numerics_pin_holds_torch_mkl_and_onednn_to_avx2():
     """oneDNN picks its instruction set from the CPU, whatever torch's capability: on an AMX CPU bfloat16 attention
     under the AVX2 pin alone raised (pack_vnni2), so the pin caps it too; native numerics leave all of it alone."""
-    from specter.numerics import determinism
+    from specter import determinism
 
     env = {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
     determinism.pin_environment(env)

@@ -8,7 +8,8 @@ from conftest import spec
 from specter.offload.work import ModelWork
 from specter.quant.quantize import quantize_draft
 from specter.runs import run
-from specter.speculation.governor import PROFILE_KS, OnlineGovernor, _finite_tpot, calibration_windows, candidates_for
+from specter.runspec import PROFILE_KS
+from specter.speculation.governor import OnlineGovernor, _finite_tpot, calibration_windows, candidates_for
 
 
 def test_the_finite_horizon_charges_whole_cycles():

@@ -13,6 +13,7 @@ import torch
 from conftest import spec
 from specter.models import load_moe_model
 from specter.runs import live as on_live
+from specter.runs.checks import validate
 from specter.runs.execute import execute, prepare, schedule
 from specter.session import Session
 from specter.systems import get_system, registry
@@ -124,5 +125,5 @@ def test_live_refuses_what_it_cannot_run_before_loading(over, message, tiny_dirs
 
     request = {**_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path), "engine": "live", **over}
     with pytest.raises(SpecterError, match=message):
-        spec(**request).validate()
+        validate(spec(**request))
     assert not (tmp_path / f"{request['system']}.jsonl").exists()

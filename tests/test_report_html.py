@@ -41,9 +41,10 @@ def test_measured_rows_are_named_measured():
 def test_no_table_column_is_left_without_a_unit_it_has():
     """The columns of the suite's tables that hold quantities all have a unit (the labels have none)."""
     from specter.metrics import BREAKDOWN
-    from specter.report.tables import _STATS, _SUMS, MEMORY_PARTS
+    from specter.report.frames import COUNTS, METRICS
+    from specter.report.tables import MEMORY_PARTS
 
-    quantities = [*_STATS, *_SUMS, *BREAKDOWN, *(p.removesuffix("_bytes") + "_gb" for p in MEMORY_PARTS), "n",
+    quantities = [*METRICS, *COUNTS, *BREAKDOWN, *(p.removesuffix("_bytes") + "_gb" for p in MEMORY_PARTS), "n",
                   "tpot_ms_p90", "speedup_of_specter", "entropy_bits", "entropy_share", "use_share", "uses",
                   "slots_per_layer", "experts_per_layer", "k", "precision", "recall", "top1_agreement"]
     assert [q for q in quantities if not column_unit(q)] == []

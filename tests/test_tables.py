@@ -13,7 +13,8 @@ import pytest
 from conftest import spec
 from specter import experiments, metrics
 from specter.quant.quantize import quantize_draft
-from specter.report.tables import experiment_table, records_frame
+from specter.report.frames import records_frame
+from specter.report.tables import derive, experiment_table
 from specter.runs import grid, sweep
 from specter.runspec import Arm, Budget
 
@@ -78,8 +79,7 @@ def test_every_row_recomputes_from_its_records(name, records):
     definition = experiments.get(name).table
     table = experiment_table(name, records)
     frame = records_frame(records).assign(_record=range(len(records)))
-    if definition.derive is not None:
-        frame = definition.derive(frame)
+    frame = derive(definition.derive, frame)
     keys = [*experiments.SCOPE, *definition.keys]
     assert len(table) > 0, f"{name}: no rows from a sweep every table can read"
     checked = 0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import EQUALITY_ARCHS, spec
-from specter.numerics.forward import ForwardService, WindowPath, _crop, _forward
+from specter.numerics.forward import ForwardService, WindowPath
+from specter.numerics.passes import _crop, _forward
 from specter.runs import run
 from specter.session import Session
 

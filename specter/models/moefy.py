@@ -19,7 +19,7 @@ down projection) or `MixtralSparseMoeBlock`, and the next layer is fitted on its
 MoE blocks against the dense model's next-token distributions on calibration text may follow (`distill_steps`, 0 by
 default: on the default model, `--set distill_steps=30` against the default build lowered held-out perplexity by 3.6%
 on prose and 0.9% on code, as the two model cards give it, for about 40% more build time). Everything is seeded and
-the numerics are pinned (`specter.numerics.determinism`), so the same command gives the same bits;
+the numerics are pinned (`specter.determinism`), so the same command gives the same bits;
 `specter.models.proxies` names the builds and writes their model cards.
 """
 

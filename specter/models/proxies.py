@@ -126,10 +126,10 @@ def _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, per
     import transformers
 
     import specter
+    from specter import determinism
     from specter.models.adapter import MoEModel
     from specter.models.moefy import dense_perplexity
     from specter.models.routing_stats import routing_statistics
-    from specter.numerics import determinism
 
     dense_ppl = {c: dense_perplexity(dense, ids, desc=f"perplexity, dense, {c}") for c, ids in held_out.items()}
     moe_ppl = {c: perplexity(model, ids, desc=f"perplexity, MoE, {c}") for c, ids in held_out.items()}

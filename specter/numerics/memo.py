@@ -369,7 +369,7 @@ def spot_check(service: ForwardService, traces: list, path: Path) -> None:
     so a replay's `live_forwards` stays 0); see the module docstring for what it proves and what it does not."""
     if not traces:
         return
-    from specter.numerics.forward import greedy_prefill
+    from specter.numerics.passes import greedy_prefill
 
     key, trace = traces[0]
     token, routes = greedy_prefill(service.target, trace.prompt)

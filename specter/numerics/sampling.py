@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from specter.models.adapter import MoEModel
-from specter.numerics.forward import (
+from specter.numerics.passes import (
     DraftWindow,
     PromptTrace,
     TokenRoutes,

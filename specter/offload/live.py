@@ -28,7 +28,7 @@ from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.experts import ExpertWeights, expert_ffn
 from specter.models.trees import experts_path, with_replaced
-from specter.numerics.forward import new_cache
+from specter.numerics.passes import new_cache
 from specter.offload.device import ExpertSlots
 from specter.offload.store import ExpertStore
 from specter.offload.work import ModelWork

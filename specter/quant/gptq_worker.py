@@ -64,7 +64,7 @@ def _follow_layers(model, emit) -> None:
 def main(request: dict) -> None:
     die_with_parent(request["parent_pid"])
     emit = _progress_writer(request.get("progress_fd"))
-    from specter.numerics import determinism
+    from specter import determinism
 
     determinism.use(request["threads"])  # the parent's thread count (the environment's pins come from the parent)
     # GPTQModel's CPU device pool must hold at least the 2 workers its model loader asks for, even where the caller
@@ -90,7 +90,7 @@ def main(request: dict) -> None:
     dtype = request.get("dtype", "auto")
     if dtype == "auto" and device == "cpu":
         # GPTQModel would pick bfloat16, whose CPU matmuls and attention run on oneDNN, held to AVX2 by the pinned
-        # numerics (specter.numerics.determinism): 14 s a layer of smollm2-moe on one thread, against 5 s in float32
+        # numerics (specter.determinism): 14 s a layer of smollm2-moe on one thread, against 5 s in float32
         dtype = "float32"
     emit("phase", f"loading the model into GPTQModel (device {device}, dtype {dtype})")
     model = GPTQModel.load(request["model_dir"], qcfg, device=device,

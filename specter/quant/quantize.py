@@ -23,11 +23,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specter import determinism
 from specter.errors import SpecterError
 from specter.io import atomic_dir, publish, temporary
 from specter.models.integrity import check_card, model_hash
 from specter.models.loading import load_moe_model, read_model_config
-from specter.numerics import determinism
 from specter.quant.meta import METHODS, DraftMeta, versions
 from specter.quant.packing import SUPPORTED_BITS, PackedLinear, pack
 from specter.runspec import check_positions

@@ -56,7 +56,7 @@ def table3() -> dict[tuple[str, str, int], float]:
 def frame(records: list[dict]) -> pd.DataFrame:
     """The records' frame (`records_frame`) with what calibration also reads: each run's resolved system settings,
     its commits and its time per token by part of the breakdown."""
-    from specter.report.tables import records_frame
+    from specter.report.frames import records_frame
 
     df = records_frame(records)
     tokens = [max(1, len(r["extra"]["commit_ms"]) - 1) for r in records]

@@ -1,9 +1,10 @@
 """Tidy tables of the experiments: run records (JSONL) and fidelity summaries (JSON) in, one CSV per experiment out.
 
-`records_frame` flattens records to one row per (run, prompt) with the settings that tell runs apart; an experiment's
-table is built by its registry entry's table kind (`specter.experiments`): `stats` (per setting, means over prompts
-with TPOT's median, p90, p99 and n beside; the records keep every prompt), `routing`, `calibration` or `fidelity`.
-Every table keeps `simulated` and `hardware`, so a figure drawn from it can say what its times are.
+`records_frame` (`specter.report.frames`) flattens records to one row per (run, prompt) with the settings that tell
+runs apart; an experiment's table is built by its registry entry's table kind (`specter.experiments`): `stats` (per
+setting, means over prompts with TPOT's median, p90, p99 and n beside; the records keep every prompt), `routing`,
+`calibration` or `fidelity`. Every table keeps `simulated` and `hardware`, so a figure drawn from it can say what its
+times are.
 """
 
 from __future__ import annotations
@@ -16,16 +17,10 @@ import pandas as pd
 from specter import experiments
 from specter.errors import SpecterError
 from specter.io import atomic_write
-from specter.runspec import Budget
+from specter.report.frames import COUNTS, METRICS, read_records, records_frame
 
 #: the table kinds an experiment's registry entry can name
 KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "fidelity")
-
-_STATS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
-            "window_working_set", "stall_ms", "hit_rate", "hit_rate_pass", "hit_rate_token", "prefetch_precision",
-            "prefetch_recall"]
-_SUMS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
-
 
 def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
     """What a table's times are, from its simulated and hardware columns: 'simulated on a100-40gb-pcie4' (`many` for
@@ -40,54 +35,14 @@ def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
     return "; ".join(kinds)
 
 
-def read_records(paths: list[str | Path]) -> list[dict]:
-    from specter.records import read_jsonl
-
-    records = []
-    for path in paths:
-        records += read_jsonl(path)
-    if not records:
-        raise SpecterError(f"no records in {', '.join(map(str, paths))}; the runs wrote nothing")
-    return records
-
-
-def records_frame(records: list[dict]) -> pd.DataFrame:
-    """One row per record: its settings, its metrics, and its model's name (the checkpoint directory's name)."""
-    rows = []
-    for r in records:
-        cfg = r["config"]
-        options = dict(cfg.get("system_options") or [])
-        rows.append(dict(
-            model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
-            hardware=r["hardware"], simulated=r["simulated"], system=r["system"], k=r["k"],
-            link=((cfg.get("hardware_profile") or {}).get("link") or {}).get("name", ""),
-            link_gbps=((cfg.get("hardware_profile") or {}).get("link") or {}).get("h2d_pinned_gbps"),
-            budget_kind=next((kind for kind, name in Budget.KINDS.items() if cfg.get(name) is not None), ""),
-            budget_value=next((cfg[name] for name in Budget.KINDS.values() if cfg.get(name) is not None), None),
-            draft_kernel=cfg.get("draft_kernel", "fused"), expert_bits=cfg.get("expert_bits", 16),
-            k_setting=str(cfg.get("k")) if cfg.get("k") is not None else "",
-            prefetch=cfg.get("prefetch") if r["k"] is not None else "", slots_per_layer=r["slots_per_layer"],
-            experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
-            prefix_tokens=cfg.get("prefix_tokens"), prompt_index=r["prompt_index"],
-            serialize_demand=options.get("serialize-demand", "false"), noise=options.get("noise"),
-            draft_kv=options.get("draft-kv", "shared") if r["k"] is not None else "",
-            temperature=float(cfg.get("temperature") or 0.0), arm=cfg.get("arm") or "",
-            repeat=(r.get("extra") or {}).get("repeat", 0),
-            **{m: r.get(m) for m in _STATS},
-            demand_misses=r["demand_misses"], h2d_bytes_demand=r["h2d_bytes_demand"],
-            h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),
-        ))
-    return pd.DataFrame(rows)
-
-
 def _stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per setting `keys`: the mean over prompts of every time and rate metric (the paper reports means), TPOT's
     median, p90, p99, fastest and slowest prompt beside it, the sums of the counts, and n (the runs: prompts, times
     their timed repeats on a device). Quantiles interpolate linearly, so at n = 5 the p99 lies between the two slowest
     prompts."""
     groups = df.groupby(keys, dropna=False, sort=True)
-    agg = {m: "mean" for m in _STATS if m in df}
-    agg.update({m: "sum" for m in _SUMS if m in df})
+    agg = {m: "mean" for m in METRICS if m in df}
+    agg.update({m: "sum" for m in COUNTS if m in df})
     out = groups.agg({**agg, "prompt_index": "count"}).rename(columns={"prompt_index": "n"})
     tpot = groups["tpot_ms"]
     out["tpot_ms_median"], out["tpot_ms_p90"], out["tpot_ms_p99"] = tpot.median(), tpot.quantile(0.9), tpot.quantile(
@@ -106,6 +61,82 @@ def _speedups(table: pd.DataFrame, scope: list[str], of: str = "specter") -> pd.
     return table
 
 
+# The label columns an experiment's table derives before its statistics (`experiments.Table.derive` names one) --------
+def _ablation_arm(df):
+    """Each run's arm (its name in the config's `arms`, else what its settings remove from Specter) and `arm_index`,
+    the arm's place in the order the records list them (the config's order)."""
+    def removed(prefetch: str, kernel: str, kv: str, serialize: str) -> str:
+        parts = [part for part, gone in (("no prefetch", prefetch == "none"), ("unfused draft kernel", kernel ==
+                                         "unfused"), ("copied KV", kv == "copied"),
+                                         ("serialized demand", str(serialize).lower() in ("true", "1", "yes")))
+                 if gone]
+        return ", ".join(parts) or "full"
+    arms = [arm or removed(p, k, kv, s) for arm, p, k, kv, s in
+            zip(df["arm"], df["prefetch"], df["draft_kernel"], df["draft_kv"], df["serialize_demand"])]
+    order = {arm: i for i, arm in enumerate(dict.fromkeys(arms))}
+    return df.assign(arm=arms, arm_index=[order[a] for a in arms])
+
+
+def _memory_label(df):
+    """`same slots` or `same memory` from the record's budget kind (the paper's same-cache and same-memory)."""
+    return df.assign(memory=["same memory" if kind == "same_memory" else "same slots" for kind in df["budget_kind"]])
+
+
+def _main_rows(df):
+    """`main`'s rows: the comparison (`_memory_label`), and each speculative system's run at a governor's K (the
+    entry's `governors`) as a row of its own beside its run at the case's fixed K, which the ratios compare with."""
+    df = _memory_label(df)
+    return df.assign(system=[experiments.governed_label(s, str(k)) for s, k in zip(df["system"], df["k_setting"])])
+
+
+def _oracle_forecast(df):
+    """`draft` for Specter's own forecast, else the oracle's noise as a share of expert identities replaced."""
+    return df.assign(forecast=["draft" if pd.isna(n) else f"target routes, {float(n):.0%} replaced"
+                               for n in df["noise"]], noise=df["noise"].astype(float).fillna(-1.0))
+
+
+def _fixed_k(df):
+    """The runs at a fixed K (a governor's run repeats the fixed-K run of the K it chose: counted once)."""
+    return df[~df["k_setting"].isin(experiments.GOVERNORS)]
+
+
+def _hit_policy(df):
+    """The paper's Table 3 policies from the runs: on-demand LRU at Specter's slots (`LRU`) and at Specter's device
+    memory (`LRU scaled to equal memory`, more slots); Specter with one plan after the first draft step (`single
+    prefetch sooner`), one plan over the whole window before verification (`single prefetch later`) and its adaptive
+    plans (`speculative`). `specter_slots`: the slots the comparison is built on (Specter's)."""
+    policy = []
+    for system, kind, prefetch in zip(df["system"], df["budget_kind"], df["prefetch"]):
+        if system == "on-demand":
+            policy.append("LRU" if kind == "slots" else "LRU scaled to equal memory")
+        elif system == "specter" and kind == "slots":
+            policy.append({"adaptive": "speculative", "early": "single prefetch sooner",
+                           "late": "single prefetch later"}.get(prefetch))
+        else:  # Specter at its own memory is Specter at its slots: counted once
+            policy.append(None)
+    from specter.report.calibration import table3
+
+    published = table3()
+    out = df.assign(policy=policy, specter_slots=df["budget_value"])
+    out = out[out["policy"].notna()]
+    return out.assign(paper_table3=[published.get((arch, pol, int(slots)), float("nan")) for arch, pol, slots in
+                                    zip(out["cost_as"], out["policy"], out["specter_slots"])])
+
+
+DERIVES = {"main_rows": _main_rows, "memory_label": _memory_label, "ablation_arm": _ablation_arm,
+           "fixed_k": _fixed_k, "oracle_forecast": _oracle_forecast, "hit_policy": _hit_policy}
+
+
+def derive(name: str | None, df: pd.DataFrame) -> pd.DataFrame:
+    """The records' frame with the label columns `name` (of `DERIVES`) adds; unchanged for None."""
+    if name is None:
+        return df
+    if name not in DERIVES:
+        raise SpecterError(f"a table derives {name!r}, which is not one of {', '.join(DERIVES)}; name one of them in "
+                           "the experiment's Table(derive=...)")
+    return DERIVES[name](df)
+
+
 def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     """The tidy table of experiment `name` from its run records."""
     spec = experiments.get(name).table
@@ -122,8 +153,7 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records)
-    if spec.derive is not None:
-        df = spec.derive(df)
+    df = derive(spec.derive, df)
     scope = list(experiments.SCOPE)
     table = _stats(df, scope + list(spec.keys))
     if spec.speedups is not None:

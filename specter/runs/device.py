@@ -12,6 +12,7 @@ import torch
 from specter import timing
 from specter.metrics import tpot_seconds
 from specter.offload.device import DRAFT_KERNEL
+from specter.systems import schedule
 
 CUDA_DEVICE = "cuda"  # where `--engine cuda` puts its buffers (tests point it at the CPU)
 
@@ -40,8 +41,6 @@ def timed(p, index: int, trace, config, simulated, warm_up: bool):
     """The prompt's schedule timed on the device from an empty cache (every prompt and repeat starts from the same
     state, as the artifact restores it): (result, timeline, the record's measured extras). `warm_up`: run it once
     untimed first (kernels, allocator, lazily sized buffers)."""
-    from specter.runs.execute import schedule
-
     if warm_up:
         schedule(p.system, timing.make_engine("cuda", p.profile), p.work, p.service, trace, config, p.cost, p.warmup,
                  p.device, p.online)

@@ -1,9 +1,10 @@
 """One run: validate its spec, prepare what it needs once (prompts, numerics, memory plan, window), schedule every
 prompt, and assemble its records.
 
-Everything that can be checked is checked before any model is loaded (`RunSpec.validate`), and `run` writes the JSONL
-atomically at the end, so a bad spec or a failure leaves no partial output. Numerics come from the `Session`'s forward
-service (shared by every run in the process), so a second system on the same prompts only schedules.
+Everything that can be checked is checked before any model is loaded (`specter.runs.checks.validate`), and `run`
+writes the JSONL atomically at the end, so a bad spec or a failure leaves no partial output. Numerics come from the
+`Session`'s forward service (shared by every run in the process), so a second system on the same prompts only
+schedules.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from specter.progress import log, steps
 from specter.records import record_of, run_fields, write_records
 from specter.runs import device as on_device
 from specter.runs import live as on_live
-from specter.runspec import RunSpec, Window
+from specter.runs.checks import validate
+from specter.runspec import PROFILE_KS, RunSpec, Window
 from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
-from specter.systems import DecodeConfig, PromptContext, System
+from specter.systems import DecodeConfig, PromptContext, System, schedule
 from specter.timing.bounds import LowerBound, lower_bound
 from specter.timing.cost import CostModel, hqq_expert_bytes
 from specter.timing.hardware import HardwareProfile
@@ -91,7 +93,7 @@ def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = T
 def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedRun:
     from specter.data.prompts import load_prompts
 
-    system, profile = spec.validate(session.structures)
+    system, profile = validate(spec, session.structures)
     tokenizer = session.tokenizer(spec.model)
     prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)
     calibration = partial(session.calibration_prompts, spec.model, "code")  # (count, length) -> prompts
@@ -221,7 +223,7 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
     if system.separate_draft:  # its own copy of every non-expert weight
         draft_resident += work.non_expert_bytes()
     # the speculative positions of the window this system runs with (the governors may choose up to their largest K)
-    window = system.window(_max_governed_k() if k.governor and system.takes_window else k.fixed) or 0
+    window = system.window(max(PROFILE_KS) if k.governor and system.takes_window else k.fixed) or 0
     kv_positions = spec.prefix_tokens + spec.max_new_tokens + window
     reference = _specter_resident(spec, work, k) if spec.budget.kind == "same_memory" else None
     spec.budget.check()
@@ -239,14 +241,8 @@ def _specter_resident(spec: RunSpec, work: ModelWork, k: Window) -> int:
     meta = DraftMeta.read(spec.draft)
     per_expert = (work.quantized_expert_bytes(meta.bits, meta.group_size) if spec.cost_as
                   else meta.quantized_bytes_per_expert)
-    window = _max_governed_k() if k.governor else k.fixed
+    window = max(PROFILE_KS) if k.governor else k.fixed
     return specter_resident_bytes(work, per_expert, spec.prefix_tokens + spec.max_new_tokens + window)
-
-
-def _max_governed_k() -> int:
-    from specter.speculation.governor import PROFILE_KS
-
-    return max(PROFILE_KS)
 
 
 def _k_setting(spec: RunSpec, system: System) -> tuple[Window, str | None]:
@@ -329,15 +325,6 @@ def _warmup(calibration, spec: RunSpec, service) -> Callable[[], list]:
         return warm
 
     return warmup
-
-
-def schedule(system, engine, work, service, trace, config, cost, warmup=None, device=None, online=None):
-    """One prompt's run of `system` on `engine` (with `device`'s kernels behind the ops, if given; K re-chosen every
-    cycle by `online`, if given); returns (PromptResult, Timeline)."""
-    ctx = PromptContext.fresh(system, engine, work, service, trace, config, cost, warmup, device)
-    ctx.online = online.fresh() if online is not None else None
-    result = system.run(ctx)
-    return result, engine.finish()
 
 
 def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -> RunRecord:

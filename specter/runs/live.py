@@ -16,6 +16,7 @@ import platform
 from specter import timing
 from specter.metrics import tpot_seconds
 from specter.numerics.forward import PromptTrace
+from specter.systems import schedule
 
 DEVICE = "cpu"  # the live engine's device (the model, its slots and its copies)
 
@@ -39,8 +40,6 @@ def measured_fields(p) -> dict:
 
 def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
     """The prompt decoded live: (result, timeline, the record's measured extras)."""
-    from specter.runs.execute import schedule
-
     if warm_up:
         live_run(p, prompt, config, schedule)
     result, timeline = live_run(p, prompt, config, schedule)

@@ -12,6 +12,7 @@ from specter.errors import BudgetError, SpecterError
 from specter.metrics import RunRecord
 from specter.progress import log, phase
 from specter.records import write_records
+from specter.runs.checks import validate
 from specter.runs.execute import prepare, run, schedule_prompts, walk_windows
 from specter.runspec import SWEEP_AXES, Arm, RunSpec, Window
 from specter.session import Session
@@ -81,7 +82,7 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     session = session or Session()
     recorders = []  # every system's extra numerics, computed with each trace's first decode
     for spec in specs:
-        system, _ = spec.validate(session.structures)
+        system, _ = validate(spec, session.structures)
         recorders += [r for r in system.trace_recorders if r not in recorders]
     prepared = []
     for i, spec in enumerate(specs):
@@ -116,7 +117,7 @@ def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Ses
     specs = [replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl")) for name in systems]
     session = session or Session()
     for spec in specs:  # every name is checked before anything runs
-        spec.validate(session.structures)
+        validate(spec, session.structures)
     return [summary(spec.system, run(spec, session, progress)) for spec in specs]
 
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 from specter.numerics.forward import ForwardService, PromptTrace
 from specter.offload.work import ModelWork
+from specter.runspec import PROFILE_KS
 from specter.speculation.lookahead import plan_from_counts
 from specter.timing.cost import CostModel
 
-PROFILE_KS = (2, 4, 6, 8, 12, 16, 20, 24, 32)
 #: K when a run gives none: the artifact's per-model K where it has one, else DEFAULT_K
 ARTIFACT_KS = {"deepseek-v2-lite": 16, "phi-3.5-moe": 16, "qwen1.5-moe-a2.7b": 8}
 DEFAULT_K = 8

@@ -14,7 +14,7 @@ from specter.errors import SpecterError
 from specter.systems.base import DecodeConfig, PassHooks, PredictionCounts, PromptContext, PromptResult, System
 
 __all__ = ["DecodeConfig", "PassHooks", "PredictionCounts", "PromptContext", "PromptResult", "System", "get_system",
-           "registry"]
+           "registry", "schedule"]
 
 BASELINE_PACKAGE = "baselines"
 _OWN_MODULES = ("specter.systems.reference", "specter.systems.specter")
@@ -40,3 +40,12 @@ def get_system(name: str, options: dict[str, str] | None = None) -> System:
         return systems[name](**(options or {}))
     except ValueError as err:
         raise SpecterError(f"bad --system-option for {name!r}: {err}") from None
+
+
+def schedule(system: System, engine, work, service, trace, config, cost, warmup=None, device=None, online=None):
+    """One prompt's run of `system` on `engine` (with `device`'s kernels behind the ops, if given; K re-chosen every
+    cycle by `online`, if given); returns (PromptResult, Timeline)."""
+    ctx = PromptContext.fresh(system, engine, work, service, trace, config, cost, warmup, device)
+    ctx.online = online.fresh() if online is not None else None
+    result = system.run(ctx)
+    return result, engine.finish()

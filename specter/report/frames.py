@@ -1,0 +1,60 @@
+"""Run records as frames: `read_records` reads JSONL files, `records_frame` flattens records to one row per (run,
+prompt, repeat) with the settings that tell runs apart and the metrics the tables aggregate (`METRICS`, averaged over
+prompts; `COUNTS`, summed). The experiments' tables (`specter.report.tables`) and the calibration against published
+figures (`specter.report.calibration`) are built on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from specter.errors import SpecterError
+from specter.runspec import Budget
+
+#: the per-prompt metrics of a record the tables average over prompts
+METRICS = ["tpot_ms", "lower_bound_tpot_ms", "ttft_ms", "acceptance_rate", "window_utilization", "window_recall",
+           "window_working_set", "stall_ms", "hit_rate", "hit_rate_pass", "hit_rate_token", "prefetch_precision",
+           "prefetch_recall"]
+#: the per-prompt counts the tables sum
+COUNTS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards"]
+
+
+def read_records(paths: list[str | Path]) -> list[dict]:
+    from specter.records import read_jsonl
+
+    records = []
+    for path in paths:
+        records += read_jsonl(path)
+    if not records:
+        raise SpecterError(f"no records in {', '.join(map(str, paths))}; the runs wrote nothing")
+    return records
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    """One row per record: its settings, its metrics, and its model's name (the checkpoint directory's name)."""
+    rows = []
+    for r in records:
+        cfg = r["config"]
+        options = dict(cfg.get("system_options") or [])
+        rows.append(dict(
+            model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
+            hardware=r["hardware"], simulated=r["simulated"], system=r["system"], k=r["k"],
+            link=((cfg.get("hardware_profile") or {}).get("link") or {}).get("name", ""),
+            link_gbps=((cfg.get("hardware_profile") or {}).get("link") or {}).get("h2d_pinned_gbps"),
+            budget_kind=next((kind for kind, name in Budget.KINDS.items() if cfg.get(name) is not None), ""),
+            budget_value=next((cfg[name] for name in Budget.KINDS.values() if cfg.get(name) is not None), None),
+            draft_kernel=cfg.get("draft_kernel", "fused"), expert_bits=cfg.get("expert_bits", 16),
+            k_setting=str(cfg.get("k")) if cfg.get("k") is not None else "",
+            prefetch=cfg.get("prefetch") if r["k"] is not None else "", slots_per_layer=r["slots_per_layer"],
+            experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
+            prefix_tokens=cfg.get("prefix_tokens"), prompt_index=r["prompt_index"],
+            serialize_demand=options.get("serialize-demand", "false"), noise=options.get("noise"),
+            draft_kv=options.get("draft-kv", "shared") if r["k"] is not None else "",
+            temperature=float(cfg.get("temperature") or 0.0), arm=cfg.get("arm") or "",
+            repeat=(r.get("extra") or {}).get("repeat", 0),
+            **{m: r.get(m) for m in METRICS},
+            demand_misses=r["demand_misses"], h2d_bytes_demand=r["h2d_bytes_demand"],
+            h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),
+        ))
+    return pd.DataFrame(rows)

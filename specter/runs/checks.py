@@ -1,0 +1,84 @@
+"""A run's checks before any weight loads: its spec's data (`RunSpec.check_numbers`, `check_names`, `check_files`)
+and what needs the registry, a hardware profile or the model's config. `validate` is the one place a run's settings
+are checked; `execute`, `sweep` and `compare` call it for every spec before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specter.errors import SpecterError
+from specter.runspec import RunSpec, check_positions
+
+
+def validate(spec: RunSpec, structures: dict | None = None):
+    """Every check of `spec` that needs no model weights; returns (the system, the hardware profile).
+
+    `structures` (a session's) keeps the structures that `--cost-as` compares, by the architecture's config and the
+    model's: both come from meta-device models (about 0.25 s a spec, and a sweep validates every spec twice)."""
+    import torch
+
+    from specter.models.loading import read_model_config
+    from specter.systems import get_system
+    from specter.timing import load_profile
+
+    spec.check_numbers()
+    system = get_system(spec.system, dict(spec.system_options))
+    spec.check_names()
+    if spec.engine == "cuda":
+        if not torch.cuda.is_available():
+            raise SpecterError("--engine cuda needs a CUDA device, and torch sees none; use --engine sim "
+                               "(simulated time from the --hardware profile)")
+        if spec.expert_bits != 16:
+            raise SpecterError(f"--expert-bits {spec.expert_bits} prices quantized experts; the CUDA engine "
+                               "copies this model's own FP16 experts, so use --engine sim (or drop --expert-bits)")
+        if spec.temperature > 0:
+            raise SpecterError(f"--engine cuda times greedy runs (their numerics are recorded before the timed "
+                               f"run); --temperature {spec.temperature} samples live: use --engine sim or "
+                               "--temperature 0")
+    if spec.engine == "live":
+        _check_live(spec, system)
+    profile = load_profile(spec.hardware)
+    check_positions(read_model_config(spec.model), {"--prefix-tokens": spec.prefix_tokens,
+                                                    "--max-new-tokens": spec.max_new_tokens,
+                                                    "a window of": spec.k.longest})
+    if spec.cost_as is not None:
+        _check_cost_as(spec, {} if structures is None else structures)
+    if system.speculative and spec.draft is None:
+        raise SpecterError(f"system {spec.system!r} speculates: pass --draft DIR (make one with "
+                           "`specter quantize`)")
+    if system.speculative and system.takes_window:
+        spec.k.check(spec.system)
+    spec.check_files()
+    return system, profile
+
+
+def _check_live(spec: RunSpec, system) -> None:
+    """What the live engine cannot run, refused before anything loads."""
+    if spec.expert_bits != 16:
+        raise SpecterError(f"--expert-bits {spec.expert_bits} prices quantized experts; the live engine copies and "
+                           "computes this model's own experts, so use --engine sim (or drop --expert-bits)")
+    if spec.temperature > 0:
+        raise SpecterError(f"--engine live decodes greedily; --temperature {spec.temperature} samples: use "
+                           "--engine sim or --temperature 0")
+    reason = system.cannot_run_live()
+    if reason:
+        raise SpecterError(f"--engine live cannot run {spec.system}: {reason}; use --engine sim")
+
+
+def _check_cost_as(spec: RunSpec, structures: dict) -> None:
+    """`--cost-as` names an architecture that routes as the model does (experts per layer, top-k), on the simulator."""
+    from specter.models.architectures import check_structure, load_architecture
+    from specter.models.loading import describe_model
+
+    if spec.engine in ("cuda", "live"):
+        raise SpecterError(f"--cost-as {spec.cost_as} prices ops at another model's shapes; --engine {spec.engine} "
+                           "runs this model's own kernels, so use --engine sim (or drop --cost-as)")
+    arch = load_architecture(spec.cost_as)
+    config = Path(spec.model) / "config.json"
+    key = (json.dumps(arch.config, sort_keys=True), str(spec.model), config.read_text() if config.is_file() else None)
+    if key not in structures:
+        arch_moe = arch.meta_model().moe_layers[0]
+        proxy = describe_model(spec.model)
+        structures[key] = (arch_moe.num_experts, arch_moe.top_k, proxy.experts_per_layer, proxy.top_k)
+    check_structure(arch, *structures[key], Path(spec.model).name)
