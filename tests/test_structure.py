@@ -33,10 +33,26 @@ def _files(paths):
 
 def test_the_import_rules_of_the_house_hold():
     """The contracts in pyproject.toml ([tool.importlinter]): the layers of DESIGN.md, no import of a baseline from
-    the suite, no torch in the report."""
+    the suite, no torch in the report, no import circle in specter/."""
     proc = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
                            "lint_imports_command()"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "0 broken" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_the_contracts_hold_every_rule_with_no_exception():
+    """The rules of DESIGN.md, as contracts: the spec, the experiments' descriptions and the numerics' pins below every
+    layer that uses them; the report above the runs; no circle anywhere in specter/; no import ignored."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert not [c["name"] for c in contracts if c.get("ignore_imports")], "a contract ignores imports"
+    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
+    floor = {name.strip(): i for i, layer in enumerate(layers) for name in re.split(r"[:|]", layer)}
+    assert floor["specter.report"] < floor["specter.runs"] < floor["specter.systems"] < floor["specter.offload"]
+    assert floor["specter.models"] < floor["specter.experiments"] < floor["specter.runspec"] < floor["specter.errors"]
+    assert floor["specter.determinism"] == floor["specter.errors"]
+    assert any(c["type"] == "acyclic_siblings" and c["ancestors"] == ["specter"] and "depth" not in c
+               for c in contracts), "no contract holds specter/ free of import circles"
 
 
 def test_no_module_level_mutable_state_in_the_runtime():
