@@ -3,13 +3,13 @@
 Float results on a CPU depend on which vectorized code path runs (torch's own kernels pick AVX2 or AVX-512 by the CPU;
 MKL picks its own), and on how many threads split a reduction. The default model's builder is chaotic in those bits
 (balanced k-means and top-k routing near ties turn a last-bit difference in one layer into other experts in the next),
-so without pins two machines of the same kind built different checkpoints. Every numerics command of the CLI therefore
+so without pins two machines of the same kind build different checkpoints. Every numerics command of the CLI therefore
 runs with:
 - torch's CPU kernels on their AVX2 path (`ATEN_CPU_CAPABILITY=avx2`), MKL's conditional numerical reproducibility
   on its AVX2 branch, strict (`MKL_CBWR=AVX2,STRICT`), and oneDNN (torch's bfloat16 matmuls and the packing of its CPU
   flash attention) capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`), meant to give the same bits on any x86-64 CPU with
-  AVX2 (held across processes and environments by a test; not held across machines: two AVX2 machines with the same
-  code and packages have built default models of different weights_sha256, cause not found). oneDNN picks its
+  AVX2 (held across processes and environments by a test; not held across machines: the same code and packages can
+  build default models of different weights_sha256 on two AVX2 machines, for a cause not known). oneDNN picks its
   instruction set at run time from the CPU, not from torch's capability: on a CPU with AMX, bfloat16 attention
   under the AVX2 pin alone raises "pack_vnni2 is only supported when avx512 is supported" (GPTQModel's calibration
   pass in bfloat16 on such a CPU fails, so on the CPU it calibrates in float32 unless asked);
