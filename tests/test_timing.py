@@ -252,3 +252,51 @@ def test_hqq_experts_cross_the_link_at_mixtral_offloadings_stored_bytes():
     assert hqq_expert_bytes(mixtral, 2) * 8 / params == pytest.approx(2 + 8 / 16 + 8 / 16 + 32 / (16 * 128), rel=1e-4)
     with pytest.raises(ValueError, match="2, 3 or 4 bits"):
         hqq_linear_bytes(16, 128, 8)
+
+
+class _PendingCudaEvent:
+    """A CUDA event's interface whose work has not completed: waiting on it would hang the host."""
+
+    def __init__(self, done: bool, ms: float = 0.0) -> None:
+        self.done, self.ms = done, ms
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self):
+        raise AssertionError("the host waited on a prefetch's event")
+
+
+class _Origin:
+    def elapsed_time(self, handle) -> float:
+        return handle.ms
+
+
+def test_a_prefetch_s_event_query_never_blocks_the_host():
+    """The planner asks after each draft step which prefetch batches have landed; on CUDA that is cudaEventQuery,
+    never a synchronize: a pending batch stays pending, a landed one is timed from its event."""
+    from types import SimpleNamespace
+
+    from specter.speculation.lookahead import INITIAL_BW, PlannerState
+    from specter.timing.cuda import CudaEngine
+    from specter.timing.engine import Event
+
+    engine = object.__new__(CudaEngine)  # no device here: the query path alone
+    engine._origin = _Origin()
+    pending = Event(H2D, handle=_PendingCudaEvent(done=False))
+    landed = Event(H2D, handle=_PendingCudaEvent(done=True, ms=3.0))
+    assert engine.landed(pending) is None
+    assert engine.landed(landed) == pytest.approx(3e-3)
+    state = PlannerState(pending=[(1e-3, 2_000_000, pending), (1e-3, 2_000_000, landed)])
+    state.observe_copies(SimpleNamespace(engine=engine))
+    assert [event for _, _, event in state.pending] == [pending]
+    assert state.bw_est != INITIAL_BW  # the landed batch (2 MB in 2 ms) was folded in
+
+
+def test_the_simulator_s_landed_is_its_event_time_once_the_host_has_passed_it():
+    sim = SimEngine(_unit_profile())
+    ev = sim.record(H2D)
+    sim.launch(H2D, MS10_COPY)
+    later = sim.record(H2D)
+    assert sim.landed(ev) == ev.time
+    assert sim.landed(later) is None  # 10 ms of copy ahead of the host's clock

@@ -55,15 +55,15 @@ class PlannerState:
             self.t_step = EMA_OLD * self.t_step + (1 - EMA_OLD) * seconds
 
     def observe_copies(self, executor: Executor) -> None:
-        """Fold in the bandwidth of copy batches that have landed by now (host time)."""
-        now = executor.engine.now()
+        """Fold in the bandwidth of copy batches that have landed by now (host time). It asks each batch's event
+        whether it has completed (`Engine.landed`), never waits for one: drafting goes on while copies are in flight."""
         still = []
         for issued, nbytes, event in self.pending:
-            landed = executor.engine.event_time(event) if event.time is not None or event.handle is not None else None
-            if landed is not None and landed <= now and landed > issued:
-                self.bw_est = EMA_OLD * self.bw_est + (1 - EMA_OLD) * nbytes / (landed - issued)
-            elif landed is None or landed > now:
+            landed = executor.engine.landed(event) if event.time is not None or event.handle is not None else None
+            if landed is None:
                 still.append((issued, nbytes, event))
+            elif landed > issued:
+                self.bw_est = EMA_OLD * self.bw_est + (1 - EMA_OLD) * nbytes / (landed - issued)
         self.pending = still
 
     def observe_demand(self, executor: Executor) -> None:

@@ -105,6 +105,13 @@ class CudaEngine(Engine):
         event.handle.synchronize()
         return self._origin.elapsed_time(event.handle) / 1e3
 
+    def landed(self, event: Event) -> float | None:
+        if event.handle is None:
+            return event.time
+        if not event.handle.query():  # cudaEventQuery: never blocks the host
+            return None
+        return self._origin.elapsed_time(event.handle) / 1e3
+
     def finish(self):
         torch.cuda.synchronize(self._device)
         for stream, label, begin, end, nbytes in self._pending_spans:

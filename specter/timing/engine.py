@@ -129,6 +129,12 @@ class Engine(abc.ABC):
         """When `event` completed, seconds since origin (on CUDA this waits for it)."""
         return event.time
 
+    def landed(self, event: Event) -> float | None:
+        """When `event` completed, if it has by the host's `now()`; None while it is pending. Never waits: a host that
+        asks whether a copy has landed goes on with its work either way."""
+        done = self.event_time(event)
+        return done if done <= self.now() else None
+
     def finish(self) -> Timeline:
         """Wait for all work and return the complete timeline."""
         self.synchronize()
