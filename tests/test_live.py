@@ -107,6 +107,8 @@ def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dir
         assert r.output_token_ids == s.output_token_ids
         assert r.extra["live"] == {"device": "cpu", "tokens_as_recorded": True, "first_divergence": None}
         assert r.extra["simulated_tpot_ms"] == s.tpot_ms and r.extra["simulated_on"] == "a100-40gb-pcie4"
+        assert r.extra["simulated_breakdown_ms"] == s.extra["breakdown_ms"]  # the twin's parts, beside the measured
+        assert set(r.extra["breakdown_ms"]) == set(s.extra["breakdown_ms"])
         assert r.config["device"]["measured_on"].startswith("measured on cpu")
         assert r.tpot_ms > 0 and r.extra["commit_ms"] == sorted(r.extra["commit_ms"])
 

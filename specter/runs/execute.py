@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from specter import timing
-from specter.metrics import RunRecord, tpot_seconds
+from specter.metrics import RunRecord, breakdown, tpot_seconds
 from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
 from specter.progress import log, steps
@@ -343,10 +343,13 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
     measured = {}
     if p.device is not None:  # the simulated run above is the twin: now decoded live, or its schedule timed
         first = index == repeat == 0  # the warm-up's turn
+        result_sim, timeline_sim = result, timeline
         result, timeline, measured = (on_live.timed(p, index, prompt, config, result, warm_up=first)
                                       if p.spec.engine == "live" else
                                       on_device.timed(p, index, trace, config, result, warm_up=first))
-        measured = {**measured, "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}
+        twin = breakdown(timeline_sim.spans, result_sim.commit_times[0], result_sim.commit_times[-1])
+        measured = {**measured, "simulated_breakdown_ms": {part: s * 1e3 for part, s in twin.items()},
+                    "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}
     else:
         measured = {"repeats": {"asked": p.spec.repeats, "timed": 1, **(
             {"collapsed": "simulated time is deterministic: every repeat would be the same"} if p.spec.repeats > 1
