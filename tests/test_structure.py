@@ -53,6 +53,9 @@ def test_the_contracts_hold_every_rule_with_no_exception():
     assert floor["specter.determinism"] == floor["specter.errors"]
     assert any(c["type"] == "acyclic_siblings" and c["ancestors"] == ["specter"] and "depth" not in c
                for c in contracts), "no contract holds specter/ free of import circles"
+    plain = [c for c in contracts if c["type"] == "forbidden" and c["forbidden_modules"] == ["specter.runspec"]]
+    assert plain and {"specter.offload", "specter.models"} <= set(plain[0]["source_modules"]), \
+        "no contract holds the offload and model layers to plain values"
 
 
 def test_no_module_level_mutable_state_in_the_runtime():
