@@ -100,6 +100,7 @@ def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
     from specter.timing.hardware import load_profile, profile_summary
     from specter.timing.profiler import default_sizes, profile_bandwidth
 
+    _threads_set(args)  # the CPU's figures (its matmul, its copies) are those of the threads the runs will use
     csv_path, yaml_path = profile_bandwidth(
         args.out, device=args.device, sizes=default_sizes(args.max_bytes), repeats=args.repeats, name=args.name
     )
@@ -615,6 +616,7 @@ def _hardware_commands(sub) -> None:
     p.add_argument("--repeats", type=_count(10, 100_000), default=10,
                    help="timed repeats per size, median taken (>= 10)")
     p.add_argument("--name", default=None, help="profile name (default: measured-<device>)")
+    _threads(p)
     p.set_defaults(func=cmd_profile_bandwidth)
 
 

@@ -16,8 +16,9 @@ model computes (`NUMERICS_AXES`) records its own numerics; the others replay the
 
 Table kinds (`specter/report/tables.py`): `stats` (per setting, means over prompts of times and rates with TPOT's
 median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `memory`, `routing_entropy`, `calibration`,
-`fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`, `lines`, `k_sweep`,
-`routing`, `working_set`, `fidelity`, `hit_rate`, `breakdown`, `memory`, `routing_entropy`, `calibration`.
+`sim_vs_measured`, `fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`,
+`lines`, `k_sweep`, `routing`, `working_set`, `fidelity`, `hit_rate`, `breakdown`, `memory`, `routing_entropy`,
+`calibration`, `sim_vs_measured`.
 
 This module imports nothing heavy (the workflow imports it to plan jobs).
 """
@@ -71,6 +72,10 @@ class Experiment:
     all_cases: bool = False  # runs in every configured case (else its entry's `cases`, or the first case)
     all_datasets: bool = False  # on every prompt set (else the first)
     reads: tuple[str, ...] = ()  # other experiments whose records its table also reads, where they are configured
+    #: its runs decode live (`--engine live` on the config's `hardware.device`) whatever the config's engine, each
+    #: beside its simulated twin on this machine's measured profile (`specter profile-bandwidth`), in cases that price
+    #: the model at its own shapes
+    measured: bool = False
 
 
 #: K settings that are governors rather than a window size (their runs repeat a fixed K's, so per-K tables skip them)
@@ -265,6 +270,20 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "the published figures whose configuration this run did not include, with why.",
         reads=("main", "hit_rate", "ablation")),
     Experiment(
+        "sim_vs_measured", "sweep",
+        Table(kind="sim_vs_measured"),
+        Figure("sim_vs_measured", "Measured beside simulated"),
+        "Every run of this experiment decodes live: the model itself runs through the offload runtime on the config's "
+        "``hardware.device`` (its router's choices drive real copies into real slots), and each prompt is measured "
+        "(commit timestamps, the cache state restored outside the timed region). Beside it stands its simulated twin: "
+        "the same system on the same recorded prompt, scheduled on the profile ``specter profile-bandwidth`` measured "
+        "on this machine. ``results/tables/sim_vs_measured.csv`` gives both TPOTs and their ratio (measured over "
+        "simulated), and the same for each part of the breakdown (draft, target compute, compute with copies "
+        "overlapped, stalls on copies, host compute, host syncs and idle), in ms per token, means over prompts. On "
+        "the CPU as device the times are the CPU's: the ratios say how well the simulator prices this machine, never "
+        "how well it prices a GPU.",
+        measured=True),
+    Experiment(
         "fidelity", "fidelity",
         Table(kind="fidelity"),
         Figure("fidelity", "Draft fidelity"),
@@ -302,7 +321,8 @@ def own_numerics(entry: dict) -> bool:
 
 def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: tuple[str, ...] = ()) -> list[str]:
     """The `specter sweep` arguments of an experiment's config entry: its systems, its axes (every setting it does not
-    vary at its case's `main` value: `k`, `hardware`, `prefix_tokens`, `slots` per layer, `engine`, `cost_as`), its
+    vary at its case's `main` value: `k`, `hardware`, `prefix_tokens`, `slots` per layer, `engine` (and the live
+    engine's `device`), `cost_as`), its
     options and its arms (named settings every point also runs in, in order). `governors`: the speculative systems
     also run at each governor's K, beside the case's (an entry with a `k` axis lists its K itself). The pseudo-axis
     `memory` takes `same_slots` (the case's slots for every system) and `same_memory` (Specter's device memory at
@@ -332,7 +352,10 @@ def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: 
         args += ["--cost-as", main["cost_as"]]
     for axis, vals in values.items():
         args += [AXES[axis], csv(vals)]
-    args += ["--engine", "sim" if numerics_only or "hardware" in axes else main["engine"]]
+    engine = "sim" if numerics_only or "hardware" in axes else main["engine"]
+    args += ["--engine", engine]
+    if engine == "live":
+        args += ["--device", main.get("device", "cpu")]
     for option, vals in ({} if numerics_only else entry.get("options") or {}).items():
         args += ["--system-option", f"{option}={csv(vals)}"]
     for name, settings in ({} if numerics_only else entry.get("arms") or {}).items():

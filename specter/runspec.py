@@ -26,6 +26,9 @@ from specter.errors import SpecterError
 
 GOVERNORS = ("auto", "profile", "online")
 ENGINES = ("sim", "cuda", "live")
+#: where `--engine live` runs the model, its slots and its copies: the CPU as device (plain tensors as slots), or CUDA
+#: (refused: the live engine's CUDA path, pinned store and INT4 kernels are not built; `specter.runs.checks`)
+LIVE_DEVICES = ("cpu", "cuda")
 PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
 DRAFT_KERNELS = ("fused", "unfused")
 #: the expert cache at each prompt's start: `restored`, the artifact's (benchmarks/cache_reset.py: the resident set
@@ -295,6 +298,9 @@ class RunSpec:
                     "the CPU as device (its router's choices drive real copies into real slots), measured, each "
                     "record beside its simulated twin on --hardware",
         choices=ENGINES))
+    live_device: str = setting(default="cpu", metadata=_flag(
+        "--device", "the live engine's device: cpu (the CPU as device, plain tensors as slots; its times are the "
+                    "CPU's, never a calibration of a GPU) or cuda (not built yet: refused)", choices=LIVE_DEVICES))
     dtype: str = setting(default="float32", metadata=_flag(
         "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
                    "float32 is what every committed result used; bfloat16 or float16 halve the memory of a large "
@@ -378,6 +384,9 @@ class RunSpec:
         """The engine, prefetch policy and cache start are names this suite has."""
         if self.engine not in ENGINES:
             raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}")
+        if self.live_device not in LIVE_DEVICES:
+            raise SpecterError(f"--device {self.live_device!r} is not a device of the live engine; give one of "
+                               f"{', '.join(LIVE_DEVICES)}")
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")

@@ -345,6 +345,26 @@ def _check_governors(name: str, entry: dict, systems: dict) -> None:
                           "for a governor to choose; add a speculative system (specter) or remove governors")
 
 
+def _check_measured(name: str, entry: dict, config: dict) -> None:
+    """An experiment that decodes live runs in cases at the model's own shapes, with systems the live engine runs."""
+    from specter.systems import get_system
+
+    cases = entry.get("cases") or list(config["cases"])[:1]
+    for case in cases:
+        if config["cases"][case].get("cost_as"):
+            raise ConfigError(f"config experiments.{name}.cases: {case!r} prices the model at "
+                              f"{config['cases'][case]['cost_as']}'s shapes, and {name} decodes the model itself "
+                              "live; list a case without cost_as in its cases")
+    for system in entry.get("systems") or []:
+        reason = get_system(system).cannot_run_live()
+        if reason:
+            raise ConfigError(f"config experiments.{name}.systems: the live engine cannot run {system!r} ({reason}); "
+                              "leave it out")
+    if config["hardware"].get("device", "cpu") == "cuda":
+        raise ConfigError("config hardware.device: cuda; the live engine runs on the CPU as device only (its CUDA "
+                          "path is not built): give cpu, or drop the experiments that decode live")
+
+
 def check_config(config: dict) -> None:
     """Every check the schema cannot make; raises ConfigError naming the first problem."""
     from specter.data.prompts import DATASETS
@@ -383,6 +403,8 @@ def check_config(config: dict) -> None:
             if case not in config["cases"]:
                 raise ConfigError(f"config experiments.{name}.cases: {case!r} is not a configured case; cases: "
                                   f"{', '.join(config['cases'])}")
+        if EXPERIMENTS[name].measured:
+            _check_measured(name, entry, config)
         cases = [config["cases"][c].get("hardware") for c in config["cases"]]
         for profile in [config["hardware"]["main"], *filter(None, cases), *((entry.get("axes") or {}).get("hardware")
                                                                              or [])]:

@@ -113,7 +113,33 @@ def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dir
         assert r.tpot_ms > 0 and r.extra["commit_ms"] == sorted(r.extra["commit_ms"])
 
 
+def test_sim_vs_measured_sets_each_part_beside_its_twin(tiny_dirs, rtn_drafts, tmp_path):
+    """The sim_vs_measured table: per system, TPOT and each part of the breakdown, measured and simulated, in ms per
+    token, with their ratio; each side's parts sum to its TPOT, and every row says it was measured on the CPU."""
+    from specter.metrics import BREAKDOWN
+    from specter.report.tables import experiment_table
+
+    session = Session()
+    records = [r.as_dict() for system in ("on-demand", "specter") for r in execute(spec(**_request(
+        tiny_dirs, rtn_drafts, "mixtral", system, tmp_path, num_prompts=2, engine="live")), session, progress=False)]
+    table = experiment_table("sim_vs_measured", records)
+    assert set(table["system"]) == {"on-demand", "specter"} and list(table["part"][:7]) == ["TPOT", *BREAKDOWN]
+    assert table["measured_on"].str.startswith("measured on cpu").all() and not table["simulated"].any()
+    assert (table["simulated_on"] == "a100-40gb-pcie4").all() and (table["n"] == 2).all()
+    for system, rows in table.groupby("system"):
+        by = rows.set_index("part")
+        mine = [r for r in records if r["system"] == system]
+        assert by.loc["TPOT", "measured_ms"] == pytest.approx(sum(r["tpot_ms"] for r in mine) / 2)
+        assert by.loc["TPOT", "simulated_ms"] == pytest.approx(sum(r["extra"]["simulated_tpot_ms"] for r in mine) / 2)
+        for side in ("measured_ms", "simulated_ms"):  # the parts split the time between the first and last commit
+            assert by.loc[list(BREAKDOWN), side].sum() == pytest.approx(by.loc["TPOT", side], rel=1e-6)
+        ratio = by.loc["TPOT", "measured_ms"] / by.loc["TPOT", "simulated_ms"]
+        assert by.loc["TPOT", "measured_over_simulated"] == pytest.approx(ratio)
+    assert table[table["simulated_ms"] == 0]["measured_over_simulated"].isna().all()
+
+
 @pytest.mark.parametrize(("over", "message"), [
+    (dict(live_device="cuda"), "--device cuda: the live engine runs on the CPU as device only"),
     (dict(temperature=0.7), "--temperature 0.7 samples"),
     (dict(expert_bits=4), "--expert-bits 4 prices quantized experts"),
     (dict(cost_as="mixtral-8x7b"), "--engine live runs this model's own kernels"),

@@ -193,6 +193,7 @@ def test_profile_bandwidth_cpu_writes_a_profile_hardware_accepts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     p = load_profile(tmp_path / "profile.yaml")
     assert p.measured and len(p.h2d_by_size) == 5  # 4 KiB .. 1 MiB
+    assert p.device_launch_overhead > 0 and p.host_launch_overhead == p.device_launch_overhead  # the CPU's op, timed
     rows = (tmp_path / "bandwidth.csv").read_text().splitlines()
     assert rows[0] == "size_bytes,memory,median_s,gbps,repeats" and len(rows) == 6
     SimEngine(p).launch(H2D, Op("copy", bytes_copied=1 << 20))

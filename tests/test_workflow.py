@@ -300,6 +300,9 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     assert list(dict.fromkeys(ablation["arm"])) == list(config["experiments"]["ablation"]["arms"])  # in order
     sensitivity = pd.read_csv(tmp_path / "results" / "tables" / "sensitivity.csv")
     assert set(sensitivity["temperature"]) == {0.0, 1.0} and set(sensitivity["dataset"]) == set(config["datasets"])
+    measured = pd.read_csv(tmp_path / "results" / "tables" / "sim_vs_measured.csv")  # live on the CPU, beside twins
+    assert measured["measured_on"].str.startswith("measured on cpu").all() and not measured["simulated"].any()
+    assert set(measured["simulated_on"]) == {"measured-cpu"} and measured["tokens_as_recorded"].notna().all()
     priced = main[main["cost_as"] == "mixtral-8x7b"]
     assert len(priced) and (priced["tpot_ms"] > 10).all()  # Mixtral-8x7B's shapes: the paper's regime
     logs = [p for p in (tmp_path / "results" / "logs").rglob("*.log") if not p.name.endswith(".gptqmodel.log")]
@@ -381,13 +384,19 @@ def _edited(edit, base=".test/config.yaml") -> dict:
      "experiments.budget.axes.resident_fraction", "finite number"),
     (lambda c: c["experiments"].update(budget={"systems": ["specter"], "axes": {"device_memory_gb": [float("inf")]}}),
      "experiments.budget.axes.device_memory_gb", "finite number"),
+    (lambda c: c["experiments"]["sim_vs_measured"].update(cases=["mixtral"]), "experiments.sim_vs_measured.cases",
+     "decodes the model itself live"),
+    (lambda c: c["experiments"]["sim_vs_measured"].update(systems=["specmoeoff"]),
+     "experiments.sim_vs_measured.systems", "the live engine cannot run 'specmoeoff'"),
+    (lambda c: c["hardware"].update(device="cuda"), "hardware.device", "the live engine runs on the CPU as device"),
 ], ids=["model_name_trailing_newline", "dataset_name_trailing_newline", "fidelity_dataset_climbs_out",
         "fidelity_dataset_not_a_prompt_file", "fidelity_dataset_missing", "dataset_path_climbs_out",
         "dataset_path_two_lines", "model_path_climbs_out", "hardware_path_climbs_out", "option_not_a_number",
         "option_nan", "option_no_system_has", "max_new_tokens_beyond_positions", "max_new_tokens_beyond_the_flag",
         "seed_negative", "repeats_huge", "prefix_axis_beyond_positions", "fidelity_new_tokens_beyond_positions",
         "fidelity_stride_huge", "calibration_beyond_positions", "calibration_sequences_huge", "case_k_huge",
-        "k_axis_huge", "temperature_nan", "resident_fraction_nan", "device_memory_inf"])
+        "k_axis_huge", "temperature_nan", "resident_fraction_nan", "device_memory_inf", "live_in_a_priced_case",
+        "live_system_it_cannot_run", "live_device_cuda"])
 def test_every_config_value_is_checked_naming_its_key(edit, key, message):
     """What the schema lets through (a name ending in a newline, NaN, infinity, numbers past the flag they become or
     the model's positions, a path that climbs out, a non-number option) is refused with the config, naming the key."""

@@ -477,7 +477,34 @@ def _plot_routing_entropy(figure, table: pd.DataFrame, out, timing: str) -> None
     _finish(fig, f"{figure.title} (the target's routes on the prompts it decoded)", out)
 
 
-KINDS = {"system_bars": _plot_system_bars, "calibration": _plot_calibration, "bars": _plot_bars,
+def _plot_sim_vs_measured(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Per system, its measured TPOT beside its simulated twin's, the ratio (measured over simulated) above each pair;
+    the title says where each was timed (measured on the live device; simulated on its measured profile)."""
+    tpot = table[table["part"] == "TPOT"]
+    fig, panels = _panels(tpot, width=5.6)
+    for ax, sub, title in panels:
+        order = _ordered(sub["system"])
+        long = pd.concat([sub.assign(time="measured", ms=sub["measured_ms"]),
+                          sub.assign(time="simulated twin", ms=sub["simulated_ms"])])
+        sns.barplot(data=long, x="system", y="ms", hue="time", order=order, hue_order=["measured", "simulated twin"],
+                    palette=[SPECTER_COLOR, OTHER_COLOR], ax=ax, errorbar=None)
+        ratio = sub.set_index("system")["measured_over_simulated"]
+        top = long["ms"].max()
+        for i, system in enumerate(order):
+            if pd.notna(ratio.get(system)):
+                ax.text(i, top * 1.05, f"{float(ratio[system]):.2f}x", ha="center", fontsize=7)
+        ax.set_xlabel("system (above: measured over simulated)")
+        ax.set_ylabel("TPOT (ms, mean over prompts)")
+        ax.tick_params(axis="x", rotation=25)
+        _headroom(ax, top, 1.35)
+        ax.legend(fontsize=8, title=None, loc="upper left")
+        ax.set_title(title, fontsize=9)
+    profiles = ", ".join(sorted(tpot["simulated_on"].astype(str).unique()))
+    _finish(fig, f"{figure.title}\n({timing}; twins simulated on {profiles})", out)
+
+
+KINDS = {"system_bars": _plot_system_bars, "sim_vs_measured": _plot_sim_vs_measured, "calibration": _plot_calibration,
+         "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
          "working_set": _plot_working_set, "fidelity": _plot_fidelity, "hit_rate": _plot_hit_rate,
          "breakdown": _plot_breakdown, "memory": _plot_memory,

@@ -26,6 +26,8 @@ _UNITS = {
                      "expert_partial", "expert_none", "top1_agreement", "use_share", "entropy_share", "hit_rate_pass",
                      "hit_rate_token", "prefetch_precision", "prefetch_recall"), "share, 0-1"),
     "speedup_of_specter": "x (ratio of mean TPOTs)", "suite_over_paper": "x",
+    "measured_ms": "ms per token", "simulated_ms": "ms per token", "measured_over_simulated": "x",
+    "tokens_as_recorded": "share, 0-1",
     "n": "runs (prompts x timed repeats)", "prompts": "prompts", "demand_misses": "expert loads",
     "live_forwards": "forwards",
     "k": "tokens", "prefix_tokens": "tokens", "mean_accepted": "tokens", "tokens": "tokens",

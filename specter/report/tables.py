@@ -3,8 +3,8 @@
 `records_frame` (`specter.report.frames`) flattens records to one row per (run, prompt) with the settings that tell
 runs apart; an experiment's table is built by its registry entry's table kind (`specter.experiments`): `stats` (per
 setting, means over prompts with TPOT's median, p90, p99 and n beside; the records keep every prompt), `routing`,
-`calibration` or `fidelity`. Every table keeps `simulated` and `hardware`, so a figure drawn from it can say what its
-times are.
+`calibration`, `sim_vs_measured` or `fidelity`. Every table keeps `simulated` and `hardware`, so a figure drawn from it
+can say what its times are.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from specter.io import atomic_write
 from specter.report.frames import COUNTS, METRICS, read_records, records_frame
 
 #: the table kinds an experiment's registry entry can name
-KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "fidelity")
+KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "sim_vs_measured", "fidelity")
 
 def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
     """What a table's times are, from its simulated and hardware columns: 'simulated on a100-40gb-pcie4' (`many` for
@@ -150,6 +150,8 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
         from specter.report.calibration import calibration_table
 
         return calibration_table(records)
+    if spec.kind == "sim_vs_measured":
+        return sim_vs_measured_table(records)
     if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records)
@@ -198,6 +200,51 @@ def breakdown_table(records: list[dict]) -> pd.DataFrame:
     out = df.groupby(keys, dropna=False, sort=True).agg(
         {"tpot_ms": "mean", **dict.fromkeys(BREAKDOWN, "mean"), "system": "size"})
     return out.rename(columns={"system": "n"}).reset_index()
+
+
+def sim_vs_measured_table(records: list[dict]) -> pd.DataFrame:
+    """Per (case, prompt set, system) and part (`TPOT`, then each part of the breakdown): the measured time per token
+    of the live runs and their simulated twins' (each prompt's `extra.breakdown_ms` and `simulated_breakdown_ms` over
+    its N - 1 tokens; TPOT from the record and `extra.simulated_tpot_ms`), means over prompts and timed repeats, and
+    their ratio (measured over simulated; empty where the twin spent no time on a part). `measured_on` says what the
+    times are (on the CPU as device: never a calibration of a GPU); `simulated_on` names the twins' profile;
+    `tokens_as_recorded` is the share of runs whose live tokens are the recorded ones."""
+    from specter.metrics import BREAKDOWN
+
+    rows = []
+    for r in records:
+        extra = r.get("extra") or {}
+        measured, simulated = extra.get("breakdown_ms"), extra.get("simulated_breakdown_ms")
+        tokens = len(r.get("output_token_ids") or [])
+        if r["simulated"] or not isinstance(measured, dict) or not isinstance(simulated, dict) or tokens < 2:
+            continue
+        cfg = r["config"]
+        base = dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
+                    hardware=r["hardware"], simulated=False, simulated_on=extra.get("simulated_on", ""),
+                    measured_on=(cfg.get("device") or {}).get("measured_on", ""),
+                    system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
+                    slots_per_layer=r["slots_per_layer"],
+                    # a CUDA-engine run commits the recorded tokens by construction (it replays them)
+                    tokens_as_recorded=float(bool((extra.get("live") or {"tokens_as_recorded": True})
+                                                  ["tokens_as_recorded"])))
+        rows.append({**base, "part": "TPOT", "measured_ms": r["tpot_ms"],
+                     "simulated_ms": extra["simulated_tpot_ms"]})
+        rows += [{**base, "part": part, "measured_ms": float(measured.get(part, 0.0)) / (tokens - 1),
+                  "simulated_ms": float(simulated.get(part, 0.0)) / (tokens - 1)} for part in BREAKDOWN]
+    if not rows:
+        raise SpecterError("the sim_vs_measured table needs measured run records with extra.breakdown_ms and "
+                           "extra.simulated_breakdown_ms (`--engine live` records of this suite's version); run the "
+                           "experiment again")
+    df = pd.DataFrame(rows)
+    order = {part: i for i, part in enumerate(("TPOT", *BREAKDOWN))}
+    keys = [*experiments.SCOPE, "simulated_on", "measured_on", "system", "k", "slots_per_layer", "part"]
+    out = df.groupby(keys, dropna=False, sort=False).agg(
+        measured_ms=("measured_ms", "mean"), simulated_ms=("simulated_ms", "mean"),
+        tokens_as_recorded=("tokens_as_recorded", "mean"), n=("measured_ms", "size")).reset_index()
+    out["measured_over_simulated"] = [m / s if s > 0 else None for m, s in zip(out["measured_ms"], out["simulated_ms"])]
+    out["part_index"] = out["part"].map(order)
+    out = out.sort_values([*keys[:-1], "part_index"]).drop(columns="part_index")
+    return out.reset_index(drop=True)
 
 
 #: the parts of a run's device memory, as its memory plan records them (bytes), in the order they are drawn

@@ -55,6 +55,10 @@ def validate(spec: RunSpec, structures: dict | None = None):
 
 def _check_live(spec: RunSpec, system) -> None:
     """What the live engine cannot run, refused before anything loads."""
+    if spec.live_device == "cuda":
+        raise SpecterError("--device cuda: the live engine runs on the CPU as device only (its CUDA path, a pinned "
+                           "per-expert store and the draft's INT4 kernels are not built); use --device cpu, or "
+                           "--engine cuda for the model's kernels timed on the GPU")
     if spec.expert_bits != 16:
         raise SpecterError(f"--expert-bits {spec.expert_bits} prices quantized experts; the live engine copies and "
                            "computes this model's own experts, so use --engine sim (or drop --expert-bits)")

@@ -34,7 +34,9 @@ def measured_fields(p) -> dict:
     name = torch.cuda.get_device_name(p.device.device)
     return {**p.common, "hardware": name, "config": {
         **p.common["config"], "device": {"name": name, "store_pinned": p.device.store.pinned,
-                                         "draft_kernel": DRAFT_KERNEL if p.draft else None}}}
+                                         "draft_kernel": DRAFT_KERNEL if p.draft else None,
+                                         "measured_on": f"measured on {name}: the model's kernels at its shapes on "
+                                                        "a fixed input, the recorded tokens and routes"}}}
 
 
 def timed(p, index: int, trace, config, simulated, warm_up: bool):

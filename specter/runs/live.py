@@ -18,8 +18,6 @@ from specter.metrics import tpot_seconds
 from specter.numerics.forward import PromptTrace
 from specter.systems import schedule
 
-DEVICE = "cpu"  # the live engine's device (the model, its slots and its copies)
-
 
 def runtime(p, session):
     """The run's live runtime: the target (and its draft) over slots on the device, its store at the model's dtype."""
@@ -27,15 +25,16 @@ def runtime(p, session):
 
     dtype = next(p.target.model.parameters()).dtype
     store = session.expert_store(p.spec.model, p.target, pin=False, dtype=dtype)
-    return LiveRuntime(p.target, p.work, store, p.slots, DEVICE, draft=p.draft)
+    return LiveRuntime(p.target, p.work, store, p.slots, p.spec.live_device, draft=p.draft)
 
 
 def measured_fields(p) -> dict:
     """The run's shared record fields, as measured on the live engine's device."""
-    name = f"{DEVICE} ({platform.processor() or platform.machine()})"
+    device = p.spec.live_device
+    name = f"{device} ({platform.processor() or platform.machine()})"
     return {**p.common, "hardware": name, "config": {
-        **p.common["config"], "device": {"name": name, "kind": DEVICE, "store_dtype": str(p.device.store.dtype),
-                                         "measured_on": f"measured on {DEVICE}: not a calibration of a GPU"}}}
+        **p.common["config"], "device": {"name": name, "kind": device, "store_dtype": str(p.device.store.dtype),
+                                         "measured_on": f"measured on {device}: not a calibration of a GPU"}}}
 
 
 def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
@@ -45,7 +44,8 @@ def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
     result, timeline = live_run(p, prompt, config, schedule)
     diverged = next((i for i, (a, b) in enumerate(zip(result.tokens, simulated.tokens)) if a != b), None)
     measured = {"simulated_tpot_ms": tpot_seconds(simulated.commit_times) * 1e3, "simulated_on": p.profile.name,
-                "live": {"device": DEVICE, "tokens_as_recorded": diverged is None, "first_divergence": diverged}}
+                "live": {"device": p.spec.live_device, "tokens_as_recorded": diverged is None,
+                         "first_divergence": diverged}}
     return result, timeline, measured
 
 

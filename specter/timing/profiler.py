@@ -3,7 +3,9 @@
 On CUDA: host-to-device bandwidth from pinned and pageable memory for sizes 4 KiB to 1 GiB (median of `repeats` timed
 copies after warm-up, CUDA events), kernel launch overhead (median of empty-kernel launches), a GEMM roofline point
 (FP16 matmul FLOP/s) and device memory bandwidth (device-to-device copy). Without CUDA: host copy bandwidth into
-preallocated memory stands in for the link, and the CPU for the device; the profile says so in its description.
+preallocated memory stands in for the link, and the CPU for the device (its op dispatch, timed on a one-element op, for
+the launch overhead); the profile says so in its description. The host section (the CPU that runs Fiddler's experts) is
+measured the same way on both.
 Both write `bandwidth.csv` (one row per size and memory kind) and `profile.yaml`.
 """
 
@@ -108,18 +110,32 @@ def _host_copy_rows(sizes: list[int], repeats: int, warmup: int) -> list[CopyRow
     return rows
 
 
-def _host_section(copy_rows: list[CopyRow], repeats: int) -> dict:
+def _host_op_overhead_us(repeats: int, warmup: int) -> float:
+    """The CPU's cost of one op that computes next to nothing (an in-place add on one element): what each op of a
+    decode pays in dispatch before its arithmetic, as a kernel launch does on a GPU (median over `repeats` batches of
+    100)."""
+    x = torch.zeros(1)
+    ops = 100
+
+    def many_ops():
+        for _ in range(ops):
+            x.add_(1)
+
+    return _median_time(many_ops, repeats, warmup, _wall_timer) / ops * 1e6
+
+
+def _host_section(copy_rows: list[CopyRow], repeats: int, warmup: int) -> dict:
     return {
         "name": f"this machine's CPU ({torch.get_num_threads()} threads)",
         "peak_tflops": round(_host_matmul_tflops(repeats), 6),
         "memory_bandwidth_gbps": round(copy_rows[-1].gbps, 4),  # largest size: past the caches
-        "launch_overhead_us": 10.0,
+        "launch_overhead_us": round(_host_op_overhead_us(repeats, warmup), 3),
     }
 
 
 def _profile_cpu(sizes, repeats, warmup, name):
     rows = _host_copy_rows(sizes, repeats, warmup)
-    host = _host_section(rows, repeats)
+    host = _host_section(rows, repeats, warmup)
     largest = rows[-1].gbps
     profile = {
         "name": name or "measured-cpu",
@@ -127,7 +143,8 @@ def _profile_cpu(sizes, repeats, warmup, name):
                        "the device; use it to exercise the tools, not to predict GPU times",
         "measured": True,
         "device": {"name": host["name"], "peak_tflops": host["peak_tflops"],
-                   "memory_bandwidth_gbps": host["memory_bandwidth_gbps"], "launch_overhead_us": 0.0,
+                   "memory_bandwidth_gbps": host["memory_bandwidth_gbps"],
+                   "launch_overhead_us": host["launch_overhead_us"],
                    "host_sync_us": 0.0, "memory_gb": round(_total_memory_gb(), 3)},
         "link": {"name": "host memcpy", "h2d_pinned_gbps": round(largest, 4), "h2d_pageable_gbps": round(largest, 4),
                  "latency_us": round(rows[0].median_s * 1e6, 3),
@@ -192,7 +209,7 @@ def _profile_cuda(sizes, repeats, warmup, name):
                  "latency_us": round(pinned[min(sizes)].median_s * 1e6, 3),
                  "h2d_by_size": [{"bytes": s, "pinned_gbps": round(pinned[s].gbps, 4),
                                   "pageable_gbps": round(pageable[s].gbps, 4)} for s in sizes]},
-        "host": _host_section(host_rows, repeats),
+        "host": _host_section(host_rows, repeats, warmup),
         "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}: median of {repeats} "
                            f"after {warmup} warm-up; GEMM {n}x{n} FP16; device memory from a 1 GiB device copy "
                            "(read + write)"},

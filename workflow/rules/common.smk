@@ -99,7 +99,13 @@ def main_settings(case):
     """The settings an experiment in `case` does not vary."""
     c = CASES[case]
     return dict(k=c["k"], hardware=c.get("hardware", HW["main"]), prefix_tokens=MAIN_PREFIX, slots=c["slots"],
-                engine=HW["engine"], cost_as=c.get("cost_as"))
+                engine=case_engine(case), device=LIVE_DEVICE, cost_as=c.get("cost_as"))
+
+
+def case_engine(case):
+    """The engine of a case's runs: the config's, except that a case priced at another architecture's shapes is
+    simulated (a measured run times this model's own kernels)."""
+    return "sim" if CASES[case].get("cost_as") else HW["engine"]
 
 
 def dataset_args(name):
@@ -117,6 +123,19 @@ def common_args(model, dataset):
 
 def measured_profile():
     return ["results/profile/measured/profile.yaml"] if HW["measure"] else []
+
+
+LIVE_DEVICE = HW.get("device", "cpu")
+#: the profile a live run's simulated twin is scheduled on: the live engine's device, measured on this machine
+LIVE_PROFILE = f"results/profile/{LIVE_DEVICE}/profile.yaml"
+
+
+def sweep_profiles(wc):
+    """The measured profiles a sweep reads: this machine's where it varies `hardware`, the live device's where it
+    decodes live."""
+    if REGISTRY[wc.sweep].measured:
+        return [LIVE_PROFILE]
+    return measured_profile() if "hardware" in (ENTRY[wc.sweep].get("axes") or {}) else []
 
 
 def memo_path(model, dataset, k):
@@ -217,12 +236,25 @@ def all_figures():
 
 # Simulated runs take one thread each (two jobs at once use 2 cores best); a measured run takes every core, so that it
 # has the machine and its GPU to itself.
-RUN_THREADS = 1 if HW["engine"] == "sim" else workflow.cores
+def run_threads(wc):
+    """A case's run: one thread simulated, every core measured."""
+    return 1 if case_engine(wc.case) == "sim" else workflow.cores
+
+
+def sweep_threads(wc):
+    """A sweep: every core where it measures (it decodes live, or the config's engine measures its case)."""
+    measured = REGISTRY[wc.sweep].measured or (case_engine(wc.case) != "sim"
+                                               and "hardware" not in (ENTRY[wc.sweep].get("axes") or {}))
+    return workflow.cores if measured else 1
 
 
 def grid_args(experiment, case, numerics_only=False):
-    """The `specter sweep` flags of an experiment in a case (see `specter.experiments.sweep_flags`)."""
-    return join(sweep_flags(ENTRY[experiment], main_settings(case), numerics_only, tuple(measured_profile())))
+    """The `specter sweep` flags of an experiment in a case (see `specter.experiments.sweep_flags`); an experiment
+    that decodes live does so on the live device, its twins simulated on that device's measured profile."""
+    main = main_settings(case)
+    if REGISTRY[experiment].measured and not numerics_only:
+        main = {**main, "engine": "live", "hardware": LIVE_PROFILE}
+    return join(sweep_flags(ENTRY[experiment], main, numerics_only, tuple(measured_profile())))
 
 
 def sweep_memo(wc):

@@ -1,16 +1,24 @@
-# This machine's host-to-device bandwidth and compute, measured (only with `hardware.measure: true`).
+# This machine's host-to-device bandwidth and compute, measured: `measured` (the GPU where there is one, else the CPU)
+# joins the experiments that vary `hardware` with `hardware.measure: true`; `cpu` is the CPU as the live engine's
+# device, the profile the live runs' simulated twins are scheduled on (at the threads those runs use).
 
 
 rule profile:
     output:
-        profile="results/profile/measured/profile.yaml",
-        csv="results/profile/measured/bandwidth.csv",
+        profile="results/profile/{profiled}/profile.yaml",
+        csv="results/profile/{profiled}/bandwidth.csv",
+    wildcard_constraints:
+        profiled="measured|cpu",
     conda:
         ENV
     log:
-        "results/logs/profile/measured.log",
+        "results/logs/profile/{profiled}.log",
     benchmark:
-        "results/benchmarks/profile/measured.tsv"
-    threads: 2
+        "results/benchmarks/profile/{profiled}.tsv"
+    params:
+        args=lambda wc: join(["--device", "auto" if wc.profiled == "measured" else wc.profiled,
+                              "--out", f"results/profile/{wc.profiled}",
+                              "--name", "measured" if wc.profiled == "measured" else f"measured-{wc.profiled}"]),
+    threads: lambda wc: 2 if wc.profiled == "measured" else workflow.cores
     shell:
-        "python -m specter profile-bandwidth --out results/profile/measured --name measured > {log:q} 2>&1"
+        "python -m specter profile-bandwidth {params.args} --threads {threads} > {log:q} 2>&1"

@@ -74,10 +74,10 @@ rule run:
             "--system", wc.system, *common_args(case_model(wc.case), wc.dataset), "--prefix-tokens", MAIN_PREFIX,
             "--k", CASES[wc.case]["k"], "--hardware", main_settings(wc.case)["hardware"],
             "--resident-per-layer", CASES[wc.case]["slots"],
-            "--engine", HW["engine"], *(["--cost-as", CASES[wc.case]["cost_as"]] if CASES[wc.case].get("cost_as")
-                                        else []),
+            "--engine", case_engine(wc.case), *(["--device", LIVE_DEVICE] if case_engine(wc.case) == "live" else []),
+            *(["--cost-as", CASES[wc.case]["cost_as"]] if CASES[wc.case].get("cost_as") else []),
             "--memo", input.memo, "--out", output[0]]),
-    threads: RUN_THREADS
+    threads: run_threads
     shell:
         "python -m specter run {params.args} --threads {threads} > {log:q} 2>&1"
 
@@ -88,7 +88,7 @@ rule sweep:
         model=lambda wc: f"{model_dir(case_model(wc.case))}/config.json",
         draft=lambda wc: f"{main_draft(case_model(wc.case))}/meta.json",
         memos=sweep_memo,
-        profile=lambda wc: measured_profile() if "hardware" in (ENTRY[wc.sweep].get("axes") or {}) else [],
+        profile=sweep_profiles,
     output:
         "results/experiments/{sweep}/{case}/{dataset}.jsonl",
     conda:
@@ -102,6 +102,6 @@ rule sweep:
                                              *[a for m in input.memos for a in ("--memo", m)], "--out", output[0]]),
         grid=lambda wc: grid_args(wc.sweep, wc.case),
     priority: sweep_priority
-    threads: RUN_THREADS
+    threads: sweep_threads
     shell:
         "python -m specter sweep {params.args} {params.grid} --threads {threads} > {log:q} 2>&1"
