@@ -304,8 +304,8 @@ class RunSpec:
     dtype: str = setting(default="float32", metadata=_flag(
         "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
                    "float32 is what every committed result used; bfloat16 or float16 halve the memory of a large "
-                   "checkpoint, and near-ties may then decode other tokens (records and memos state it; a memo of "
-                   "another precision is refused)", choices=DTYPES))
+                   "checkpoint, and a verification that flips a near-tie is then recorded in extra.near_ties and the "
+                   "run goes on (at float32 it stops the run; a memo of another precision is refused)", choices=DTYPES))
     cost_as: str | None = setting(default=None, metadata=_flag(
         "--cost-as", "price every op at this architecture's published shapes (`specter architectures`, or a "
                      "config.json); tokens and routes stay the model's, which must route the same way (experts per "

@@ -267,3 +267,28 @@ def test_a_memo_of_another_precision_is_refused(tiny_dirs, rtn_drafts, tmp_path)
     with pytest.raises(SpecterError, match=r"recorded in float32, and this run computes in bfloat16; record it again"):
         run(_request(tiny_dirs, rtn_drafts, "olmoe", "on-demand", tmp_path / "b.jsonl", num_prompts=1,
                      max_new_tokens=4, dtype="bfloat16", memo=(str(memo),)), Session(), progress=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_verification_that_flips_a_near_tie_is_recorded_below_float32_and_refused_at_it(dtype):
+    """At bfloat16 a verification (one batched pass) may pick another token than the incremental decode it replays:
+    the run records where and commits the recorded tokens; at float32 the same disagreement is a bug and stops it."""
+    from types import SimpleNamespace
+
+    from specter.errors import SpecterError
+    from specter.numerics.forward import PromptTrace
+    from specter.systems.base import PromptResult
+    from specter.systems.decode import _commit
+
+    trace = PromptTrace([1, 2, 3], [7, 8, 9, 10], [], [])
+    ctx = SimpleNamespace(trace=trace, config=SimpleNamespace(max_new_tokens=4),
+                          service=SimpleNamespace(target=SimpleNamespace(model=torch.nn.Linear(2, 2).to(dtype))))
+    result = PromptResult(tokens=[7], commit_times=[0.0], stats=None, executor=None)
+    if dtype == torch.float32:
+        with pytest.raises(SpecterError, match=r"disagreed with the target's incremental greedy decode \(\[8, 5\]"):
+            _commit(ctx, result, [8, 5], 1, 2, 5, 1.0, check=True)
+        return
+    _commit(ctx, result, [8, 5], 1, 2, 5, 1.0, check=True)
+    assert result.tokens == [7, 8, 9] and result.commit_times == [0.0, 1.0, 1.0]
+    assert result.near_ties == [{"position": 5, "verified": [8, 5], "recorded": [8, 9]}]
+    assert result.accepted == 1 and result.accepted_lengths[1] == 1  # the device's acceptance stands

@@ -77,7 +77,8 @@ def disagreement_cause(trace: PromptTrace) -> str:
         return (f" (the trace comes from --memo {trace.origin!r}, whose records passed their checks: a near-tie "
                 "that flipped between two computations when it was recorded, or content rewritten with its digest "
                 "recomputed); record the memo again with `specter sweep --memo-out`, in float32")
-    return ": a near-tie flipped under float noise between two computations; run the model in float32"
+    return (": a near-tie flipped under float noise between two computations (in float32 the numerics are pinned "
+            "deterministic, so there it is a bug: report it with the command that showed it)")
 
 
 def _crop(cache, length: int):

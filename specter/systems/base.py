@@ -70,6 +70,9 @@ class PromptResult:
     first_decode_pass: int = 1  # index in executor.passes of the first pass after the first commit
     ks: list[int] = field(default_factory=list)  # the window of every cycle (one value unless K was re-chosen)
     decode_routes: list | None = None  # routes of the committed decode inputs, where they differ from the trace's
+    #: verifications whose batched argmax differed from the incremental decode at a precision below float32 (a
+    #: near-tie): {position, verified, recorded}; the run committed the recorded tokens and went on
+    near_ties: list[dict] = field(default_factory=list)
 
 
 @dataclass
