@@ -101,13 +101,13 @@ class Session:
             self._architectures[name_or_path] = (arch, ModelWork.of(arch.meta_model()))
         return self._architectures[name_or_path]
 
-    def expert_store(self, model_dir: str | Path, target, pin: bool, dtype=None):
+    def expert_store(self, model_dir: str | Path, target, pin: bool, dtype=None, share: bool = False):
         """The target's routed experts in host memory (pinned on CUDA), built once per dtype (None: the store's
-        FP16)."""
+        FP16); `share`: the target's experts become views into it (`ExpertStore`)."""
         from specter.offload.store import WEIGHT_DTYPE, ExpertStore
 
         dtype = dtype or WEIGHT_DTYPE
         key = (_key(model_dir), dtype)
         if key not in self._stores:
-            self._stores[key] = ExpertStore(target, pin=pin, dtype=dtype)
+            self._stores[key] = ExpertStore(target, pin=pin, dtype=dtype, share=share)
         return self._stores[key]

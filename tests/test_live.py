@@ -95,6 +95,35 @@ def test_slots_are_real(tiny_dirs):
     assert not torch.allclose(ex.last_pass.logits, clean)
 
 
+def test_the_live_store_holds_the_one_host_copy_of_every_expert(tiny_dirs):
+    """With `share`, the target's fused experts become views into the store's rows: every expert is held once on the
+    host (the model's parameters and the store together take the checkpoint's bytes), and the model computes the
+    same logits as before."""
+    from specter.offload.store import ExpertStore
+
+    def held_bytes(tensors) -> int:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
+
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    prompt = torch.tensor([list(range(5, 21))])
+    with torch.no_grad():
+        before = target.model(input_ids=prompt).logits
+    params = list(target.model.parameters())
+    model_bytes = held_bytes(params)
+    store = ExpertStore(target, dtype=torch.float32, share=True)
+    assert store.shared_layers == [m.layer_index for m in target.moe_layers]
+    for m in target.moe_layers:
+        rows = store.layers[m.layer_index].untyped_storage().data_ptr()
+        assert m.experts.gate_up_proj.untyped_storage().data_ptr() == rows
+        assert m.experts.down_proj.untyped_storage().data_ptr() == rows
+    del params
+    assert held_bytes([*target.model.parameters(), *store.layers.values()]) == model_bytes
+    with torch.no_grad():
+        assert torch.equal(target.model(input_ids=prompt).logits, before)
+    assert ExpertStore(target, dtype=torch.bfloat16, share=True).shared_layers == []  # another dtype: its own copy
+
+
 def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dirs, rtn_drafts, tmp_path):
     request = _request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path, num_prompts=2)
     session = Session()

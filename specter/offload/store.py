@@ -48,20 +48,54 @@ class ExpertLayout:
 
 class ExpertStore:
     """The target's routed experts on the host, at `dtype` (`WEIGHT_DTYPE` unless given; the live engine keeps the
-    model's own, so that its slots compute what the model computes); `pin` page-locks them (needs CUDA)."""
+    model's own, so that its slots compute what the model computes); `pin` page-locks them (needs CUDA).
 
-    def __init__(self, target: MoEModel, pin: bool = False, dtype: torch.dtype = WEIGHT_DTYPE) -> None:
+    `share`: once a layer's rows are built, the model's own fused expert parameters become views into them (one host
+    copy of every expert instead of two; the old parameters are freed layer by layer, so building the store costs
+    one layer's experts beyond the model). A layer whose storage the rows cannot view (GPT-OSS's interleaved
+    gate_up, per-expert modules, another dtype, a pinned store) keeps its own copy; `shared_layers` names the
+    layers that share."""
+
+    def __init__(self, target: MoEModel, pin: bool = False, dtype: torch.dtype = WEIGHT_DTYPE,
+                 share: bool = False) -> None:
         first = target.moe_layers[0]
         self.layout = ExpertLayout.of(first.expert_weights(0))
         self.layers: dict[int, torch.Tensor] = {}
+        self.shared_layers: list[int] = []
         for layer in target.moe_layers:
             rows = torch.empty(layer.num_experts, self.layout.numel, dtype=dtype)
             for e in range(layer.num_experts):
                 rows[e] = self.layout.flatten(layer.expert_weights(e), dtype)
-            self.layers[layer.layer_index] = rows.pin_memory() if pin else rows
+            rows = rows.pin_memory() if pin else rows
+            self.layers[layer.layer_index] = rows
+            if share and not pin and self._share(layer, rows):
+                self.shared_layers.append(layer.layer_index)
         self.pinned = pin
         self.dtype = dtype
         self.expert_bytes = self.layout.numel * torch.finfo(dtype).bits // 8
+
+    def _share(self, layer, rows: torch.Tensor) -> bool:
+        """Point `layer`'s fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] at their parts of `rows` (row e lays
+        gate, up and down end to end, so expert e's gate_up and down are each one contiguous span of it)."""
+        ex = layer.experts
+        parts = {name: offset for name, offset, _ in self.layout.parts}
+        if not layer.fused or layer.spec.gpt_oss_layout or set(parts) != {"gate", "up", "down"}:
+            return False
+        gate_up, down = ex.gate_up_proj, ex.down_proj
+        if (gate_up.dtype != rows.dtype or down.dtype != rows.dtype or not gate_up.is_contiguous()
+                or not down.is_contiguous() or parts["up"] != parts["gate"] + gate_up[0].numel() // 2):
+            return False
+        views = {"gate_up_proj": rows.as_strided(gate_up.shape, (rows.stride(0), *gate_up.stride()[1:]),
+                                                 rows.storage_offset() + parts["gate"]),
+                 "down_proj": rows.as_strided(down.shape, (rows.stride(0), *down.stride()[1:]),
+                                              rows.storage_offset() + parts["down"])}
+        for name, view in views.items():
+            if not torch.equal(view, getattr(ex, name)):
+                raise RuntimeError(f"L{layer.layer_index}: the store's rows do not hold {name} where its layout "
+                                   "says; please report this")
+        for name, view in views.items():
+            setattr(ex, name, torch.nn.Parameter(view, requires_grad=False))
+        return True
 
     def row(self, layer: int, expert: int) -> torch.Tensor:
         return self.layers[layer][expert]

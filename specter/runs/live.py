@@ -20,11 +20,12 @@ from specter.systems import schedule
 
 
 def runtime(p, session):
-    """The run's live runtime: the target (and its draft) over slots on the device, its store at the model's dtype."""
+    """The run's live runtime: the target (and its draft) over slots on the device, its store at the model's dtype,
+    holding the one host copy of every expert (the target's own experts are views into it)."""
     from specter.offload.live import LiveRuntime
 
     dtype = next(p.target.model.parameters()).dtype
-    store = session.expert_store(p.spec.model, p.target, pin=False, dtype=dtype)
+    store = session.expert_store(p.spec.model, p.target, pin=False, dtype=dtype, share=True)
     return LiveRuntime(p.target, p.work, store, p.slots, p.spec.live_device, draft=p.draft)
 
 
