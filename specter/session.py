@@ -59,18 +59,28 @@ class Session:
         return self._hashes[key]
 
     def numerics(self, model_dir: str | Path, draft_dir: str | Path | None = None, memos: tuple[str, ...] = (),
-                 dtype: str = "float32"):
+                 dtype: str = "float32", stream: bool = False):
         """(target, draft or None, ForwardService) for this model at `dtype`: the target loaded once per dtype, its
         service memoizing the target's numerics for every system and each draft's windows separately (keyed by the
-        draft's content), starting from the recorded `memos`. The service's current draft becomes `draft_dir`'s."""
+        draft's content), starting from the recorded `memos`. The service's current draft becomes `draft_dir`'s.
+        `stream`: a target not loaded yet is read tensor by tensor into its place, its experts as the rows a host
+        store adopts (`specter.models.streaming`; a checkpoint it cannot read so loads through transformers)."""
         from specter.models.loading import load_moe_model
+        from specter.models.streaming import StreamingUnsupported, stream_moe_model
         from specter.numerics.forward import ForwardService
         from specter.numerics.memo import draft_key, load_memo
         from specter.quant.draft import load_draft
 
         key = _key(model_dir)
         if (key, dtype) not in self._targets:
-            target = load_moe_model(model_dir, dtype=getattr(torch, dtype), known_hash=self.model_hash(model_dir))
+            target = None
+            if stream:
+                try:
+                    target = stream_moe_model(model_dir, getattr(torch, dtype), known_hash=self.model_hash(model_dir))
+                except StreamingUnsupported:
+                    target = None
+            if target is None:
+                target = load_moe_model(model_dir, dtype=getattr(torch, dtype), known_hash=self.model_hash(model_dir))
             self._targets[key, dtype] = (target, ForwardService(target))
         target, service = self._targets[key, dtype]
         for memo in memos:

@@ -251,6 +251,11 @@ def _run(real, *extra, out="{out}.jsonl", model=None, draft=None, system="specte
             "--resident-per-layer", "2", "--out", out, *extra]
 
 
+def _live(real, model: str) -> list[str]:
+    """A valid live `specter run` of on-demand on `model` (its weights read by the streaming loader)."""
+    return _run(real, "--engine", "live", model=model, system="on-demand")
+
+
 def _without(argv: list[str], flag: str) -> list[str]:
     """`argv` without `flag` and its value."""
     i = argv.index(flag)
@@ -552,6 +557,26 @@ CASES = [
      "num_hidden_layers"),
     ("config_vocab_larger_than_the_weights", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
         d / "config.json", vocab_size=_config_of(d)["vocab_size"] * 4)), system="on-demand"), "config.json"),
+    # --- the same damages read by the live engine's streaming loader (specter.models.streaming) ---
+    ("live_weights_truncated", lambda w, r: _live(r, _model_copy(w, r, lambda d: _truncate(
+        d / "model.safetensors"))), "model.safetensors is truncated or corrupt"),
+    ("live_weights_header_flipped", lambda w, r: _live(r, _model_copy(w, r, lambda d: _flip(
+        d / "model.safetensors", 0.0))), "model.safetensors is truncated or corrupt"),
+    ("live_weights_nan_in_an_expert", lambda w, r: _live(r, _model_copy(w, r, _weight_set(
+        "model.layers.0.block_sparse_moe.experts.0.w2.weight", float("nan")))), "NaN"),
+    ("live_weights_inf", lambda w, r: _live(r, _model_copy(w, r, _weight_set("lm_head.weight", float("inf")))),
+     "lm_head.weight"),
+    ("live_an_expert_missing", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.pop(
+        "model.layers.1.block_sparse_moe.experts.3.w3.weight")))), "missing from the weights"),
+    ("live_a_tensor_with_no_place", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
+        {"model.layers.0.block_sparse_moe.extra.weight": t["lm_head.weight"].clone()})))), "no place for"),
+    ("live_an_expert_of_another_shape", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
+        {"model.layers.0.block_sparse_moe.experts.1.w1.weight": t[
+            "model.layers.0.block_sparse_moe.experts.1.w1.weight"][:-1].clone()})))), "of another shape"),
+    ("live_config_one_layer_more_than_the_weights", lambda w, r: _live(r, _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", num_hidden_layers=_config_of(d)["num_hidden_layers"] + 1))), "num_hidden_layers"),
+    ("live_config_vocab_larger_than_the_weights", lambda w, r: _live(r, _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", vocab_size=_config_of(d)["vocab_size"] * 4))), "config.json"),
     ("config_size_not_whole", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
         d / "config.json", intermediate_size=2.5)), system="on-demand"), "intermediate_size"),
     ("config_field_of_the_wrong_type", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(

@@ -216,6 +216,7 @@ class MoEModel:
         self.model = model
         self.config = config
         self.path: Path | None = None  # the checkpoint directory, when loaded from one
+        self.loaded_by: str | None = None  # how the weights were read (`specter.models.loading`, `.streaming`)
         self.decoder_layers = model.model.layers
         self.moe_layers: list[MoELayer] = [
             MoELayer(i, layer.mlp, self.spec, config)

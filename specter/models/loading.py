@@ -89,6 +89,7 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
                  "re-download the checkpoint")
     moe = MoEModel(model.to(device).eval())
     moe.path = Path(path)
+    moe.loaded_by = "transformers from_pretrained"
     return moe
 
 

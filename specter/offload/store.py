@@ -54,7 +54,8 @@ class ExpertStore:
     copy of every expert instead of two; the old parameters are freed layer by layer, so building the store costs
     one layer's experts beyond the model). A layer whose storage the rows cannot view (GPT-OSS's interleaved
     gate_up, per-expert modules, another dtype, a pinned store) keeps its own copy; `shared_layers` names the
-    layers that share."""
+    layers that share. Where the loader has laid a layer's experts out as such rows already
+    (`specter.models.streaming`), the store adopts them as they are, and nothing is copied."""
 
     def __init__(self, target: MoEModel, pin: bool = False, dtype: torch.dtype = WEIGHT_DTYPE,
                  share: bool = False) -> None:
@@ -63,6 +64,11 @@ class ExpertStore:
         self.layers: dict[int, torch.Tensor] = {}
         self.shared_layers: list[int] = []
         for layer in target.moe_layers:
+            rows = self._rows_of(layer, dtype) if share and not pin else None
+            if rows is not None:  # the loader laid the layer out as rows already (`specter.models.streaming`)
+                self.layers[layer.layer_index] = rows
+                self.shared_layers.append(layer.layer_index)
+                continue
             rows = torch.empty(layer.num_experts, self.layout.numel, dtype=dtype)
             for e in range(layer.num_experts):
                 rows[e] = self.layout.flatten(layer.expert_weights(e), dtype)
@@ -73,6 +79,25 @@ class ExpertStore:
         self.pinned = pin
         self.dtype = dtype
         self.expert_bytes = self.layout.numel * torch.finfo(dtype).bits // 8
+
+    def _rows_of(self, layer, dtype: torch.dtype) -> torch.Tensor | None:
+        """The layer's experts as rows [E, numel] in this store's layout, where its fused gate_up_proj and down_proj
+        are already views into one such tensor (no copy); None otherwise."""
+        parts = {name: offset for name, offset, _ in self.layout.parts}
+        ex = layer.experts
+        if not layer.fused or layer.spec.gpt_oss_layout or set(parts) != {"gate", "up", "down"}:
+            return None
+        gate_up, down = ex.gate_up_proj, ex.down_proj
+        storage = gate_up.untyped_storage()
+        numel, n = self.layout.numel, layer.num_experts
+        start = gate_up.storage_offset() - parts["gate"]
+        if (gate_up.dtype != dtype or down.dtype != dtype or down.untyped_storage().data_ptr() != storage.data_ptr()
+                or start != 0 or storage.nbytes() != n * numel * gate_up.element_size()
+                or gate_up.stride() != (numel, *gate_up.stride()[1:]) or down.stride()[0] != numel
+                or down.storage_offset() != parts["down"] or parts["up"] != parts["gate"] + gate_up[0].numel() // 2
+                or not gate_up[0].is_contiguous() or not down[0].is_contiguous()):
+            return None
+        return torch.empty(0, dtype=dtype).set_(storage, 0, (n, numel), (numel, 1))
 
     def _share(self, layer, rows: torch.Tensor) -> bool:
         """Point `layer`'s fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] at their parts of `rows` (row e lays

@@ -33,8 +33,11 @@ def measured_fields(p) -> dict:
     """The run's shared record fields, as measured on the live engine's device."""
     device = p.spec.live_device
     name = f"{device} ({platform.processor() or platform.machine()})"
+    store = p.device.store
+    held = "once" if len(store.shared_layers) == len(store.layers) else "twice (the model's and the store's)"
     return {**p.common, "hardware": name, "config": {
-        **p.common["config"], "device": {"name": name, "kind": device, "store_dtype": str(p.device.store.dtype),
+        **p.common["config"], "device": {"name": name, "kind": device, "store_dtype": str(store.dtype),
+                                         "loader": p.target.loaded_by, "experts_on_host": held,
                                          "measured_on": f"measured on {device}: not a calibration of a GPU"}}}
 
 

@@ -1,0 +1,278 @@
+"""Loading a checkpoint with no second host copy of its experts: every tensor is read from the checkpoint's safetensors
+files straight into the place the model keeps it.
+
+`stream_moe_model` builds the stock transformers model with its parameters on the meta device (its buffers, such as
+the rotary frequencies, are computed as usual: accelerate's `init_empty_weights(include_buffers=False)`), then reads
+each tensor of the checkpoint with plain file reads into the tensor the model keeps. No file is memory-mapped, so no
+page of the checkpoint counts toward the process's resident memory beside the tensors themselves.
+
+- A non-expert tensor goes into a tensor of its own, under the name transformers' own conversion mapping gives its key
+  (`get_model_conversion_mapping`; Mixtral's `block_sparse_moe` is the stock module's `mlp`).
+- A routed expert's projection goes into its span of its layer's *expert rows*: one [experts, numel] tensor per MoE
+  layer whose row e lays expert e's gate, up and down projections end to end (the layout of the host `ExpertStore`,
+  `specter.offload.store`). The stock module's fused `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] are strided
+  views into those rows, so the model computes from them, and the store adopts them without a copy.
+
+The host holds the checkpoint's bytes once, at the model's dtype, plus the one tensor being converted where the
+checkpoint's dtype is another. A checkpoint whose experts are not stored one projection per expert in the layout the
+stock conversion merges (GPT-OSS keeps them fused and quantized) raises `StreamingUnsupported` before anything is
+allocated; the caller then loads it with `load_moe_model`. What `load_moe_model` refuses is refused here too, in the
+same words: a config that cannot make a model, files that differ from the card, weights and config.json that
+disagree (a parameter missing, a tensor with no place, another shape), NaN or infinite values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+from transformers.utils import logging as hf_logging
+
+from specter.errors import SpecterError
+from specter.models.adapter import MoEModel
+from specter.models.integrity import check_card, check_finite
+from specter.models.loading import _check_loaded_all, read_model_config
+from specter.models.trees import experts_path
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+_MAX_HEADER = 100 * 2**20  # a safetensors header beyond this is a damaged file, not a model
+
+
+class StreamingUnsupported(Exception):
+    """The checkpoint stores its experts in a way the streaming loader does not read; load it with `load_moe_model`."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor of a checkpoint lies: its file, the byte span of its data, its dtype and shape."""
+
+    file: Path
+    start: int
+    end: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def read_headers(path: Path) -> dict[str, TensorEntry]:
+    """Every tensor of the checkpoint in `path`, from the headers of its *.safetensors files (no data read)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecterError(f"{str(path)!r} holds no *.safetensors weights; rebuild or re-download the checkpoint")
+    entries: dict[str, TensorEntry] = {}
+    for file in files:
+        size = file.stat().st_size
+        damaged = f"{file.name} is truncated or corrupt; rebuild or re-download the checkpoint"
+        with open(file, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < length <= min(_MAX_HEADER, size - 8):
+                raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}")
+            try:
+                header = json.loads(f.read(length))
+            except ValueError:
+                raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}") from None
+        base = 8 + length
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
+            if dtype is None:
+                raise StreamingUnsupported(f"{file.name}: tensor {name} has dtype {info.get('dtype')!r}")
+            start, end = info["data_offsets"]
+            shape = tuple(info["shape"])
+            if base + end > size or end - start != math.prod(shape) * torch.empty(0, dtype=dtype).element_size():
+                raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}")
+            if name in entries:
+                raise SpecterError(f"{str(path)!r}: tensor {name} is in both {entries[name].file.name} and "
+                                   f"{file.name}; remove the stale shard or re-download the checkpoint")
+            entries[name] = TensorEntry(file, base + start, base + end, dtype, shape)
+    return entries
+
+
+class _Reader:
+    """Plain reads of checkpoint tensors into tensors the caller owns (no memory map)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handles: dict[Path, object] = {}
+
+    def into(self, entry: TensorEntry, out: torch.Tensor) -> None:
+        """Read `entry` into `out` (contiguous, the entry's element count), converting its dtype where they differ."""
+        dst = out if out.dtype == entry.dtype else torch.empty(entry.shape, dtype=entry.dtype)
+        f = self.handles.get(entry.file)
+        if f is None:
+            f = self.handles[entry.file] = open(entry.file, "rb")  # noqa: SIM115 - closed in close()
+        f.seek(entry.start)
+        want = entry.end - entry.start
+        if want and f.readinto(dst.reshape(-1).view(torch.uint8).numpy()) != want:
+            raise SpecterError(f"cannot load the model in {str(self.path)!r}: {entry.file.name} is truncated or "
+                               "corrupt; rebuild or re-download the checkpoint")
+        if dst is not out:
+            out.copy_(dst.reshape(out.shape))
+
+    def close(self) -> None:
+        for f in self.handles.values():
+            f.close()
+
+
+def _expert_converters(converters: list[WeightConverter]) -> dict[str, tuple[str, int, re.Pattern]]:
+    """{source pattern: (the fused parameter it goes into, which half of it, a regex that finds the expert index)} for
+    the stock per-expert merges: `down_proj` from one projection, `gate_up_proj` from two concatenated."""
+    out = {}
+    for c in converters:
+        ops = [type(op).__name__ for op in c.operations]
+        targets = [t.rsplit(".", 1)[-1] for t in c.target_patterns]
+        if len(targets) != 1 or targets[0] not in ("gate_up_proj", "down_proj"):
+            continue
+        halves = 2 if targets[0] == "gate_up_proj" else 1
+        if ops != ["MergeModulelist", "Concatenate"][:halves] or len(c.source_patterns) != halves:
+            raise StreamingUnsupported(f"experts merged by {ops} from {c.source_patterns}")
+        for half, pattern in enumerate(c.source_patterns):
+            regex = re.compile(re.escape(pattern).replace(r"\*", r"(\d+)") + "$")
+            out[pattern] = (targets[0], half, regex)
+    return out
+
+
+def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | None = None) -> MoEModel:
+    """The checkpoint in `path` at `dtype`, every tensor read into its place (see the module docstring)."""
+    path = Path(path)
+    read_model_config(path)
+    check_card(path, known_hash)
+    entries = read_headers(path)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, experts_implementation="eager")
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    moe = MoEModel(model)
+    if any(m.spec.gpt_oss_layout or not m.fused for m in moe.moe_layers):
+        raise StreamingUnsupported(f"{moe.model_type} experts are not the stock fused gate_up/down pair")
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    experts = _expert_converters(converters)
+    layers = {experts_path(moe, m): m for m in moe.moe_layers}
+    meta = model.state_dict()
+
+    plan, unexpected, mismatched = [], [], []
+    for key, entry in entries.items():
+        name, pattern = rename_source_key(key, renamings, converters, model.base_model_prefix, meta)
+        if pattern is None:
+            if name not in meta:
+                unexpected.append(key)
+            elif tuple(meta[name].shape) != entry.shape:
+                mismatched.append(key)
+            else:
+                plan.append((entry, name, None))
+            continue
+        if pattern not in experts:
+            raise StreamingUnsupported(f"{key} goes into {name} by a conversion the loader does not read")
+        param, half, regex = experts[pattern]
+        module, _, leaf = name.rpartition(".")
+        found = regex.search(key)
+        if leaf != param or module not in layers or found is None:
+            unexpected.append(key)
+            continue
+        plan.append((entry, name, (layers[module], int(found.group(1)), half)))
+
+    rows = {m.layer_index: _expert_rows(m, dtype) for m in moe.moe_layers}
+    filled: set[tuple] = set()
+    assigned: set[str] = set()
+    reader = _Reader(path)
+    try:
+        for entry, name, expert in sorted(plan, key=lambda p: (str(p[0].file), p[0].start)):
+            if expert is None:
+                _assign(model, name, meta[name], entry, reader)
+                assigned.add(name)
+                continue
+            layer, e, half = expert
+            span = _span(layer, name.rpartition(".")[2], e, half, rows[layer.layer_index])
+            if span is None or tuple(span.shape) != entry.shape:
+                mismatched.append(key)
+                filled.add((layer.layer_index, name, e, half))  # refused as mismatched, not again as missing
+                continue
+            reader.into(entry, span)
+            filled.add((layer.layer_index, name, e, half))
+    finally:
+        reader.close()
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    state, buffers = model.state_dict(), {n for n, _ in model.named_buffers()}
+    missing = [n for n, t in state.items() if n not in assigned and not _is_expert(n, layers)
+               and (t.is_meta or n in buffers)]  # a persistent buffer keeps its initial value unless read
+    for m in moe.moe_layers:
+        halves = {"gate_up_proj": 2, "down_proj": 1}
+        for param, count in halves.items():
+            name = f"{experts_path(moe, m)}.{param}"
+            missing += [f"{name}[{e}]" for e in range(m.num_experts) for h in range(count)
+                        if (m.layer_index, name, e, h) not in filled]
+        _point_at_rows(m, rows[m.layer_index])
+    _check_loaded_all(path, {"missing_keys": missing, "unexpected_keys": unexpected, "mismatched_keys": mismatched})
+    check_finite(model, f"the model in {str(path)!r}", f"its weights are damaged (or overflow "
+                 f"{str(dtype).removeprefix('torch.')}); rebuild or re-download the checkpoint")
+    if (path / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(path), local_files_only=True)
+    moe = MoEModel(model.eval())
+    moe.path = path
+    moe.loaded_by = "safetensors read into place (experts as rows)"
+    return moe
+
+
+def _is_expert(name: str, layers: dict) -> bool:
+    module, _, leaf = name.rpartition(".")
+    return module in layers and leaf in ("gate_up_proj", "down_proj")
+
+
+def _expert_rows(layer, dtype: torch.dtype) -> torch.Tensor:
+    """A layer's expert rows [E, 2IH + HI]: row e is expert e's gate [I, H], up [I, H] and down [H, I] end to end."""
+    gate_up, down = layer.experts.gate_up_proj, layer.experts.down_proj
+    return torch.empty(layer.num_experts, gate_up[0].numel() + down[0].numel(), dtype=dtype)
+
+
+def _span(layer, param: str, e: int, half: int, rows: torch.Tensor) -> torch.Tensor | None:
+    """The view of `rows` that expert e's part of `param` (a half of gate_up_proj, or down_proj) fills."""
+    if not 0 <= e < layer.num_experts:
+        return None
+    gate_up, down = layer.experts.gate_up_proj, layer.experts.down_proj
+    two_i, hidden = gate_up.shape[1:]
+    if param == "gate_up_proj":
+        size = two_i // 2 * hidden
+        return rows[e, half * size : (half + 1) * size].view(two_i // 2, hidden)
+    return rows[e, two_i * hidden :].view(*down.shape[1:])
+
+
+def _point_at_rows(layer, rows: torch.Tensor) -> None:
+    """The layer's fused gate_up_proj and down_proj as strided views into its expert rows."""
+    ex = layer.experts
+    gate_up_shape, down_shape = tuple(ex.gate_up_proj.shape), tuple(ex.down_proj.shape)
+    split = math.prod(gate_up_shape[1:])
+    base = rows.storage_offset()
+    ex.gate_up_proj = torch.nn.Parameter(
+        rows.as_strided(gate_up_shape, (rows.stride(0), gate_up_shape[2], 1), base), requires_grad=False)
+    ex.down_proj = torch.nn.Parameter(
+        rows.as_strided(down_shape, (rows.stride(0), down_shape[2], 1), base + split), requires_grad=False)
+
+
+def _assign(model: torch.nn.Module, name: str, like: torch.Tensor, entry: TensorEntry, reader: _Reader) -> None:
+    """Read a non-expert tensor into a tensor of its own at the model's dtype for it, and put it in its place."""
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    tensor = torch.empty(like.shape, dtype=like.dtype)
+    reader.into(entry, tensor)
+    if leaf in module._parameters:
+        module._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=module._parameters[leaf].requires_grad)
+    else:
+        module._buffers[leaf] = tensor
