@@ -273,9 +273,11 @@ def _hash_cache_entry(paths: list[Path]) -> Path | None:
 
 def _files_sha256(paths: list[Path]) -> str:
     h = hashlib.sha256()
+    buffer = bytearray(1 << 20)  # one reused buffer: hashing a checkpoint holds 1 MiB of it, never a chunk per read
+    view = memoryview(buffer)
     for path in paths:
         h.update(Path(path).name.encode())
         with Path(path).open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                h.update(chunk)
+            while n := f.readinto(buffer):
+                h.update(view[:n])
     return h.hexdigest()

@@ -20,7 +20,7 @@ def _key(path: str | Path) -> str:
 class Session:
     def __init__(self) -> None:
         self._targets: dict[tuple[str, str], tuple[object, object]] = {}  # (model dir, dtype) -> (MoEModel, service)
-        self._drafts: dict[tuple[str, str], tuple[object, str]] = {}  # (draft dir, dtype) -> (Draft, content key)
+        self._drafts: dict[tuple, tuple[object, str]] = {}  # (draft dir, dtype, packed) -> (Draft, content key)
         self._hashes: dict[str, str] = {}
         self._memos: set[tuple[str, str, str]] = set()  # (model dir, dtype, memo file) already read
         self._stores: dict[tuple, object] = {}  # (model dir, dtype) -> ExpertStore
@@ -59,12 +59,13 @@ class Session:
         return self._hashes[key]
 
     def numerics(self, model_dir: str | Path, draft_dir: str | Path | None = None, memos: tuple[str, ...] = (),
-                 dtype: str = "float32", stream: bool = False):
+                 dtype: str = "float32", stream: bool = False, packed_draft: bool = False):
         """(target, draft or None, ForwardService) for this model at `dtype`: the target loaded once per dtype, its
         service memoizing the target's numerics for every system and each draft's windows separately (keyed by the
         draft's content), starting from the recorded `memos`. The service's current draft becomes `draft_dir`'s.
         `stream`: a target not loaded yet is read tensor by tensor into its place, its experts as the rows a host
-        store adopts (`specter.models.streaming`; a checkpoint it cannot read so loads through transformers)."""
+        store adopts (`specter.models.streaming`; a checkpoint it cannot read so loads through transformers).
+        `packed_draft`: the draft keeps its codes and dequantizes on each call (`load_draft`; no dense copy)."""
         from specter.models.loading import load_moe_model
         from specter.models.streaming import StreamingUnsupported, stream_moe_model
         from specter.numerics.forward import ForwardService
@@ -89,9 +90,9 @@ class Session:
                 self._memos.add((key, dtype, _key(memo)))
         draft = None
         if draft_dir is not None:
-            path = (_key(draft_dir), dtype)  # dequantized to the target's dtype
+            path = (_key(draft_dir), dtype, packed_draft)  # dequantized to the target's dtype
             if path not in self._drafts:
-                loaded = load_draft(target, draft_dir, target_hash=self.model_hash(model_dir))
+                loaded = load_draft(target, draft_dir, target_hash=self.model_hash(model_dir), packed=packed_draft)
                 self._drafts[path] = (loaded, draft_key(draft_dir))
             draft, content_key = self._drafts[path]
             service.draft, service.draft_key = draft.moe, content_key

@@ -58,57 +58,100 @@ def test_a_checkpoint_the_loader_cannot_read_loads_through_transformers(tiny_dir
     assert target.loaded_by == "transformers from_pretrained"
 
 
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3"])
+def test_a_packed_draft_computes_what_the_dense_draft_computes(arch, tiny_dirs, rtn_drafts):
+    """The live engine's draft keeps its GPTQ codes (no dense weight anywhere in its experts) and dequantizes them on
+    each call to the very weights the dense draft holds: the same logits, bit for bit."""
+    from specter.quant.draft import DequantizedLinear, PackedQuantLinear, load_draft
+
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    dense = load_draft(target, rtn_drafts[arch])
+    packed = load_draft(target, rtn_drafts[arch], packed=True)
+    kinds = {type(m) for m in packed.model.modules()}
+    assert PackedQuantLinear in kinds and DequantizedLinear not in kinds
+    prompt = torch.tensor([list(range(5, 21))])
+    with torch.no_grad():
+        assert torch.equal(dense.model(input_ids=prompt).logits, packed.model(input_ids=prompt).logits)
+    packed_bytes = sum(b.numel() * b.element_size() for m in packed.model.modules()
+                       if isinstance(m, PackedQuantLinear) for b in m.buffers())
+    dense_bytes = sum(b.numel() * b.element_size() for m in dense.model.modules()
+                      if isinstance(m, DequantizedLinear) for b in m.buffers())
+    assert packed_bytes < dense_bytes / 4
+
+
 PEAK = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    sys.path.insert(0, sys.argv[3])
+    sys.path.insert(0, sys.argv[1])
     from conftest import spec
     from specter.runs import live
     from specter.runs.execute import prepare
     from specter.session import Session
 
-    def request(model):
-        return dict(system="on-demand", model=model, dataset="code", hardware="a100-40gb-pcie4", engine="live",
-                    out=str(Path(sys.argv[2]) / "unused.jsonl"), num_prompts=1, prefix_tokens=16, max_new_tokens=4,
-                    resident_per_layer=2, warmup_prompts=0)
+    model, draft, warm_model, warm_draft, system, out = sys.argv[2:8]
+
+    def request(model, draft):
+        return dict(system=system, model=model, draft=draft, dataset="code", hardware="a100-40gb-pcie4", k=2,
+                    engine="live", out=out, num_prompts=1, prefix_tokens=16, max_new_tokens=4, resident_per_layer=2,
+                    warmup_prompts=0)
 
     def status(key):
         return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
 
-    session = Session()  # the same loading on a tiny checkpoint first: imports and lazily built caches
-    p = prepare(spec(**request(sys.argv[4])), session)
+    session = Session()  # the same loading of a tiny checkpoint first: imports and lazily built caches
+    p = prepare(spec(**request(warm_model, warm_draft)), session)
     live.runtime(p, session)
     del p, session
     open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) from here
     base = status("VmRSS")
     session = Session()
-    p = prepare(spec(**request(sys.argv[1])), session)
+    p = prepare(spec(**request(model, draft)), session)
     runtime = live.runtime(p, session)
-    print(json.dumps({"peak": status("VmHWM") - base, "loaded_by": p.target.loaded_by,
-                      "shared": len(runtime.store.shared_layers), "layers": len(runtime.store.layers)}))
+    dense = [n for n, m in p.draft.model.named_modules() if type(m).__name__ == "DequantizedLinear"] if p.draft else []
+    device = sum(t.numel() * t.element_size() for t in (*runtime.slots.values(), runtime.staging))
+    print(json.dumps({"peak": status("VmHWM") - base - device, "loaded_by": p.target.loaded_by,
+                      "dense_draft": dense[:3], "shared": len(runtime.store.shared_layers),
+                      "layers": len(runtime.store.layers)}))
 """)
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
-def test_a_live_runs_loading_peaks_within_1_2x_the_checkpoints_bytes(tiny_dirs, tmp_path):
-    """A fresh process loads a 52 MB Mixtral-class checkpoint for a live on-demand run (target, tokenizer, prompts,
-    host store, slots): its peak resident memory beyond what it held before stays within 1.2x the checkpoint's
-    bytes. Loading through transformers and copying into a store measures about 2.4x."""
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """A 151 MB Mixtral-class checkpoint (4 layers of 8 experts, hidden 512, intermediate 768) and its INT4 draft."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from specter.models.tiny import save_tiny_model
+    from specter.quant.quantize import quantize_draft
 
-    big = save_tiny_model("mixtral", tmp_path / "big")
-    config = json.loads((big / "config.json").read_text())
-    config.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4)
-    (big / "config.json").write_text(json.dumps(config))
+    root = tmp_path_factory.mktemp("large")
+    model = save_tiny_model("mixtral", root / "model")
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_size=512, intermediate_size=768, num_hidden_layers=4)
+    (model / "config.json").write_text(json.dumps(config))
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(big))).save_pretrained(str(big))
-    checkpoint = sum(f.stat().st_size for f in big.glob("*.safetensors"))
-    assert checkpoint > 40 * 2**20
-    out = subprocess.run([sys.executable, "-c", PEAK, str(big), str(tmp_path), str(Path(__file__).parent),
-                          tiny_dirs["mixtral"]], capture_output=True, text=True, timeout=600)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model))).save_pretrained(str(model))
+    quantize_draft(str(model), root / "draft", method="rtn", bits=4, group_size=64)
+    return model, root / "draft"
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.parametrize("system", ["on-demand", "specter"])
+def test_a_live_runs_loading_peaks_within_1_2x_what_it_reads(system, large, tiny_dirs, rtn_drafts, tmp_path):
+    """A fresh process loads a 151 MB checkpoint for a live run (target, tokenizer, prompts, host store, and for
+    Specter its INT4 draft): its peak resident memory beyond what it held before, less the device's slots and staging
+    buffers (device memory, which the CPU as device keeps in the same RAM), stays within 1.2x the bytes it reads (the
+    checkpoint, and the draft's file), and no dense draft is built. Loading through transformers and copying the
+    experts into a store peaked at about 2.4x the checkpoint on a 52 MB one."""
+    model, draft = large
+    read = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    if system == "specter":
+        read += (draft / "experts.safetensors").stat().st_size
+    assert read > 140 * 2**20
+    out = subprocess.run([sys.executable, "-c", PEAK, str(Path(__file__).parent), str(model), str(draft),
+                          tiny_dirs["mixtral"], rtn_drafts["mixtral"], system, str(tmp_path / "unused.jsonl")],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     assert measured["loaded_by"].startswith("safetensors") and measured["shared"] == measured["layers"]
-    assert measured["peak"] <= 1.2 * checkpoint, (measured["peak"] / 2**20, checkpoint / 2**20)
+    assert measured["dense_draft"] == []
+    assert measured["peak"] <= 1.2 * read, (measured["peak"] / 2**20, read / 2**20)

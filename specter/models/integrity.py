@@ -26,12 +26,28 @@ def model_hash(model_dir: str | Path) -> str:
     return files_sha256([root / "config.json", *sorted(root.glob("*.safetensors")), *sorted(root.glob("*.bin"))])
 
 
-def first_nonfinite(named_tensors: Iterable[tuple[str, object]]) -> str | None:
-    """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
+_FINITE_CHUNK = 1 << 20  # elements checked at a time: a check's temporaries stay a few MB, whatever the tensor
+
+
+def _all_finite(tensor) -> bool:
+    """Whether every element is finite, checked a slice of the leading axis at a time (so a strided view of an
+    expert's rows is never copied whole, and a 1.9 GB fused expert tensor costs no 1.9 GB temporary)."""
     import torch
 
+    if tensor.numel() <= _FINITE_CHUNK or tensor.dim() == 0:
+        return bool(torch.isfinite(tensor).all())
+    if tensor.dim() == 1:
+        return all(bool(torch.isfinite(part).all()) for part in tensor.split(_FINITE_CHUNK))
+    row = tensor[0].numel()
+    if row > _FINITE_CHUNK:  # one slice of the leading axis is itself too large: check inside each
+        return all(_all_finite(part) for part in tensor.unbind(0))
+    return all(bool(torch.isfinite(part).all()) for part in tensor.split(_FINITE_CHUNK // row))
+
+
+def first_nonfinite(named_tensors: Iterable[tuple[str, object]]) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
     for name, tensor in named_tensors:
-        if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor is not None and tensor.is_floating_point() and not _all_finite(tensor):
             return name
     return None
 

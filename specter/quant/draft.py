@@ -4,7 +4,9 @@
 `experts` is shallow-copied (so the target keeps its own experts), the `experts` are replaced by `QuantizedExperts`, and
 every other module is the target's own object. Attention, routers, norms, embeddings and shared experts are therefore
 the target's tensors, not copies (tests check `data_ptr`). The quantized experts compute with weights dequantized from
-the stored codes once at load, so the draft's numerics are exactly those of the quantized weights.
+the stored codes once at load, so the draft's numerics are exactly those of the quantized weights. With `packed` (the
+live engine's draft) each linear keeps its stored codes and dequantizes them on every call, as GPTQModel's torch
+kernel does: no dense copy of the draft is held, and the values it computes with are the same.
 """
 
 from __future__ import annotations
@@ -36,6 +38,29 @@ class DequantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+class PackedQuantLinear(torch.nn.Module):
+    """A draft linear that keeps its GPTQ codes and dequantizes them on every call (the weight it computes with is
+    `dequantize`'s, bit for bit the `DequantizedLinear`'s); `packed_bytes` is its stored size."""
+
+    def __init__(self, packed: PackedLinear, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        for name, tensor in packed.tensors().items():
+            self.register_buffer(name, tensor)
+        self.register_buffer("bias", bias)
+        self.bits, self.dtype = packed.bits, dtype
+        self.packed_bytes = packed.nbytes() + (0 if bias is None else bias.numel() * bias.element_size())
+
+    def _packed(self) -> PackedLinear:
+        return PackedLinear(self.qweight, self.qzeros, self.scales, self.g_idx, self.bits)
+
+    def dequantize_weight(self) -> torch.Tensor:
+        """The weight [in, out], as GPTQModel's quantized linears return it."""
+        return dequantize(self._packed(), self.dtype).T
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, dequantize(self._packed(), self.dtype), self.bias)
 
 
 class QuantizedExpert(torch.nn.Module):
@@ -85,9 +110,10 @@ class Draft:
 
 
 def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True,
-               target_hash: str | None = None) -> Draft:
+               target_hash: str | None = None, packed: bool = False) -> Draft:
     """The draft in `draft_dir` over the loaded `target`; refused if it was made from another model.
-    `target_hash`: the target's model hash where the caller has computed it already."""
+    `target_hash`: the target's model hash where the caller has computed it already. `packed`: every linear keeps
+    its codes and dequantizes on each call (`PackedQuantLinear`) instead of holding a dense weight."""
     meta = DraftMeta.read(draft_dir)
     if check_hash:
         if target.path is None:
@@ -100,16 +126,20 @@ def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True,
             )
     dtype = next(target.model.parameters()).dtype
     device = next(target.model.parameters()).device
-    packed = read_packed(target, draft_dir, meta)
+    stored = read_packed(target, draft_dir, meta)
     replacements = {}
     for layer in target.moe_layers:
         experts = []
         for e in range(layer.num_experts):
             projs = {}
-            for proj, (p, bias) in packed[layer.layer_index, e].items():
+            for proj, (p, bias) in stored[layer.layer_index, e].items():
+                bias = None if bias is None else bias.to(device=device, dtype=dtype)
+                if packed:
+                    projs[proj] = PackedQuantLinear(
+                        PackedLinear(*(t.to(device) for t in p.tensors().values()), bits=p.bits), bias, dtype)
+                    continue
                 projs[proj] = DequantizedLinear(
-                    dequantize(p, dtype).to(device),
-                    None if bias is None else bias.to(device=device, dtype=dtype),
+                    dequantize(p, dtype).to(device), bias,
                     p.nbytes() + (0 if bias is None else bias.numel() * bias.element_size()),
                 )
             experts.append(QuantizedExpert(**projs))

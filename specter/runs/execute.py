@@ -98,7 +98,8 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)
     calibration = partial(session.calibration_prompts, spec.model, "code")  # (count, length) -> prompts
     target, draft, service = session.numerics(spec.model, spec.draft if system.speculative else None, spec.memo,
-                                              spec.dtype, stream=spec.engine == "live")
+                                              spec.dtype, stream=spec.engine == "live",
+                                              packed_draft=spec.engine == "live")
     service.require((*system.trace_recorders, *recorders))
     work = ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
