@@ -229,3 +229,40 @@ def test_run_engine_cuda_path_on_the_cpu(tiny_dirs, tmp_path, monkeypatch):
         spec(system="specter", **request), progress=False)]
     with pytest.raises(Exception, match="--temperature 0.7 samples live"):
         execute(spec(system="specter", engine="cuda", temperature=0.7, **request), progress=False)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_device_memory_a_runtime_asks_for_is_what_it_allocates_and_is_checked_first(arch, setups, monkeypatch):
+    """`DeviceRuntime.device_bytes` states, part by part, what the runtime then allocates (the slots, staging buffers,
+    non-expert weights and KV cache it holds, on the CPU standing in); on CUDA a run that does not fit the device's
+    free memory is refused in one line that names each part, before anything is allocated."""
+    from specter.errors import SpecterError
+    from specter.offload.device import require_device_memory
+
+    target, draft, _, store = setups[arch]
+    runtime = _runtime(setups[arch], slots=2)
+    parts = DeviceRuntime.device_bytes(target, ModelWork.of(target), store, 2, 24, 64, draft)
+
+    def held(tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    assert parts["expert slots"] == held(runtime.slots.values())
+    assert parts["staging buffers"] == held([runtime.staging])
+    assert parts["non-expert weights"] == held([w for ws in runtime.layer_weights.values() for w in ws]) + held(
+        [runtime.head])
+    assert parts["KV cache"] == held([t for kv in runtime.kv.values() for t in kv])
+    kernels = [getattr(e, n) for e in runtime.draft_experts.values() for n in ("gate_proj", "up_proj", "down_proj")]
+    assert parts["draft experts"] == held([t for k in kernels for name, t in vars(k).items()
+                                           if isinstance(t, torch.Tensor) and name != "shifts"]) > 0
+
+    def free_memory(device):
+        return (sum(parts.values()) - 1, 80 * 10**9)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", free_memory)
+    with pytest.raises(SpecterError, match=r"needs [\d.]+ MB on cuda \(.*expert slots [\d.]+ MB.*\), and [\d.]+ MB of "
+                                           r"its 80.00 GB are free; lower --resident-per-layer"):
+        require_device_memory(torch.device("cuda"), parts)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (sum(parts.values()), 80 * 10**9))
+    require_device_memory(torch.device("cuda"), parts)  # exactly fits
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (_ for _ in ()).throw(AssertionError("queried")))
+    require_device_memory(torch.device("cpu"), parts)  # never asked off CUDA

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.experts import expert_ffn, module_ffn
 from specter.offload.memory import STAGING_BUFFERS
@@ -61,6 +62,15 @@ class PackedLinearKernel(torch.nn.Module):
         self.zeros = zeros.T.contiguous().to(WEIGHT_DTYPE).to(device)  # [groups, out]
         self.scales = scales.T.contiguous().to(WEIGHT_DTYPE).to(device)
         self.bias = None if bias is None else bias.to(device=device, dtype=WEIGHT_DTYPE)
+
+    @staticmethod
+    def device_bytes(out_features: int, in_features: int, bits: int, group_size: int, biased: bool) -> int:
+        """What one such kernel holds on the device: the int32 words (or a byte a code at 3 bits), the int64 group
+        index, zeros and scales at WEIGHT_DTYPE, the bias."""
+        item = torch.empty(0, dtype=WEIGHT_DTYPE).element_size()
+        groups = -(-in_features // group_size)
+        codes = in_features * out_features * bits // 8 if 32 % bits == 0 else in_features * out_features
+        return codes + in_features * 8 + 2 * groups * out_features * item + (out_features * item if biased else 0)
 
     def weight_t(self) -> torch.Tensor:
         """The dequantized weight, transposed: [in, out]."""
@@ -138,12 +148,31 @@ class ExpertSlots:
         self.slot_holds[layer, index] = expert
 
 
+def require_device_memory(device: torch.device, parts: dict[str, int]) -> None:
+    """Refuse, before anything is allocated, a run whose device buffers (`parts`: {what: bytes}) exceed the device's
+    free memory (`torch.cuda.mem_get_info`), in one line that names each part; nothing is checked off CUDA."""
+    if device.type != "cuda":
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    need = sum(parts.values())
+    if need > free:
+        def size(n: float) -> str:
+            return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+        listed = ", ".join(f"{what} {size(n)}" for what, n in sorted(parts.items(), key=lambda p: -p[1]))
+        raise SpecterError(f"the run needs {size(need)} on {device} ({listed}), and {size(free)} of its "
+                           f"{size(total)} are free; lower --resident-per-layer or the prompt and output lengths, or "
+                           "free the device")
+
+
 class DeviceRuntime(ExpertSlots):
     """Device buffers and kernels for one run: `slots_per_layer` expert slots per MoE layer, passes of at most
     `max_tokens` tokens over at most `max_context` positions."""
 
     def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int, device: str,
                  max_tokens: int, max_context: int, draft=None, seed: int = 0, check: bool = False) -> None:
+        require_device_memory(torch.device(device), self.device_bytes(
+            target, work, store, slots_per_layer, max_tokens, max_context, draft))
         super().__init__(work, store, slots_per_layer, device, check)
         dev, dt = self.device, WEIGHT_DTYPE
         self.layer_weights: dict[int, list[torch.Tensor]] = {}
@@ -173,6 +202,27 @@ class DeviceRuntime(ExpertSlots):
                 kernels = {n: PackedLinearKernel(p, b, dev) for n, (p, b) in projs.items()}
                 self.draft_experts[key] = _DraftExpert(kernels)
         self._moe = {m.layer_index: m for m in target.moe_layers}
+
+    @staticmethod
+    def device_bytes(target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int, max_tokens: int,
+                     max_context: int, draft=None) -> dict[str, int]:
+        """What the runtime allocates on the device, by part (bytes), before it allocates any of it."""
+        item = torch.empty(0, dtype=WEIGHT_DTYPE).element_size()
+        expert = store.layout.numel * torch.empty(0, dtype=store.dtype).element_size()
+        weights = 0
+        for layer in target.decoder_layers:
+            routed = {id(p) for p in layer.mlp.experts.parameters()} if hasattr(layer.mlp, "experts") else set()
+            weights += sum(p.numel() for p in layer.parameters() if p.ndim == 2 and id(p) not in routed) * item
+        parts = {"expert slots": len(work.moe_layers) * slots_per_layer * expert,
+                 "staging buffers": STAGING_BUFFERS * expert,
+                 "non-expert weights": weights + target.model.lm_head.weight.numel() * item,
+                 "KV cache": len(work.layers) * work.kv_heads * max_context * (work.qk_dim + work.v_dim) * item}
+        if draft is not None:
+            biased = target.moe_layers[0].spec.gpt_oss_layout
+            per_expert = sum(PackedLinearKernel.device_bytes(out_f, in_f, draft.meta.bits, draft.meta.group_size,
+                                                             biased) for out_f, in_f in work.expert_shapes)
+            parts["draft experts"] = len(work.moe_layers) * work.experts_per_layer * per_expert
+        return parts
 
     def _tokens(self, n: int, what: str) -> None:
         if n > self.max_tokens:
