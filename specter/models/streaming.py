@@ -219,7 +219,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
             name = f"{experts_path(moe, m)}.{param}"
             missing += [f"{name}[{e}]" for e in range(m.num_experts) for h in range(count)
                         if (m.layer_index, name, e, h) not in filled]
-        _point_at_rows(m, rows[m.layer_index])
+        point_at_rows(m, rows[m.layer_index])
     _check_loaded_all(path, {"missing_keys": missing, "unexpected_keys": unexpected, "mismatched_keys": mismatched})
     check_finite(model, f"the model in {str(path)!r}", f"its weights are damaged (or overflow "
                  f"{str(dtype).removeprefix('torch.')}); rebuild or re-download the checkpoint")
@@ -254,16 +254,20 @@ def _span(layer, param: str, e: int, half: int, rows: torch.Tensor) -> torch.Ten
     return rows[e, two_i * hidden :].view(*down.shape[1:])
 
 
-def _point_at_rows(layer, rows: torch.Tensor) -> None:
-    """The layer's fused gate_up_proj and down_proj as strided views into its expert rows."""
+def fused_views(rows: torch.Tensor, gate_up_shape: tuple[int, ...], down_shape: tuple[int, ...]
+                ) -> dict[str, torch.Tensor]:
+    """The stock fused `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] as strided views into expert rows [E, numel]
+    whose row e lays expert e's gate, up and down end to end (the host store's layout)."""
+    base, split = rows.storage_offset(), math.prod(gate_up_shape[1:])
+    return {"gate_up_proj": rows.as_strided(gate_up_shape, (rows.stride(0), gate_up_shape[2], 1), base),
+            "down_proj": rows.as_strided(down_shape, (rows.stride(0), down_shape[2], 1), base + split)}
+
+
+def point_at_rows(layer, rows: torch.Tensor) -> None:
+    """The layer's fused gate_up_proj and down_proj become strided views into its expert rows (`fused_views`)."""
     ex = layer.experts
-    gate_up_shape, down_shape = tuple(ex.gate_up_proj.shape), tuple(ex.down_proj.shape)
-    split = math.prod(gate_up_shape[1:])
-    base = rows.storage_offset()
-    ex.gate_up_proj = torch.nn.Parameter(
-        rows.as_strided(gate_up_shape, (rows.stride(0), gate_up_shape[2], 1), base), requires_grad=False)
-    ex.down_proj = torch.nn.Parameter(
-        rows.as_strided(down_shape, (rows.stride(0), down_shape[2], 1), base + split), requires_grad=False)
+    for name, view in fused_views(rows, tuple(ex.gate_up_proj.shape), tuple(ex.down_proj.shape)).items():
+        setattr(ex, name, torch.nn.Parameter(view, requires_grad=False))
 
 
 def _assign(model: torch.nn.Module, name: str, like: torch.Tensor, entry: TensorEntry, reader: _Reader) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from specter.models.adapter import MoEModel
 from specter.models.experts import Activation, ExpertWeights
+from specter.models.streaming import fused_views, point_at_rows
 
 WEIGHT_DTYPE = torch.float16  # the paper's targets run in FP16/BF16 (offload/work.py costs them at 2 bytes)
 
@@ -110,16 +111,13 @@ class ExpertStore:
         if (gate_up.dtype != rows.dtype or down.dtype != rows.dtype or not gate_up.is_contiguous()
                 or not down.is_contiguous() or parts["up"] != parts["gate"] + gate_up[0].numel() // 2):
             return False
-        views = {"gate_up_proj": rows.as_strided(gate_up.shape, (rows.stride(0), *gate_up.stride()[1:]),
-                                                 rows.storage_offset() + parts["gate"]),
-                 "down_proj": rows.as_strided(down.shape, (rows.stride(0), *down.stride()[1:]),
-                                              rows.storage_offset() + parts["down"])}
-        for name, view in views.items():
+        if parts["gate"] != 0 or parts["down"] != gate_up[0].numel():
+            return False
+        for name, view in fused_views(rows, tuple(gate_up.shape), tuple(down.shape)).items():
             if not torch.equal(view, getattr(ex, name)):
                 raise RuntimeError(f"L{layer.layer_index}: the store's rows do not hold {name} where its layout "
                                    "says; please report this")
-        for name, view in views.items():
-            setattr(ex, name, torch.nn.Parameter(view, requires_grad=False))
+        point_at_rows(layer, rows)
         return True
 
     def row(self, layer: int, expert: int) -> torch.Tensor:

@@ -44,13 +44,13 @@ class PackedQuantLinear(torch.nn.Module):
     """A draft linear that keeps its GPTQ codes and dequantizes them on every call (the weight it computes with is
     `dequantize`'s, bit for bit the `DequantizedLinear`'s); `packed_bytes` is its stored size."""
 
-    def __init__(self, packed: PackedLinear, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, packed: PackedLinear, bias: torch.Tensor | None, dtype: torch.dtype, packed_bytes: int) -> None:
         super().__init__()
         for name, tensor in packed.tensors().items():
             self.register_buffer(name, tensor)
         self.register_buffer("bias", bias)
         self.bits, self.dtype = packed.bits, dtype
-        self.packed_bytes = packed.nbytes() + (0 if bias is None else bias.numel() * bias.element_size())
+        self.packed_bytes = packed_bytes
 
     def _packed(self) -> PackedLinear:
         return PackedLinear(self.qweight, self.qzeros, self.scales, self.g_idx, self.bits)
@@ -133,15 +133,14 @@ def load_draft(target: MoEModel, draft_dir: str | Path, check_hash: bool = True,
         for e in range(layer.num_experts):
             projs = {}
             for proj, (p, bias) in stored[layer.layer_index, e].items():
+                stored_bytes = p.nbytes() + (0 if bias is None else bias.numel() * bias.element_size())
                 bias = None if bias is None else bias.to(device=device, dtype=dtype)
                 if packed:
                     projs[proj] = PackedQuantLinear(
-                        PackedLinear(*(t.to(device) for t in p.tensors().values()), bits=p.bits), bias, dtype)
-                    continue
-                projs[proj] = DequantizedLinear(
-                    dequantize(p, dtype).to(device), bias,
-                    p.nbytes() + (0 if bias is None else bias.numel() * bias.element_size()),
-                )
+                        PackedLinear(*(t.to(device) for t in p.tensors().values()), bits=p.bits), bias, dtype,
+                        stored_bytes)
+                else:
+                    projs[proj] = DequantizedLinear(dequantize(p, dtype).to(device), bias, stored_bytes)
             experts.append(QuantizedExpert(**projs))
         replacements[experts_path(target, layer)] = QuantizedExperts(experts, layer.activation,
                                                                      interleaved=layer.spec.gpt_oss_layout)
