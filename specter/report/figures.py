@@ -496,8 +496,8 @@ def _plot_sim_vs_measured(figure, table: pd.DataFrame, out, timing: str) -> None
         ax.set_xlabel("system (above: measured over simulated)")
         ax.set_ylabel("TPOT (ms, mean over prompts)")
         ax.tick_params(axis="x", rotation=25)
-        _headroom(ax, top, 1.35)
-        ax.legend(fontsize=8, title=None, loc="upper left")
+        _headroom(ax, top, 1.6)  # the legend sits in one row above the ratios, clear of them
+        ax.legend(fontsize=8, title=None, loc="upper center", ncol=2)
         ax.set_title(title, fontsize=9)
     profiles = ", ".join(sorted(tpot["simulated_on"].astype(str).unique()))
     _finish(fig, f"{figure.title}\n({timing}; twins simulated on {profiles})", out)
