@@ -70,10 +70,15 @@ class SpecMoEOff(Specter):
     def prefill(self, ctx: PromptContext) -> PromptResult:
         """The target's prefill, then the draft's own prefill of the prompt into its separate KV."""
         result = super().prefill(ctx)
-        # The draft reads the prompt into its own KV: one pass, its experts resident; the target's prompt routes stand
-        # in
-        # for the draft's (the costs depend on how many distinct experts run, which the two share closely).
-        end = ctx.executor.draft_pass(ctx.trace.prefill_routes, context=0, expert_bytes=ctx.config.draft_expert_bytes,
-                                      tag="draft-prefill")
+        # The draft reads the prompt into its own KV: one pass, its experts resident. Simulated, the target's prompt
+        # routes stand in for the draft's (the costs depend on how many distinct experts run, which the two share
+        # closely); live, the draft runs on the prompt and its routes are its own.
+        ex = ctx.executor
+        if ex.live:
+            end = ex.draft_pass(None, context=0, expert_bytes=ctx.config.draft_expert_bytes, tag="draft-prefill",
+                                inputs=ctx.trace.prompt)
+        else:
+            end = ex.draft_pass(ctx.trace.prefill_routes, context=0, expert_bytes=ctx.config.draft_expert_bytes,
+                                tag="draft-prefill")
         ctx.engine.synchronize(end)
         return result

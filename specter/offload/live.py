@@ -12,6 +12,9 @@ A speculative system's draft is the target's tree with the draft's quantized exp
 wrapped so that the executor hears each MoE layer's routing once the draft's experts have run. The draft reads the
 target's KV cache and writes its speculative positions into it; every pass first crops the cache to the positions it
 comes after, so a verification overwrites them and a rejection drops them. A pass at position 0 starts a new cache.
+A system whose draft keeps a KV cache of its own (SpecMoEOff, `own_draft_kv`) gets one: the draft's passes read and
+write it alone, and it is cropped the same way. Its draft computes with the target's non-expert weights, the same
+values the separate copy the system keeps on its device would hold, so the device holds them once.
 
 Nothing here is recorded: the tokens and routes are the ones this pass computed (`LivePass`), so a corrupted slot, a
 copy into the wrong slot or an expert computed from a stale buffer changes what the model decodes.
@@ -83,7 +86,7 @@ class LiveRuntime(ExpertSlots):
     live = True
 
     def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int,
-                 device: str = "cpu", draft=None, check: bool = False) -> None:
+                 device: str = "cpu", draft=None, check: bool = False, own_draft_kv: bool = False) -> None:
         super().__init__(work, store, slots_per_layer, device, check)
         self.target = target
         self.model = with_replaced(target.model, {experts_path(target, m): OffloadedExperts(self, m.layer_index)
@@ -94,6 +97,8 @@ class LiveRuntime(ExpertSlots):
                 experts_path(draft.moe, m): ObservedExperts(self, m.layer_index, m.experts)
                 for m in draft.moe.moe_layers})
         self.cache = None
+        self.own_draft_kv = own_draft_kv
+        self.draft_cache = None  # the draft's own KV cache (`own_draft_kv`)
         self._reach: Reach | None = None
         # the MoE layer being computed: (hidden [T, H], top-k index [T, k], top-k weights [T, k], {expert: output})
         self._call: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict] | None = None
@@ -104,24 +109,35 @@ class LiveRuntime(ExpertSlots):
         `reach` at each MoE layer as the model gets there."""
         if draft and self.draft_model is None:
             raise RuntimeError("a live draft pass, but the runtime was given no draft; please report this")
+        own = draft and self.own_draft_kv
         if context == 0:
-            self.cache = new_cache(self.target)
-        held = self.cache.get_seq_length() if self.cache is not None else 0
+            setattr(self, "draft_cache" if own else "cache", new_cache(self.target))
+        cache = self.draft_cache if own else self.cache
+        held = cache.get_seq_length() if cache is not None else 0
         if held < context:
-            raise RuntimeError(f"a live pass after {context} positions, but the KV cache holds {held}; please report "
-                               "this")
+            raise RuntimeError(f"a live {'draft ' if own else ''}pass after {context} positions, but its KV cache "
+                               f"holds {held}; please report this")
         if held > context:
-            self.cache.crop(context - held)  # drop the positions a draft or a rejected verification wrote
+            cache.crop(context - held)  # drop the positions a draft or a rejected verification wrote
         self._reach = reach
         try:
             with torch.no_grad():
                 out = (self.draft_model if draft else self.model)(
-                    input_ids=torch.tensor([inputs], device=self.device), cache=self.cache, use_cache=True)
+                    input_ids=torch.tensor([inputs], device=self.device), cache=cache, use_cache=True)
         finally:
             self._reach = None
-        self.cache = out.cache
+        if own:
+            self.draft_cache = out.cache
+        else:
+            self.cache = out.cache
         logits = out.logits[0].float()
         return LivePass(logits, logits.argmax(-1).tolist())
+
+    def draft_held(self, committed: int) -> int:
+        """How many of the first `committed` positions the draft's own KV cache holds (`own_draft_kv`): the positions
+        it wrote over committed tokens; the rest it reads again before it drafts."""
+        held = self.draft_cache.get_seq_length() if self.draft_cache is not None else 0
+        return min(held, committed)
 
     def target_experts(self, layer: int, hidden: torch.Tensor, index: torch.Tensor,
                        weights: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ def runtime(p, session):
 
     dtype = next(p.target.model.parameters()).dtype
     store = session.expert_store(p.spec.model, p.target, pin=False, dtype=dtype, share=True)
-    return LiveRuntime(p.target, p.work, store, p.slots, p.spec.live_device, draft=p.draft)
+    return LiveRuntime(p.target, p.work, store, p.slots, p.spec.live_device, draft=p.draft,
+                       own_draft_kv=p.system.separate_draft)
 
 
 def measured_fields(p) -> dict:

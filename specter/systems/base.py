@@ -171,8 +171,6 @@ class System:
         """Why the live engine (the model decoding through the runtime) cannot run this system as set, or None."""
         if getattr(self, "draft_kv", "shared") == "copied":
             return "draft-kv=copied is an ablation of the simulator (the live draft reads the target's KV cache)"
-        if self.separate_draft:
-            return "its draft keeps a KV cache of its own, which the live engine does not build"
         return None
 
     def settings(self) -> dict:

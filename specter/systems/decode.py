@@ -110,7 +110,9 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
 def _draft(system, ctx: PromptContext, planner, window, t: int, k: int, tag: str) -> dict[int, Counter]:
     """K draft steps, the planner told after each of what the system forecasts from the steps so far; returns the
     window's forecast counts per (layer, expert). Live, each step runs the draft on the previous proposal (the first
-    on the last committed token) and adds its proposal and routes to `window`."""
+    on the last committed token) and adds its proposal and routes to `window`; a draft with a KV cache of its own
+    (`separate_draft`) reads, in its first step, the committed tokens its cache does not hold yet (after a window
+    accepted whole, its last proposal's position, which it never wrote)."""
     engine, ex = ctx.engine, ctx.executor
     counts = {layer: Counter() for layer in ctx.work.moe_layers}
     forecast = None if ex.live else system.forecast(ctx, window, k)
@@ -119,10 +121,14 @@ def _draft(system, ctx: PromptContext, planner, window, t: int, k: int, tag: str
     for i in range(1, k + 1):  # draft step i reads the token at position t - 2 + i
         if ex.live:
             token = window.draft_tokens[-1] if window.draft_tokens else ctx.trace.tokens[-1]
-            end = ex.draft_step(None, context=t - 2 + i, expert_bytes=ctx.config.draft_expert_bytes,
-                                tag=f"{tag}.draft{i}", inputs=[token])
-            window.draft_tokens.append(ex.last_pass.argmax[0])
-            window.draft_routes.append(ex.last_pass.routes[0])
+            context, inputs = t - 2 + i, [token]
+            if i == 1 and system.separate_draft:  # its own KV lacks the committed positions it did not draft
+                held = ex.device.draft_held(t - 1)
+                context, inputs = held, (ctx.trace.prompt + ctx.trace.tokens)[held:t]
+            end = ex.draft_step(None, context=context, expert_bytes=ctx.config.draft_expert_bytes,
+                                tag=f"{tag}.draft{i}", inputs=inputs)
+            window.draft_tokens.append(ex.last_pass.argmax[-1])
+            window.draft_routes.append(ex.last_pass.routes[-1])
             step = system.forecast(ctx, window, i)[i - 1]  # what the system forecasts from the steps so far
         else:
             end = ex.draft_step(window.draft_routes[i - 1], context=t - 2 + i,
