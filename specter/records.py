@@ -91,7 +91,7 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
         **speculative_fields(result), **prepared.common,
         extra={**({"governor": asdict(governor)} if governor else {}),
                **({"k_per_cycle": result.ks} if prepared.online is not None else {}),
-               **({"near_ties": result.near_ties} if result.near_ties else {}),
+               **({"near_ties": result.near_ties} if result.near_ties else {}), **result.extra,
                "lower_bound_kind": lower_bound.kind, "lower_bound_per_pass_ms": lower_bound.per_pass * 1e3,
                "lower_bound_per_token_ms": lower_bound.per_token * 1e3,
                "link_bytes_activations": stats.link_bytes_activations,

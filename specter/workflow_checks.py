@@ -355,11 +355,17 @@ def _check_measured(name: str, entry: dict, config: dict) -> None:
             raise ConfigError(f"config experiments.{name}.cases: {case!r} prices the model at "
                               f"{config['cases'][case]['cost_as']}'s shapes, and {name} decodes the model itself "
                               "live; list a case without cost_as in its cases")
+    options = entry.get("options") or {}
     for system in entry.get("systems") or []:
-        reason = get_system(system).cannot_run_live()
-        if reason:
-            raise ConfigError(f"config experiments.{name}.systems: the live engine cannot run {system!r} ({reason}); "
-                              "leave it out")
+        settings = [{}] + [{option: str(value).lower() if isinstance(value, bool) else str(value)}
+                           for option, values in options.items() if option in get_system(system).options
+                           for value in values]
+        for setting in settings:
+            reason = get_system(system, setting).cannot_run_live()
+            if reason:
+                where = "systems" if not setting else f"options.{next(iter(setting))}"
+                raise ConfigError(f"config experiments.{name}.{where}: the live engine cannot run {system!r} "
+                                  f"({reason}); leave it out")
     if config["hardware"].get("device", "cpu") == "cuda":
         raise ConfigError("config hardware.device: cuda; the live engine runs on the CPU as device only (its CUDA "
                           "path is not built): give cpu, or drop the experiments that decode live")

@@ -38,7 +38,7 @@ def test_every_system_decodes_live_and_commits_generates_greedy_tokens(arch, tin
     commits what transformers' `generate` decodes greedily, with its simulated twin's acceptance (the twin decodes
     the recorded trace); a system whose choices depend only on the routes also books the twin's hits and misses."""
     systems = _live_systems()
-    assert {"on-demand", "specter", "mixtral-offloading", "moe-infinity", "fiddler", "sp-moe"} <= set(systems)
+    assert set(systems) == set(registry())
     session = Session()
     reference = None
     for system in systems:
@@ -57,6 +57,10 @@ def test_every_system_decodes_live_and_commits_generates_greedy_tokens(arch, tin
         simulated, _ = schedule(p.system, on_live.timing.make_engine("sim", p.profile), p.work, p.service,
                                 p.service.trace(prompt, NEW), p.config, p.cost, p.warmup, online=p.online)
         assert live.accepted_lengths == simulated.accepted_lengths, (arch, system)
+        if system == "specter-oracle":  # every window's forecast replayed from the recorded decode
+            replay = live.extra["oracle_replay"]
+            assert replay["windows_from_draft"] == 0 and replay["windows_replayed"] == len(live.ks), (arch, replay)
+            assert live.prediction == simulated.prediction, arch  # the twin's forecasts, booked against the same routes
         if not p.system.speculative:  # a speculative planner sizes its prefetches from the step times it measures
             assert live.stats.demand.counts() == simulated.stats.demand.counts(), (arch, system)
 
@@ -198,7 +202,6 @@ def test_sim_vs_measured_sets_each_part_beside_its_twin(tiny_dirs, rtn_drafts, t
     (dict(temperature=0.7), "--temperature 0.7 samples"),
     (dict(expert_bits=4), "--expert-bits 4 prices quantized experts"),
     (dict(cost_as="mixtral-8x7b"), "--engine live runs this model's own kernels"),
-    (dict(system="specter-oracle"), "cannot run specter-oracle: it forecasts from the target's own routes"),
     (dict(system="mixtral-offloading", system_options=(("depth", "1"),)), "depth=1 guesses from the target's"),
     (dict(system_options=(("draft-kv", "copied"),)), "draft-kv=copied is an ablation of the simulator"),
 ])

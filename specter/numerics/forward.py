@@ -164,6 +164,14 @@ class ForwardService:
         self.traces[key] = trace
         return trace
 
+    def recorded_window(self, prompt: list[int], max_new_tokens: int, t: int,
+                        k: int) -> tuple[PromptTrace, DraftWindow] | None:
+        """The recorded greedy decode of `prompt` and its memoized window of at least k proposals at rebase point t,
+        or None where either is not memoized; never computes (a live run reads it inside its timed region)."""
+        trace = self.traces.get((tuple(prompt), max_new_tokens))
+        window = None if trace is None else trace.windows.get((self.draft_key, t))
+        return None if window is None or window.kmax < k else (trace, window)
+
     def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> DraftWindow:
         """The speculative window of at least k proposals at rebase point t (memoized, extended on demand; a batch of
         one where `walk` or `windows` did not compute it beforehand).

@@ -48,6 +48,11 @@ class MappedService:
         inner = [(self._sources[id(trace)], t, k) for trace, t, k in requests]
         return [self._map_window(w) for w in self.inner.windows(inner, own_kv)]
 
+    def recorded_window(self, prompt: list[int], max_new_tokens: int, t: int,
+                        k: int) -> tuple[PromptTrace, DraftWindow] | None:
+        found = self.inner.recorded_window(prompt, max_new_tokens, t, k)
+        return None if found is None else (self._map_trace(found[0]), self._map_window(found[1]))
+
     def source(self, trace: PromptTrace) -> PromptTrace:
         """The proxy's own trace behind a mapped one."""
         return self._sources[id(trace)]

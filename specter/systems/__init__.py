@@ -48,4 +48,5 @@ def schedule(system: System, engine, work, service, trace, config, cost, warmup=
     ctx = PromptContext.fresh(system, engine, work, service, trace, config, cost, warmup, device)
     ctx.online = online.fresh() if online is not None else None
     result = system.run(ctx)
+    result.extra.update(ctx.extra)
     return result, engine.finish()

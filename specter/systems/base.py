@@ -73,6 +73,7 @@ class PromptResult:
     #: verifications whose batched argmax differed from the incremental decode at a precision below float32 (a
     #: near-tie): {position, verified, recorded}; the run committed the recorded tokens and went on
     near_ties: list[dict] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # what the system noted about this run (`PromptContext.extra`)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class PromptContext:
     cost: CostModel  # the hardware profile's cost model, for systems that plan from a latency model
     warmup: Callable[[], list[PromptTrace]] | None = None  # traces of warm-up prompts (calibration split), lazily
     online: object = None  # an OnlineGovernor re-choosing K every cycle (`--k online`), or None
+    extra: dict = field(default_factory=dict)  # what the system notes about this prompt's run, for its record's extra
 
     @classmethod
     def fresh(cls, system: System, engine: Engine, work: ModelWork, service: ForwardService, trace: PromptTrace,

@@ -62,18 +62,23 @@ class Specter(System):
 
 
 class SpecterOracle(Specter):
-    """Specter planning from the target's own recorded routes instead of the draft's (the `oracle` experiment).
+    """Specter planning from the target's own routes of the verification instead of the draft's (the `oracle`
+    experiment).
 
     Draft step i's forecast is the route the target takes at verification input i - 1 (the same token), with a share
     `noise` of its expert identities replaced by other experts drawn uniformly (seeded by the run's seed and the
-    window's start), which bounds what a better predictor could buy: noise 0 is a perfect one."""
+    window's start), which bounds what a better predictor could buy: noise 0 is a perfect one.
+
+    Live, the verification has not run when the draft steps are planned: the oracle replays the routes the recorded
+    decode of the prompt took at that verification (the simulated twin's, memoized before the timed region; the live
+    model computes the same tokens from the same prefix). A step the record cannot answer (the live decode has left
+    the recorded one: another committed token or proposal at a near-tie, or no memoized window) is forecast from the
+    draft's own routes, as Specter's; the record's `extra.oracle_replay` counts the windows replayed whole and the
+    others."""
 
     name = "specter-oracle"
     options = {**Specter.options,
                "noise": (float, 0.0, "share of the target's expert identities replaced at random", (0.0, 1.0))}
-
-    def cannot_run_live(self) -> str | None:
-        return "it forecasts from the target's own routes of the verification, known only after it"
 
     def forecast(self, ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
         import random
@@ -81,7 +86,7 @@ class SpecterOracle(Specter):
         rng = random.Random(ctx.config.seed * 1_000_003 + window.start)
         experts = range(ctx.work.experts_per_layer)
         out = []
-        for routes in window.verify_routes[:k]:
+        for routes in self._verification(ctx, window, k):
             noisy = {}
             for layer, chosen in routes.items():
                 kept = [e for e in chosen if rng.random() >= self.noise]
@@ -90,3 +95,23 @@ class SpecterOracle(Specter):
                 noisy[layer] = tuple(sorted(kept + replaced))
             out.append(noisy)
         return out
+
+    @staticmethod
+    def _verification(ctx: PromptContext, window, k: int) -> list[dict[int, tuple[int, ...]]]:
+        """The target's routes at the window's first k verification inputs: the window's own, or live the recorded
+        decode's where it is the same decode (else the draft's, counted in `ctx.extra['oracle_replay']`)."""
+        if not ctx.executor.live:
+            return window.verify_routes[:k]
+        found = ctx.service.recorded_window(ctx.trace.prompt, ctx.config.max_new_tokens, window.start, k)
+        same = found is not None and (found[0].tokens[: len(ctx.trace.tokens)] == ctx.trace.tokens
+                                      and found[1].draft_tokens[: k - 1] == window.draft_tokens[: k - 1])
+        ctx.extra.setdefault("_oracle_windows", {})[window.start] = same  # the window's last forecast decides
+        return found[1].verify_routes[:k] if same else window.draft_routes[:k]
+
+    def run(self, ctx: PromptContext) -> PromptResult:
+        result = super().run(ctx)
+        windows = ctx.extra.pop("_oracle_windows", None)
+        if windows is not None:
+            replayed = sum(windows.values())
+            ctx.extra["oracle_replay"] = {"windows_replayed": replayed, "windows_from_draft": len(windows) - replayed}
+        return result
