@@ -27,7 +27,7 @@ from specter.errors import SpecterError
 GOVERNORS = ("auto", "profile", "online")
 ENGINES = ("sim", "cuda", "live")
 #: where `--engine live` runs the model, its slots and its copies: the CPU as device (plain tensors as slots), or CUDA
-#: (refused: the live engine's CUDA path, pinned store and INT4 kernels are not built; `specter.runs.checks`)
+#: (refused where torch sees no GPU; `specter.runs.checks`)
 LIVE_DEVICES = ("cpu", "cuda")
 PREFETCH_POLICIES = ("adaptive", "none", "early", "late")
 DRAFT_KERNELS = ("fused", "unfused")
@@ -295,12 +295,14 @@ class RunSpec:
         "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
                     "slots, copies and kernels at the model's shapes on a fixed input; --hardware then costs the "
                     "lower bound and the planners); live: the model itself decodes through the offload runtime on "
-                    "the CPU as device (its router's choices drive real copies into real slots), measured, each "
-                    "record beside its simulated twin on --hardware",
+                    "--device (its router's choices drive real copies into real slots), measured, each record beside "
+                    "its simulated twin on --hardware",
         choices=ENGINES))
     live_device: str = setting(default="cpu", metadata=_flag(
         "--device", "the live engine's device: cpu (the CPU as device, plain tensors as slots; its times are the "
-                    "CPU's, never a calibration of a GPU) or cuda (not built yet: refused)", choices=LIVE_DEVICES))
+                    "CPU's, never a calibration of a GPU) or cuda (the model's non-expert weights, the slots and the "
+                    "draft on the GPU, the host store page-locked, copies on a copy stream, timed with CUDA events)",
+        choices=LIVE_DEVICES))
     dtype: str = setting(default="float32", metadata=_flag(
         "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
                    "float32 is what every committed result used; bfloat16 or float16 halve the memory of a large "

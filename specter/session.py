@@ -121,4 +121,6 @@ class Session:
         key = (_key(model_dir), dtype)
         if key not in self._stores:
             self._stores[key] = ExpertStore(target, pin=pin, dtype=dtype, share=share)
+        elif pin:
+            self._stores[key].pin()
         return self._stores[key]

@@ -366,9 +366,6 @@ def _check_measured(name: str, entry: dict, config: dict) -> None:
                 where = "systems" if not setting else f"options.{next(iter(setting))}"
                 raise ConfigError(f"config experiments.{name}.{where}: the live engine cannot run {system!r} "
                                   f"({reason}); leave it out")
-    if config["hardware"].get("device", "cpu") == "cuda":
-        raise ConfigError("config hardware.device: cuda; the live engine runs on the CPU as device only (its CUDA "
-                          "path is not built): give cpu, or drop the experiments that decode live")
 
 
 def check_config(config: dict) -> None:

@@ -198,16 +198,17 @@ def test_sim_vs_measured_sets_each_part_beside_its_twin(tiny_dirs, rtn_drafts, t
 
 
 @pytest.mark.parametrize(("over", "message"), [
-    (dict(live_device="cuda"), "--device cuda: the live engine runs on the CPU as device only"),
+    (dict(live_device="cuda"), "--device cuda: torch sees no CUDA device on this machine"),
     (dict(temperature=0.7), "--temperature 0.7 samples"),
     (dict(expert_bits=4), "--expert-bits 4 prices quantized experts"),
     (dict(cost_as="mixtral-8x7b"), "--engine live runs this model's own kernels"),
     (dict(system="mixtral-offloading", system_options=(("depth", "1"),)), "depth=1 guesses from the target's"),
     (dict(system_options=(("draft-kv", "copied"),)), "draft-kv=copied is an ablation of the simulator"),
 ])
-def test_live_refuses_what_it_cannot_run_before_loading(over, message, tiny_dirs, rtn_drafts, tmp_path):
+def test_live_refuses_what_it_cannot_run_before_loading(over, message, tiny_dirs, rtn_drafts, tmp_path, monkeypatch):
     from specter.errors import SpecterError
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU, wherever this runs
     request = {**_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path), "engine": "live", **over}
     with pytest.raises(SpecterError, match=message):
         validate(spec(**request))

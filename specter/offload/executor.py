@@ -365,7 +365,8 @@ class Executor:
                     self.layer(layer, per_token, context + n, tag)
                 return
 
-        self.last_pass = self.device.forward(inputs, context, reach, draft=draft)
+        with self.engine.compute_scope():  # the model's own modules run where the compute stream's ops run
+            self.last_pass = self.device.forward(inputs, context, reach, draft=draft)
         reach(None, [])  # the dense layers after the last MoE layer
         self.last_pass.routes = routes
         return routes

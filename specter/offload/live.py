@@ -30,9 +30,10 @@ import torch
 from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.experts import ExpertWeights, expert_ffn
-from specter.models.trees import experts_path, with_replaced
+from specter.models.trees import experts_path, moved_bytes, moved_to, with_replaced
 from specter.numerics.passes import new_cache
-from specter.offload.device import ExpertSlots
+from specter.offload.device import ExpertSlots, require_device_memory
+from specter.offload.memory import STAGING_BUFFERS
 from specter.offload.store import ExpertStore
 from specter.offload.work import ModelWork
 
@@ -81,27 +82,54 @@ def _routes(index: torch.Tensor) -> list[tuple[int, ...]]:
 
 
 class LiveRuntime(ExpertSlots):
-    """The target (and its draft) decoding through `slots_per_layer` slots per MoE layer on `device`."""
+    """The target (and its draft) decoding through `slots_per_layer` slots per MoE layer on `device`, over passes
+    that reach at most `max_context` positions (what the device's KV cache is sized for in its memory check)."""
 
     live = True
 
     def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int,
-                 device: str = "cpu", draft=None, check: bool = False, own_draft_kv: bool = False) -> None:
+                 device: str = "cpu", draft=None, check: bool = False, own_draft_kv: bool = False,
+                 max_context: int = 0) -> None:
+        trees = [with_replaced(target.model, {experts_path(target, m): OffloadedExperts(self, m.layer_index)
+                                              for m in target.moe_layers})]
+        if draft is not None:
+            trees.append(with_replaced(draft.model, {
+                experts_path(draft.moe, m): ObservedExperts(self, m.layer_index, m.experts)
+                for m in draft.moe.moe_layers}))
+        require_device_memory(torch.device(device), self.device_bytes(
+            trees, work, store, slots_per_layer, device, max_context, own_draft_kv))
         super().__init__(work, store, slots_per_layer, device, check)
         self.target = target
-        self.model = with_replaced(target.model, {experts_path(target, m): OffloadedExperts(self, m.layer_index)
-                                                  for m in target.moe_layers})
-        self.draft_model = None
-        if draft is not None:
-            self.draft_model = with_replaced(draft.model, {
-                experts_path(draft.moe, m): ObservedExperts(self, m.layer_index, m.experts)
-                for m in draft.moe.moe_layers})
+        # the model's own modules on the device (on the CPU as device, over the target's own tensors)
+        self.model, self.draft_model = (*moved_to(trees, self.device), None)[:2]
         self.cache = None
+        # an expert computes its routed tokens gathered (the stock module's way, and bit for bit its result), or, on a
+        # GPU, every token of the pass weighted by its routing (0 where it went elsewhere): a gather's indices depend
+        # on the routing, so the host would wait for the device at every expert
+        self.gathers = self.device.type != "cuda"
         self.own_draft_kv = own_draft_kv
         self.draft_cache = None  # the draft's own KV cache (`own_draft_kv`)
         self._reach: Reach | None = None
         # the MoE layer being computed: (hidden [T, H], top-k index [T, k], top-k weights [T, k], {expert: output})
         self._call: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict] | None = None
+
+    @staticmethod
+    def device_bytes(trees: list[torch.nn.Module], work: ModelWork, store: ExpertStore, slots_per_layer: int,
+                     device: str, max_context: int, own_draft_kv: bool = False) -> dict[str, int]:
+        """What the runtime puts on the device, by part (bytes), before any of it is allocated: the slots and staging
+        buffers at the store's dtype, the model's own tensors but its routed experts (the draft's packed experts among
+        them), and the KV cache of `max_context` positions (twice for a draft with its own)."""
+        expert = store.expert_bytes
+        item = next(trees[0].parameters()).element_size()
+        kv = len(work.layers) * work.kv_heads * max_context * (work.qk_dim + work.v_dim) * item
+        parts = {"expert slots": len(work.moe_layers) * slots_per_layer * expert,
+                 "staging buffers": STAGING_BUFFERS * expert,
+                 "the model's non-expert weights" + (" and the draft's experts" if len(trees) > 1 else ""):
+                     moved_bytes(trees, torch.device(device)),
+                 f"KV cache ({max_context} positions)": kv}
+        if own_draft_kv:
+            parts["the draft's own KV cache"] = kv
+        return parts
 
     # passes ------------------------------------------------------------------------------------------------------
     def forward(self, inputs: list[int], context: int, reach: Reach, draft: bool = False) -> LivePass:
@@ -158,7 +186,10 @@ class LiveRuntime(ExpertSlots):
         out = torch.zeros_like(hidden)
         for e in sorted(outputs):
             token_idx, y = outputs[e]
-            out.index_add_(0, token_idx, y)
+            if token_idx is None:  # every token through the expert, weighted 0 where it did not route there
+                out += y
+            else:
+                out.index_add_(0, token_idx, y)
         return out
 
     def reached(self, layer: int, index: torch.Tensor) -> None:
@@ -166,12 +197,24 @@ class LiveRuntime(ExpertSlots):
         self._reach(layer, _routes(index))
 
     def _compute(self, layer: int, expert: int, weights: ExpertWeights) -> None:
+        """Expert `expert` of the layer being computed, from `weights` (views into a slot, a staging buffer or the
+        store's row), into the layer's outputs."""
         if self._call is None:
             raise RuntimeError(f"L{layer} expert {expert} computed outside its layer; please report this")
         hidden, index, top_k_weights, outputs = self._call
-        token_idx, position = torch.where(index == expert)
-        y = expert_ffn(hidden[token_idx], weights) * top_k_weights[token_idx, position, None]
-        outputs[expert] = (token_idx, y.to(hidden.dtype))
+        where = weights.gate.device
+        if where != hidden.device:  # a host expert beside a GPU (Fiddler): its tokens go to the host and back
+            token_idx, position = torch.where(index.to(where) == expert)
+            x = hidden.to(where)[token_idx]
+            y = expert_ffn(x, weights) * top_k_weights.to(where)[token_idx, position, None]
+            outputs[expert] = (token_idx.to(hidden.device), y.to(hidden.device, hidden.dtype))
+        elif not self.gathers:  # no host synchronization (a data-dependent gather would wait for it)
+            weight = (top_k_weights * (index == expert)).sum(-1, keepdim=True)  # [T, 1]: 0 where not routed here
+            outputs[expert] = (None, (expert_ffn(hidden, weights) * weight).to(hidden.dtype))
+        else:  # the routed tokens gathered, as the stock experts module computes them
+            token_idx, position = torch.where(index == expert)
+            y = expert_ffn(hidden[token_idx], weights) * top_k_weights[token_idx, position, None]
+            outputs[expert] = (token_idx, y.to(hidden.dtype))
 
     # the executor's device work ----------------------------------------------------------------------------------
     def expert_in_slot(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], None]:

@@ -3,22 +3,47 @@
 Offloaded experts live here and cross the link from here. Each MoE layer is one `[experts, numel]` tensor whose row e is
 expert e's tensors (gate, up, down, then the biases where the class has them) laid end to end, so a copy to the device
 is one contiguous transfer, as in the artifact and in Mixtral-Offloading. On a CUDA machine the store is pinned
-(page-locked), which is what lets a copy run asynchronously on the copy stream at full link bandwidth.
+(page-locked) where it lies, with `cudaHostRegister`, which is what lets a copy run asynchronously on the copy stream at
+full link bandwidth: nothing is copied, and nothing is rounded up (`Tensor.pin_memory` copies into PyTorch's pinned
+allocator, which rounds each block up to a power of two).
 `ExpertLayout` turns any such row, in the store or in a device slot, back into `ExpertWeights` views without copying.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.experts import Activation, ExpertWeights
 from specter.models.streaming import fused_views, point_at_rows
 
 WEIGHT_DTYPE = torch.float16  # the paper's targets run in FP16/BF16 (offload/work.py costs them at 2 bytes)
+HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
+
+
+def pin_in_place(t: torch.Tensor) -> int:
+    """Page-lock the host memory of the contiguous tensor `t` where it lies (`cudaHostRegister`, default flags);
+    returns its address for `unpin`. A region some earlier store registered already is taken as it is."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("pin_in_place takes a contiguous host tensor")
+    nbytes = t.numel() * t.element_size()
+    err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0))
+    if err not in (0, HOST_MEMORY_ALREADY_REGISTERED):
+        raise SpecterError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB of experts failed (CUDA error {err}); the host "
+                           "cannot page-lock that much memory: raise the locked-memory limit (ulimit -l) or run with "
+                           "fewer experts on the host")
+    return t.data_ptr()
+
+
+def unpin(addresses: list[int]) -> None:
+    """Unregister what `pin_in_place` registered (errors ignored: the memory may be gone already)."""
+    for address in addresses:
+        torch.cuda.cudart().cudaHostUnregister(address)
 
 
 @dataclass(frozen=True)
@@ -49,12 +74,12 @@ class ExpertLayout:
 
 class ExpertStore:
     """The target's routed experts on the host, at `dtype` (`WEIGHT_DTYPE` unless given; the live engine keeps the
-    model's own, so that its slots compute what the model computes); `pin` page-locks them (needs CUDA).
+    model's own, so that its slots compute what the model computes); `pin` page-locks them in place (needs CUDA).
 
     `share`: once a layer's rows are built, the model's own fused expert parameters become views into them (one host
     copy of every expert instead of two; the old parameters are freed layer by layer, so building the store costs
     one layer's experts beyond the model). A layer whose storage the rows cannot view (GPT-OSS's interleaved
-    gate_up, per-expert modules, another dtype, a pinned store) keeps its own copy; `shared_layers` names the
+    gate_up, per-expert modules, another dtype) keeps its own copy; `shared_layers` names the
     layers that share. Where the loader has laid a layer's experts out as such rows already
     (`specter.models.streaming`), the store adopts them as they are, and nothing is copied."""
 
@@ -65,7 +90,7 @@ class ExpertStore:
         self.layers: dict[int, torch.Tensor] = {}
         self.shared_layers: list[int] = []
         for layer in target.moe_layers:
-            rows = self._rows_of(layer, dtype) if share and not pin else None
+            rows = self._rows_of(layer, dtype) if share else None
             if rows is not None:  # the loader laid the layer out as rows already (`specter.models.streaming`)
                 self.layers[layer.layer_index] = rows
                 self.shared_layers.append(layer.layer_index)
@@ -73,13 +98,27 @@ class ExpertStore:
             rows = torch.empty(layer.num_experts, self.layout.numel, dtype=dtype)
             for e in range(layer.num_experts):
                 rows[e] = self.layout.flatten(layer.expert_weights(e), dtype)
-            rows = rows.pin_memory() if pin else rows
             self.layers[layer.layer_index] = rows
-            if share and not pin and self._share(layer, rows):
+            if share and self._share(layer, rows):
                 self.shared_layers.append(layer.layer_index)
-        self.pinned = pin
+        self.pinned = False
         self.dtype = dtype
         self.expert_bytes = self.layout.numel * torch.finfo(dtype).bits // 8
+        if pin:
+            self.pin()
+
+    def pin(self) -> None:
+        """Page-lock every layer's rows where they lie (`cudaHostRegister`; needs CUDA), once; they are unregistered
+        when the store goes."""
+        if self.pinned:
+            return
+        registered = []
+        try:
+            for rows in self.layers.values():
+                registered.append(pin_in_place(rows))
+        finally:
+            self._unpin = weakref.finalize(self, unpin, registered)
+        self.pinned = True
 
     def _rows_of(self, layer, dtype: torch.dtype) -> torch.Tensor | None:
         """The layer's experts as rows [E, numel] in this store's layout, where its fused gate_up_proj and down_proj

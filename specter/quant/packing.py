@@ -58,13 +58,13 @@ def _pack_stream(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def _unpack_stream(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """int32 [n * bits / 32, cols] -> int64 codes [n, cols]."""
     if 32 % bits == 0:  # whole codes per word (2, 4, 8 bits): code k of word j is its bits [k * bits, (k + 1) * bits)
-        shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=words.device)
         codes = (words[:, None, :] >> shifts[None, :, None]) & ((1 << bits) - 1)  # [words, 32 / bits, cols]
         return codes.reshape(n, -1).to(torch.int64)
     w = words.to(torch.int64) & 0xFFFFFFFF
-    bit_matrix = (w[:, None, :] >> torch.arange(32, dtype=torch.int64)[None, :, None]) & 1  # [words, 32, cols]
-    bit_matrix = bit_matrix.reshape(n, bits, -1)
-    return (bit_matrix << torch.arange(bits, dtype=torch.int64)[None, :, None]).sum(dim=1)
+    bit_matrix = (w[:, None, :] >> torch.arange(32, dtype=torch.int64, device=w.device)[None, :, None]) & 1
+    bit_matrix = bit_matrix.reshape(n, bits, -1)  # [words, 32, cols] as [n, bits, cols]
+    return (bit_matrix << torch.arange(bits, dtype=torch.int64, device=w.device)[None, :, None]).sum(dim=1)
 
 
 def pack(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int, bits: int) -> PackedLinear:

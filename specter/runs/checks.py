@@ -56,9 +56,11 @@ def validate(spec: RunSpec, structures: dict | None = None):
 def _check_live(spec: RunSpec, system) -> None:
     """What the live engine cannot run, refused before anything loads."""
     if spec.live_device == "cuda":
-        raise SpecterError("--device cuda: the live engine runs on the CPU as device only (its CUDA path, a pinned "
-                           "per-expert store and the draft's INT4 kernels are not built); use --device cpu, or "
-                           "--engine cuda for the model's kernels timed on the GPU")
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecterError("--device cuda: torch sees no CUDA device on this machine; use --device cpu (the CPU "
+                               "as device) or run on a machine with a GPU")
     if spec.expert_bits != 16:
         raise SpecterError(f"--expert-bits {spec.expert_bits} prices quantized experts; the live engine copies and "
                            "computes this model's own experts, so use --engine sim (or drop --expert-bits)")

@@ -1,10 +1,14 @@
 """The live engine's part of a run: the model decoding through the offload runtime, each prompt measured beside its
 simulated twin.
 
+On the CPU as device the slots are plain tensors and the clock is the wall clock (`specter.timing.wall`); on a GPU
+(`--device cuda`) the model's non-expert weights, the slots and the draft's packed experts sit on the device, the store
+is page-locked in place, and the copies and kernels run on CUDA streams timed with events (`specter.timing.cuda`).
+
 Per prompt the system runs twice: simulated on the --hardware profile from the recorded trace (the target's own greedy
 decode), and live, where the trace starts empty and the live model fills it (`specter.systems.decode`). The first
 prompt also runs live once untimed first (warm-up: the allocator and lazily sized buffers). Every prompt starts from
-the same cache state, set outside the timed region. The record is the live run's, measured on the CPU as device;
+the same cache state, set outside the timed region. The record is the live run's, measured on its device;
 beside it stand the simulated TPOT and whether the live tokens are the recorded ones (the CPU computes the same
 arithmetic in another order, so a near-tie may decode otherwise: the record says where, and the run goes on).
 """
@@ -25,21 +29,35 @@ def runtime(p, session):
     from specter.offload.live import LiveRuntime
 
     dtype = next(p.target.model.parameters()).dtype
-    store = session.expert_store(p.spec.model, p.target, pin=False, dtype=dtype, share=True)
-    return LiveRuntime(p.target, p.work, store, p.slots, p.spec.live_device, draft=p.draft,
-                       own_draft_kv=p.system.separate_draft)
+    device = p.spec.live_device
+    store = session.expert_store(p.spec.model, p.target, pin=device == "cuda", dtype=dtype, share=True)
+    window = p.config.k or 0
+    return LiveRuntime(p.target, p.work, store, p.slots, device, draft=p.draft, own_draft_kv=p.system.separate_draft,
+                       max_context=max(len(prompt) for prompt in p.prompts) + p.spec.max_new_tokens + window + 1)
+
+
+def device_name(device: str) -> str:
+    """The live engine's device as records name it: the GPU's name on CUDA, else the CPU's."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name()
+    return f"{device} ({platform.processor() or platform.machine()})"
 
 
 def measured_fields(p) -> dict:
     """The run's shared record fields, as measured on the live engine's device."""
     device = p.spec.live_device
-    name = f"{device} ({platform.processor() or platform.machine()})"
+    name = device_name(device)
     store = p.device.store
     held = "once" if len(store.shared_layers) == len(store.layers) else "twice (the model's and the store's)"
+    measured_on = (f"measured on {name}: the model decoding live through the offload runtime" if device == "cuda"
+                   else f"measured on {device}: not a calibration of a GPU")
     return {**p.common, "hardware": name, "config": {
         **p.common["config"], "device": {"name": name, "kind": device, "store_dtype": str(store.dtype),
+                                         "store_pinned": "cudaHostRegister, in place" if store.pinned else False,
                                          "loader": p.target.loaded_by, "experts_on_host": held,
-                                         "measured_on": f"measured on {device}: not a calibration of a GPU"}}}
+                                         "measured_on": measured_on}}}
 
 
 def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
@@ -57,5 +75,5 @@ def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
 def live_run(p, prompt, config, schedule):
     """One live decode of `prompt` from the run's start state: (result, timeline)."""
     trace = PromptTrace(list(prompt), [], [], [])
-    return schedule(p.system, timing.make_engine("live", p.profile), p.work, p.service, trace, config, p.cost,
+    return schedule(p.system, timing.make_engine("live", p.profile, p.spec.live_device), p.work, p.service, trace, config, p.cost,
                     p.warmup, p.device, p.online)

@@ -5,6 +5,10 @@ finishes. HOST ops run on the calling thread (the device keeps executing what wa
 work overlap as they do in Fiddler) and are timed with `time.perf_counter`. Copies are real: an op's `fn` does
 `dst.copy_(src, non_blocking=True)` from pinned host memory. Origin: both clocks are read right after a device
 synchronize, so device and host times share one axis to within the synchronize's latency.
+
+The live engine on a GPU (`between_ops=True`) runs the model's own modules between the executor's ops, on the compute
+stream (`compute_scope`): an op without a function stands for such work, so its span runs from the previous op's end on
+its stream to its launch, as on the wall clock (`specter.timing.wall`).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from specter.timing.engine import COMPUTE, H2D, HOST, SYNC, Engine, Event, Op, S
 class CudaEngine(Engine):
     kind = "cuda"
 
-    def __init__(self, device: str = "cuda") -> None:
+    def __init__(self, device: str = "cuda", between_ops: bool = False) -> None:
         super().__init__()
+        self._between_ops = between_ops
+        self._last_end: dict[str, Any] = {}  # each device stream's last op's end event (`between_ops`)
         if not torch.cuda.is_available():
             raise RuntimeError("CudaEngine needs CUDA; use --engine sim on a machine without a GPU")
         self._device = torch.device(device)
@@ -41,6 +47,10 @@ class CudaEngine(Engine):
         if self._pending_spans or self.timeline.spans:
             raise RuntimeError("Engine.start() after ops were launched")
         self._set_origin()
+        self._last_end.clear()
+
+    def compute_scope(self):
+        return torch.cuda.stream(self._streams[COMPUTE])
 
     @property
     def device(self) -> str:
@@ -57,11 +67,18 @@ class CudaEngine(Engine):
             self.timeline.spans.append(Span(HOST, op.label, start, self.now(), op.bytes_copied))
             return out
         s = self._streams[stream]
-        begin, end = self._new_event(), self._new_event()
-        with torch.cuda.stream(s):
-            begin.record(s)
-            out = op.fn() if op.fn is not None else None
+        end = self._new_event()
+        if op.fn is None and self._between_ops:  # work the caller put on the stream since its last op
+            begin = self._last_end.get(stream, self._origin)
             end.record(s)
+            out = None
+        else:
+            begin = self._new_event()
+            with torch.cuda.stream(s):
+                begin.record(s)
+                out = op.fn() if op.fn is not None else None
+                end.record(s)
+        self._last_end[stream] = end
         self._pending_spans.append((stream, op.label, begin, end, op.bytes_copied))
         return out
 

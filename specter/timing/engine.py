@@ -16,6 +16,7 @@ streams and measures. No system branches on which engine it has.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def now(self) -> float:
         """The host thread's current time, seconds since origin."""
+
+    def compute_scope(self):
+        """A context in which work the caller launches itself (the live model's own modules, between the executor's
+        ops) goes where the compute stream's ops go: on CUDA the compute stream, elsewhere nothing to set."""
+        return contextlib.nullcontext()
 
     def start(self) -> None:
         """Time zero of the run is now (after untimed set-up such as placing resident experts); nothing may have been

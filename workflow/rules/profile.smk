@@ -1,6 +1,7 @@
 # This machine's host-to-device bandwidth and compute, measured: `measured` (the GPU where there is one, else the CPU)
-# joins the experiments that vary `hardware` with `hardware.measure: true`; `cpu` is the CPU as the live engine's
-# device, the profile the live runs' simulated twins are scheduled on (at the threads those runs use).
+# joins the experiments that vary `hardware` with `hardware.measure: true`; `cpu` and `cuda` are the live engine's
+# device (`hardware.device`), the profile the live runs' simulated twins are scheduled on (on the CPU at the threads
+# those runs use).
 
 
 rule profile:
@@ -8,7 +9,7 @@ rule profile:
         profile="results/profile/{profiled}/profile.yaml",
         csv="results/profile/{profiled}/bandwidth.csv",
     wildcard_constraints:
-        profiled="measured|cpu",
+        profiled="measured|cpu|cuda",
     conda:
         ENV
     log:

@@ -1,0 +1,230 @@
+"""The live engine's device side: what it puts on the device, the memory it checks first, the store page-locked in
+place, and the experts computed without a host synchronization (the GPU's way), held on the CPU; on a GPU (gpu
+marker) the live engine decodes through CUDA streams.
+
+On the CPU, the tensors are moved to the meta device (no memory, no GPU) to see where each would go, CUDA's memory
+query and host registration are stand-ins that record what was asked, and the GPU's expert path runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from conftest import spec
+from specter.errors import SpecterError
+from specter.models import load_moe_model
+from specter.models.experts import expert_ffn, module_ffn
+from specter.models.trees import experts_path, moved_bytes, moved_to, with_replaced
+from specter.offload.live import LiveRuntime
+from specter.offload.store import ExpertStore
+from specter.offload.work import ModelWork
+from specter.quant.draft import load_draft
+from specter.runs import live as on_live
+from specter.runs.execute import prepare, schedule
+from specter.session import Session
+
+NEW = 10
+
+
+def _trees(target, draft):
+    """The live engine's two trees before they move: the target with its routed experts replaced, and the draft."""
+    target_tree = with_replaced(target.model, {experts_path(target, m): torch.nn.Identity() for m in target.moe_layers})
+    return [target_tree, draft.model]
+
+
+def _tensors(tree):
+    """{id: tensor} of every parameter, buffer and tensor attribute in `tree`."""
+    out = {}
+    for m in tree.modules():
+        for t in [*m._parameters.values(), *m._buffers.values(), *(v for v in vars(m).values()
+                                                                      if isinstance(v, torch.Tensor))]:
+            if t is not None:
+                out[id(t)] = t
+    return out
+
+
+def test_the_models_own_tensors_move_to_the_device_once_and_stay_shared(tiny_dirs, rtn_drafts):
+    """Every tensor of both trees lands on the device, each shared one (attention, routers, norms, embeddings, head)
+    as one tensor that both trees hold; the target keeps its own; the routed experts do not move; the bytes the
+    memory check counts are those of the moved tensors, each once. On the CPU as device nothing is copied."""
+    target = load_moe_model(tiny_dirs["deepseek_v3"], dtype=torch.float32)
+    draft = load_draft(target, rtn_drafts["deepseek_v3"], packed=True)
+    trees = _trees(target, draft)
+    meta = torch.device("meta")
+    moved = moved_to(trees, meta)
+    held = [_tensors(tree) for tree in moved]
+    assert all(t.device == meta for tensors in held for t in tensors.values())
+    assert all(t.device.type == "cpu" for t in _tensors(target.model).values())  # the target keeps its own
+    shared = set(held[0]) & set(held[1])
+    embed = moved[0].get_submodule("model.embed_tokens").weight
+    assert id(embed) in shared and embed is moved[1].get_submodule("model.embed_tokens").weight
+    attn = "model.layers.1.self_attn"
+    assert moved[0].get_submodule(attn) is moved[1].get_submodule(attn)
+    routed = {id(p) for m in target.moe_layers for p in m.experts.parameters()}
+    originals = {**_tensors(trees[0]), **_tensors(trees[1])}
+    assert not routed & set(originals)
+    assert moved_bytes(trees, meta) == sum(t.numel() * t.element_size() for t in originals.values())
+    assert len({id(t) for tensors in held for t in tensors.values()}) == len(originals)  # one copy each
+    on_cpu = moved_to(trees, torch.device("cpu"))
+    assert moved_bytes(trees, torch.device("cpu")) == 0
+    assert on_cpu[0].get_submodule("model.embed_tokens").weight.data_ptr() == target.model.model.embed_tokens \
+        .weight.data_ptr()
+
+
+class _NoData(torch.nn.Module):
+    """A routed experts module on a device that holds no data (meta): the live engine's sync-free expert arithmetic
+    (every token weighted by its routing) over an expert's views of a slot row there, and each of the draft's packed
+    linears of expert 0 (`inner`), then zeros, so the pass goes on to the next layer."""
+
+    def __init__(self, layout, inner=None, moe=None) -> None:
+        super().__init__()
+        self.layout, self.inner, self.moe = layout, inner, moe
+
+    def forward(self, hidden, top_k_index, top_k_weights):
+        assert hidden.device.type == top_k_index.device.type == top_k_weights.device.type == "meta"
+        weight = (top_k_weights * (top_k_index == 0)).sum(-1, keepdim=True)
+        row = torch.empty(self.layout.numel, dtype=hidden.dtype, device=hidden.device)
+        assert (expert_ffn(hidden, self.layout.views(row)) * weight).device.type == "meta"
+        if self.inner is not None:
+            assert module_ffn(hidden, self.inner[0], self.moe.activation, self.moe.spec.gpt_oss_layout).shape == \
+                hidden.shape
+        return torch.zeros_like(hidden)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3", "gpt_oss", "mixtral", "olmoe", "phimoe", "qwen2_moe",
+                                  "qwen3_moe"])
+def test_the_live_trees_run_whole_passes_off_the_cpu(arch, tiny_dirs, tmp_path):
+    """Moved to a device other than the CPU (meta: shapes and devices, no data), the live target's tree and its draft's
+    run whole passes there, every class: embeddings, masks, rotary, attention, routers, shared experts, the experts'
+    arithmetic from a slot row and the draft's packed linears, the head. A tensor left on the CPU, or made there by the
+    code a pass runs, would stop it."""
+    from specter.quant.quantize import quantize_draft
+
+    quantize_draft(tiny_dirs[arch], tmp_path / "draft", method="rtn", bits=4, group_size=32)
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    draft = load_draft(target, tmp_path / "draft", packed=True)
+    layout = ExpertStore(target, dtype=torch.float32).layout
+    trees = [with_replaced(target.model, {experts_path(target, m): _NoData(layout) for m in target.moe_layers}),
+             with_replaced(draft.model, {experts_path(draft.moe, m): _NoData(layout, m.experts, m)
+                                         for m in draft.moe.moe_layers})]
+    for tree in moved_to(trees, torch.device("meta")):
+        with torch.no_grad():
+            out = tree(input_ids=torch.tensor([[3, 1, 4, 1]], device="meta"), use_cache=True)
+        assert out.logits.device.type == "meta" and out.logits.shape[:2] == (1, 4)
+
+
+def test_a_live_run_that_does_not_fit_the_device_is_refused_before_anything_is_allocated(tiny_dirs, rtn_drafts,
+                                                                                         monkeypatch):
+    """On CUDA the runtime adds up what it will hold (slots, staging buffers, the model's non-expert weights with the
+    draft's packed experts, the KV cache) and refuses, in one line naming each part, a run that exceeds the free
+    memory, before it allocates anything; the parts are what it would allocate."""
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    draft = load_draft(target, rtn_drafts["mixtral"], packed=True)
+    work = ModelWork.of(target)
+    store = ExpertStore(target, dtype=torch.float32)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: asked.append(device) or (1, 80 * 10**9))
+    with pytest.raises(SpecterError) as err:
+        LiveRuntime(target, work, store, 2, "cuda", draft=draft, max_context=64)
+    assert asked and all(part in str(err.value) for part in (
+        "expert slots", "staging buffers", "non-expert weights and the draft's experts", "KV cache (64 positions)"))
+    parts = LiveRuntime.device_bytes(_trees(target, draft), work, store, 2, "cuda", 64)
+    assert parts["expert slots"] == len(work.moe_layers) * 2 * store.expert_bytes
+    cpu = LiveRuntime(target, work, store, 2, "cpu", draft=draft)  # nothing is asked off CUDA
+    assert len(asked) == 1 and cpu.slots[work.moe_layers[0]].numel() * 4 == 2 * store.expert_bytes
+
+
+class _Cudart:
+    """Stands in for `torch.cuda.cudart()`: records each registration, answers `error` to it."""
+
+    def __init__(self, error: int = 0) -> None:
+        self.registered, self.unregistered, self.error = [], [], error
+
+    def cudaHostRegister(self, address, nbytes, flags):  # noqa: N802 (CUDA's name)
+        self.registered.append((address, nbytes, flags))
+        return self.error
+
+    def cudaHostUnregister(self, address):  # noqa: N802
+        self.unregistered.append(address)
+        return 0
+
+
+def test_the_store_is_page_locked_where_it_lies(tiny_dirs, monkeypatch):
+    """A pinned store registers each layer's rows in place (cudaHostRegister, the rows' own address and size): nothing
+    is copied, the target's experts stay views into them, and they are unregistered when the store goes. A refusal is
+    one line naming the bytes and the fix."""
+    cudart = _Cudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    store = ExpertStore(target, pin=True, dtype=torch.float32, share=True)
+    assert store.pinned and store.shared_layers == list(store.layers)  # still one host copy of every expert
+    rows = list(store.layers.values())
+    assert cudart.registered == [(r.data_ptr(), r.numel() * r.element_size(), 0) for r in rows]
+    first = target.moe_layers[0]
+    assert first.experts.gate_up_proj.data_ptr() == rows[0].data_ptr()
+    store.pin()
+    assert len(cudart.registered) == len(rows)  # once
+    addresses = [r.data_ptr() for r in rows]
+    del store, rows
+    gc.collect()
+    assert cudart.unregistered == addresses
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _Cudart(error=2))
+    with pytest.raises(SpecterError, match=r"cudaHostRegister of .* GB of experts failed \(CUDA error 2\).*ulimit -l"):
+        ExpertStore(target, pin=True, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("system", ["on-demand", "specter"])
+def test_experts_computed_without_a_host_synchronization_decode_the_same(arch, system, tiny_dirs, rtn_drafts,
+                                                                         tmp_path):
+    """The GPU's expert path (every token of the pass through each expert it reaches, weighted by its routing, 0
+    where it went elsewhere: no gather whose indices the host must wait for) commits the same tokens as the stock
+    module's gather, with logits equal to rounding."""
+    request = dict(system=system, model=tiny_dirs[arch], draft=rtn_drafts[arch], dataset="code",
+                   hardware="a100-40gb-pcie4", out=str(tmp_path / "x.jsonl"), num_prompts=1, prefix_tokens=16,
+                   max_new_tokens=NEW, resident_per_layer=2, k=3, warmup_prompts=2, engine="live")
+    session = Session()
+    p = prepare(spec(**request), session)
+    p.device = on_live.runtime(p, session)
+    prompt = p.prompts[0]
+    gathered, _ = on_live.live_run(p, prompt, p.config, schedule)
+    p.device.gathers = False
+    weighted, _ = on_live.live_run(p, prompt, p.config, schedule)
+    assert weighted.tokens == gathered.tokens and weighted.accepted_lengths == gathered.accepted_lengths
+    torch.testing.assert_close(weighted.executor.last_pass.logits, gathered.executor.last_pass.logits, rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("system", ["on-demand", "mixtral-offloading", "fiddler", "specter", "specmoeoff"])
+def test_the_live_engine_decodes_on_a_gpu(system, tiny_dirs, rtn_drafts, tmp_path):
+    """On CUDA the model's non-expert weights, its slots and its draft sit on the GPU, the store is page-locked in
+    place and the copies run on the copy stream: each system commits `generate`'s greedy tokens (the same model on the
+    GPU), and its records are measured there, beside the simulated twin."""
+    from specter.runs.execute import execute
+
+    request = dict(system=system, model=tiny_dirs["mixtral"], draft=rtn_drafts["mixtral"], dataset="code",
+                   hardware="a100-40gb-pcie4", out=str(tmp_path / "x.jsonl"), num_prompts=2, prefix_tokens=16,
+                   max_new_tokens=NEW, resident_per_layer=2, k=3, warmup_prompts=2, engine="live",
+                   live_device="cuda")
+    session = Session()
+    p = prepare(spec(**request), session)
+    p.device = on_live.runtime(p, session)
+    assert p.device.store.pinned and p.device.model.get_submodule("model.embed_tokens").weight.is_cuda
+    prompt = p.prompts[0]
+    on_gpu = moved_to([load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32).model], torch.device("cuda"))[0]
+    with torch.no_grad():
+        reference = on_gpu.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW, do_sample=False,
+                                    eos_token_id=None, pad_token_id=on_gpu.config.pad_token_id)[0, len(prompt):]
+    live, timeline = on_live.live_run(p, prompt, p.config, schedule)
+    assert live.tokens == reference.tolist()
+    assert all(b >= a for a, b in zip(live.commit_times, live.commit_times[1:]))
+    assert timeline.busy_seconds("h2d") > 0 or system == "fiddler"
+    records = execute(spec(**request, repeats=2), Session(), progress=False)
+    assert len(records) == 4 and all(r.engine == "live" and not r.simulated and r.tpot_ms > 0 for r in records)
+    assert all(r.config["device"]["measured_on"].startswith(f"measured on {torch.cuda.get_device_name()}")
+               for r in records)
