@@ -35,6 +35,9 @@ DRAFT_KERNELS = ("fused", "unfused")
 #: its loader placed, the last `slots` experts of each layer by id, least recently used first, restored before every
 #: input outside the timed region), or `empty`
 CACHE_STARTS = ("restored", "empty")
+#: where a live run keeps the target's routed experts on the host: in memory, on disk (memory-mapped rows in the
+#: suite's cache, paged in as copies read them), or auto (disk where the checkpoint exceeds the memory available)
+HOST_STORES = ("auto", "memory", "disk")
 DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and the draft's forwards
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.records.run_fields`)
@@ -303,6 +306,12 @@ class RunSpec:
                     "CPU's, never a calibration of a GPU) or cuda (the model's non-expert weights, the slots and the "
                     "draft on the GPU, the host store page-locked, copies on a copy stream, timed with CUDA events)",
         choices=LIVE_DEVICES))
+    host_store: str = setting(default="auto", metadata=_flag(
+        "--host-store", "where a live run keeps the target's routed experts on the host: memory; disk (the disk tier: "
+                        "each MoE layer's expert rows a memory-mapped file in the suite's cache, built from the "
+                        "checkpoint on first use, paged in as copies read them); auto (disk where the checkpoint "
+                        "exceeds the memory available, else memory); records say which",
+        choices=HOST_STORES))
     dtype: str = setting(default="float32", metadata=_flag(
         "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
                    "float32 is what every committed result used; bfloat16 or float16 halve the memory of a large "
@@ -392,6 +401,12 @@ class RunSpec:
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")
+        if self.host_store not in HOST_STORES:
+            raise SpecterError(f"--host-store {self.host_store!r} is not a host store; give one of "
+                               f"{', '.join(HOST_STORES)}")
+        if self.host_store == "disk" and self.engine != "live":
+            raise SpecterError("--host-store disk keeps a live run's experts on disk; add --engine live, or drop "
+                               "--host-store (simulated and --engine cuda runs load the model into memory)")
         if self.cache_start not in CACHE_STARTS:
             raise SpecterError(f"--cache-start {self.cache_start!r} is not a cache start; give one of "
                                f"{', '.join(CACHE_STARTS)}")

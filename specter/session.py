@@ -59,13 +59,14 @@ class Session:
         return self._hashes[key]
 
     def numerics(self, model_dir: str | Path, draft_dir: str | Path | None = None, memos: tuple[str, ...] = (),
-                 dtype: str = "float32", stream: bool = False, packed_draft: bool = False):
+                 dtype: str = "float32", stream: bool = False, packed_draft: bool = False, experts_on: str = "memory"):
         """(target, draft or None, ForwardService) for this model at `dtype`: the target loaded once per dtype, its
         service memoizing the target's numerics for every system and each draft's windows separately (keyed by the
         draft's content), starting from the recorded `memos`. The service's current draft becomes `draft_dir`'s.
         `stream`: a target not loaded yet is read tensor by tensor into its place, its experts as the rows a host
         store adopts (`specter.models.streaming`; a checkpoint it cannot read so loads through transformers).
-        `packed_draft`: the draft keeps its codes and dequantizes on each call (`load_draft`; no dense copy)."""
+        `packed_draft`: the draft keeps its codes and dequantizes on each call (`load_draft`; no dense copy).
+        `experts_on`: where a streamed target's experts live (memory, disk or auto: `stream_moe_model`)."""
         from specter.models.loading import load_moe_model
         from specter.models.streaming import StreamingUnsupported, stream_moe_model
         from specter.numerics.forward import ForwardService
@@ -77,7 +78,8 @@ class Session:
             target = None
             if stream:
                 try:
-                    target = stream_moe_model(model_dir, getattr(torch, dtype), known_hash=self.model_hash(model_dir))
+                    target = stream_moe_model(model_dir, getattr(torch, dtype), known_hash=self.model_hash(model_dir),
+                                              experts_on=experts_on)
                 except StreamingUnsupported:
                     target = None
             if target is None:

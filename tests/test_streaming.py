@@ -155,3 +155,146 @@ def test_a_live_runs_loading_peaks_within_1_2x_what_it_reads(system, large, tiny
     assert measured["loaded_by"].startswith("safetensors") and measured["shared"] == measured["layers"]
     assert measured["dense_draft"] == []
     assert measured["peak"] <= 1.2 * read, (measured["peak"] / 2**20, read / 2**20)
+
+
+def test_the_disk_tier_maps_the_experts_from_files_it_builds_once(tiny_dirs, tmp_path, monkeypatch):
+    """`experts_on="disk"`: each MoE layer's expert rows are a memory-mapped file of the suite's cache, the model equal
+    to transformers' load (every tensor, the logits), the store adopting the mapped rows; a second load maps the same
+    files without writing them; a write into a loaded model's rows never reaches them (a private mapping)."""
+    import os
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    loaded = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    streamed = stream_moe_model(tiny_dirs["mixtral"], torch.float32, experts_on="disk")
+    tier = streamed.experts_on_disk
+    assert tier is not None and str(tier).startswith(str(tmp_path / "cache")) and "disk tier" in streamed.loaded_by
+    files = sorted(tier.glob("layer-*.bin"))
+    assert len(files) == len(streamed.moe_layers)
+    want, got = loaded.model.state_dict(), streamed.model.state_dict()
+    assert set(want) == set(got) and all(torch.equal(want[n], got[n]) for n in want)
+    prompt = torch.tensor([list(range(5, 21))])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(input_ids=prompt).logits, streamed.model(input_ids=prompt).logits)
+    store = ExpertStore(streamed, dtype=torch.float32, share=True)
+    assert store.shared_layers == list(store.layers)  # the mapped rows themselves, no copy in memory
+    stamps = [os.stat(f).st_mtime_ns for f in files]
+    again = stream_moe_model(tiny_dirs["mixtral"], torch.float32, experts_on="disk")
+    assert again.experts_on_disk == tier and [os.stat(f).st_mtime_ns for f in files] == stamps
+    first = again.moe_layers[0].layer_index
+    ExpertStore(again, dtype=torch.float32, share=True).layers[first].mul_(-3.0)
+    on_file = torch.from_file(str(files[0]), shared=False, size=store.layers[first].numel(), dtype=torch.float32)
+    assert torch.equal(on_file.view_as(store.layers[first]), store.layers[first])  # the file still holds the experts
+
+
+def test_the_disk_tier_is_chosen_where_the_checkpoint_exceeds_memory_and_refused_damaged(tiny_dirs, tmp_path,
+                                                                                      monkeypatch):
+    """`auto` keeps the experts in memory where the checkpoint fits the memory available, on disk where it does not;
+    a checkpoint with a NaN among its experts is refused while its tier is built, and no tier is left behind; the
+    disk tier with no cache to keep it in is refused in one line; `--host-store disk` needs the live engine."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import spec
+    from specter.errors import SpecterError
+    from specter.models import streaming
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    assert stream_moe_model(tiny_dirs["olmoe"], torch.float32, experts_on="auto").experts_on_disk is None
+    monkeypatch.setattr(streaming, "available_memory", lambda: 1024)
+    assert stream_moe_model(tiny_dirs["olmoe"], torch.float32, experts_on="auto").experts_on_disk is not None
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for f in Path(tiny_dirs["mixtral"]).iterdir():
+        (damaged / f.name).write_bytes(f.read_bytes())
+    for shard in damaged.glob("*.safetensors"):
+        tensors = load_file(str(shard))
+        for name in tensors:
+            if ".experts." in name and name.endswith("w2.weight"):
+                tensors[name][0, 0] = float("nan")
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+    (damaged / "model_card.json").unlink(missing_ok=True)
+    with pytest.raises(SpecterError, match="hold NaN or infinite values"):
+        stream_moe_model(damaged, torch.float32, experts_on="disk")
+    assert not streaming.disk_tier_dir(damaged, torch.float32).exists()
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", "")
+    with pytest.raises(SpecterError, match="the disk tier keeps the experts in the suite's cache"):
+        stream_moe_model(tiny_dirs["olmoe"], torch.float32, experts_on="disk")
+    with pytest.raises(SpecterError, match="--host-store disk keeps a live run's experts on disk; add --engine live"):
+        spec(system="on-demand", model=tiny_dirs["olmoe"], dataset="code", hardware="a100-40gb-pcie4",
+             resident_per_layer=2, host_store="disk").check_names()
+
+
+def test_a_live_run_from_the_disk_tier_decodes_the_recorded_tokens_and_says_where_its_experts_were(
+        tiny_dirs, rtn_drafts, tmp_path, monkeypatch):
+    from conftest import spec
+    from specter.runs.execute import execute
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    request = dict(system="specter", model=tiny_dirs["mixtral"], draft=rtn_drafts["mixtral"], dataset="code",
+                   hardware="a100-40gb-pcie4", out=str(tmp_path / "x.jsonl"), num_prompts=1, prefix_tokens=16,
+                   max_new_tokens=8, resident_per_layer=2, k=3, warmup_prompts=0)
+    session = Session()
+    simulated = execute(spec(**request), session, progress=False)
+    live = execute(spec(**request, engine="live", host_store="disk"), Session(), progress=False)
+    assert live[0].output_token_ids == simulated[0].output_token_ids
+    assert live[0].config["device"]["experts_on_host"].startswith("memory-mapped from the disk tier")
+    assert live[0].config["host_store"] == "disk"
+
+
+ANON = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, sys.argv[1])
+    from conftest import spec
+    from specter.runs import live
+    from specter.runs.execute import prepare
+    from specter.session import Session
+
+    model, draft, warm_model, warm_draft, host_store, out, cache = sys.argv[2:9]
+    os.environ["SPECTER_CACHE_DIR"] = cache  # one cache for the processes of one test (conftest made its own)
+
+    def request(model, draft):
+        return dict(system="on-demand", model=model, draft=draft, dataset="code", hardware="a100-40gb-pcie4",
+                    engine="live", out=out, num_prompts=1, prefix_tokens=16, max_new_tokens=4, resident_per_layer=2,
+                    warmup_prompts=0, host_store=host_store)
+
+    def status(key):
+        return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
+
+    session = Session()  # imports and lazily built caches first, on a tiny checkpoint
+    p = prepare(spec(**request(warm_model, warm_draft)), session)
+    live.runtime(p, session)
+    del p, session
+    base = status("RssAnon")
+    session = Session()
+    p = prepare(spec(**request(model, draft)), session)
+    runtime = live.runtime(p, session)
+    device = sum(t.numel() * t.element_size() for t in (*runtime.slots.values(), runtime.staging))
+    experts = sum(r.numel() * r.element_size() for r in runtime.store.layers.values())
+    print(json.dumps({"anon": status("RssAnon") - base - device, "experts": experts,
+                      "on_disk": str(p.target.experts_on_disk)}))
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc/self/status")
+def test_the_disk_tier_keeps_the_experts_out_of_anonymous_memory(large, tiny_dirs, rtn_drafts, tmp_path):
+    """A fresh process loads a 151 MB checkpoint for a live run: with its experts in memory its anonymous memory grows
+    by at least their bytes; from the disk tier (built by a first process, mapped by a second) by under a quarter of
+    them: the experts are pages of files, which the kernel may drop and read again."""
+    model, draft = large
+    measured = {}
+    for name, store in (("memory", "memory"), ("build", "disk"), ("mapped", "disk")):
+        out = subprocess.run([sys.executable, "-c", ANON, str(Path(__file__).parent), str(model), str(draft),
+                              tiny_dirs["mixtral"], rtn_drafts["mixtral"], store, str(tmp_path / "unused.jsonl"),
+                              str(tmp_path / "cache")], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        measured[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        if name == "build":
+            built = {f: f.stat().st_mtime_ns for f in (tmp_path / "cache" / "expert-rows").glob("*/layer-*.bin")}
+    assert built and {f: f.stat().st_mtime_ns for f in built} == built  # the second process mapped what the first built
+    experts = measured["memory"]["experts"]
+    assert experts > 140 * 2**20 and measured["memory"]["on_disk"] == "None"
+    assert measured["memory"]["anon"] >= 0.9 * experts, measured
+    for name in ("build", "mapped"):
+        assert measured[name]["on_disk"].startswith(str(tmp_path / "cache" / "expert-rows")), measured[name]
+        assert measured[name]["anon"] < 0.25 * experts, (name, measured[name]["anon"] / 2**20, experts / 2**20)

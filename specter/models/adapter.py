@@ -217,6 +217,7 @@ class MoEModel:
         self.config = config
         self.path: Path | None = None  # the checkpoint directory, when loaded from one
         self.loaded_by: str | None = None  # how the weights were read (`specter.models.loading`, `.streaming`)
+        self.experts_on_disk: Path | None = None  # the disk tier's directory, where the experts are memory-mapped
         self.decoder_layers = model.model.layers
         self.moe_layers: list[MoELayer] = [
             MoELayer(i, layer.mlp, self.spec, config)

@@ -19,10 +19,18 @@ stock conversion merges (GPT-OSS keeps them fused and quantized) raises `Streami
 allocated; the caller then loads it with `load_moe_model`. What `load_moe_model` refuses is refused here too, in the
 same words: a config that cannot make a model, files that differ from the card, weights and config.json that
 disagree (a parameter missing, a tensor with no place, another shape), NaN or infinite values.
+
+The disk tier (`experts_on="disk"`, or `"auto"` where the checkpoint's bytes at the model's dtype exceed the memory
+the system has available): each MoE layer's expert rows are a file (`layer-<i>.bin`) in a directory of the suite's
+cache named by the checkpoint's hash and the dtype, memory-mapped, so the kernel pages experts in as copies read them
+and can drop them again; only the non-expert tensors take anonymous memory. The first load builds the directory from
+the checkpoint (atomically: a killed build leaves nothing that looks done) and checks it for NaN and infinities; a later
+load maps the files as they are, privately (a write to the mapped rows never reaches the files).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -37,8 +45,9 @@ from transformers.core_model_loading import WeightConverter, WeightRenaming, ren
 from transformers.utils import logging as hf_logging
 
 from specter.errors import SpecterError
+from specter.io import atomic_dir, cache_root
 from specter.models.adapter import MoEModel
-from specter.models.integrity import check_card, check_finite
+from specter.models.integrity import check_card, first_nonfinite, model_hash
 from specter.models.loading import _check_loaded_all, read_model_config
 from specter.models.trees import experts_path
 
@@ -143,12 +152,43 @@ def _expert_converters(converters: list[WeightConverter]) -> dict[str, tuple[str
     return out
 
 
-def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | None = None) -> MoEModel:
-    """The checkpoint in `path` at `dtype`, every tensor read into its place (see the module docstring)."""
+def available_memory() -> int | None:
+    """The bytes of memory the system says are available to a new process (`MemAvailable`), or None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def disk_tier_dir(path: Path, dtype: torch.dtype, known_hash: str | None = None) -> Path:
+    """Where the disk tier keeps the checkpoint's expert rows at `dtype`: the suite's cache, by the checkpoint's
+    hash."""
+    root = cache_root()
+    if root is None:
+        raise SpecterError("the disk tier keeps the experts in the suite's cache, and SPECTER_CACHE_DIR is set empty; "
+                           "set it to a directory with room for the experts, or keep them in memory")
+    digest = (known_hash or model_hash(path))[:16]
+    return root / "expert-rows" / f"{digest}-{str(dtype).removeprefix('torch.')}"
+
+
+def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | None = None,
+                     experts_on: str = "memory") -> MoEModel:
+    """The checkpoint in `path` at `dtype`, every tensor read into its place (see the module docstring); `experts_on`:
+    memory, disk (the disk tier) or auto (disk where the checkpoint exceeds the memory available)."""
     path = Path(path)
     read_model_config(path)
     check_card(path, known_hash)
     entries = read_headers(path)
+    item = torch.empty(0, dtype=dtype).element_size()
+    need = sum(math.prod(e.shape) * item for e in entries.values())
+    available = available_memory()
+    disk = experts_on == "disk" or (experts_on == "auto" and available is not None and need > available)
+    tier = disk_tier_dir(path, dtype, known_hash) if disk else None
+    built = tier is not None and tier.is_dir()  # mapped as it is; else built from the checkpoint below
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -188,24 +228,33 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
             continue
         plan.append((entry, name, (layers[module], int(found.group(1)), half)))
 
-    rows = {m.layer_index: _expert_rows(m, dtype) for m in moe.moe_layers}
     filled: set[tuple] = set()
     assigned: set[str] = set()
     reader = _Reader(path)
     try:
-        for entry, name, expert in sorted(plan, key=lambda p: (str(p[0].file), p[0].start)):
-            if expert is None:
-                _assign(model, name, meta[name], entry, reader)
-                assigned.add(name)
-                continue
-            layer, e, half = expert
-            span = _span(layer, name.rpartition(".")[2], e, half, rows[layer.layer_index])
-            if span is None or tuple(span.shape) != entry.shape:
-                mismatched.append(key)
-                filled.add((layer.layer_index, name, e, half))  # refused as mismatched, not again as missing
-                continue
-            reader.into(entry, span)
-            filled.add((layer.layer_index, name, e, half))
+        with contextlib.ExitStack() as stack:
+            building = tier is not None and not built
+            into = stack.enter_context(atomic_dir(tier)) if building else tier
+            rows = {m.layer_index: _expert_rows(m, dtype, into, writable=building) for m in moe.moe_layers}
+            for entry, name, expert in sorted(plan, key=lambda p: (str(p[0].file), p[0].start)):
+                if expert is None:
+                    _assign(model, name, meta[name], entry, reader)
+                    assigned.add(name)
+                    continue
+                layer, e, half = expert
+                span = _span(layer, name.rpartition(".")[2], e, half, rows[layer.layer_index])
+                if span is None or tuple(span.shape) != entry.shape:
+                    mismatched.append(key)
+                    filled.add((layer.layer_index, name, e, half))  # refused as mismatched, not again as missing
+                    continue
+                if not built:
+                    reader.into(entry, span)
+                filled.add((layer.layer_index, name, e, half))
+            if building:  # checked before the directory is published, then mapped from its final place, privately
+                _check_rows_finite(path, rows, dtype)
+                del rows
+        if tier is not None:
+            rows = {m.layer_index: _expert_rows(m, dtype, tier, writable=False) for m in moe.moe_layers}
     finally:
         reader.close()
     if getattr(config, "tie_word_embeddings", False):
@@ -221,14 +270,30 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
                         if (m.layer_index, name, e, h) not in filled]
         point_at_rows(m, rows[m.layer_index])
     _check_loaded_all(path, {"missing_keys": missing, "unexpected_keys": unexpected, "mismatched_keys": mismatched})
-    check_finite(model, f"the model in {str(path)!r}", f"its weights are damaged (or overflow "
-                 f"{str(dtype).removeprefix('torch.')}); rebuild or re-download the checkpoint")
+    named = [*model.named_parameters(), *model.named_buffers()]
+    bad = first_nonfinite([(n, t) for n, t in named if tier is None or not _is_expert(n, layers)])  # rows checked
+    if bad is not None:
+        raise SpecterError(f"the model in {str(path)!r}: tensor {bad} holds NaN or infinite values; {_damaged(dtype)}")
     if (path / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(path), local_files_only=True)
     moe = MoEModel(model.eval())
     moe.path = path
-    moe.loaded_by = "safetensors read into place (experts as rows)"
+    moe.loaded_by = "safetensors read into place (experts as rows" + (
+        f", memory-mapped from the disk tier {tier})" if tier is not None else ")")
+    moe.experts_on_disk = tier
     return moe
+
+
+def _damaged(dtype: torch.dtype) -> str:
+    return (f"its weights are damaged (or overflow {str(dtype).removeprefix('torch.')}); rebuild or re-download the "
+            "checkpoint")
+
+
+def _check_rows_finite(path: Path, rows: dict[int, torch.Tensor], dtype: torch.dtype) -> None:
+    """The disk tier's rows, checked once as they are built (a later load maps them unchecked)."""
+    bad = first_nonfinite((f"layer {layer}'s experts", r) for layer, r in rows.items())
+    if bad is not None:
+        raise SpecterError(f"the model in {str(path)!r}: {bad} hold NaN or infinite values; {_damaged(dtype)}")
 
 
 def _is_expert(name: str, layers: dict) -> bool:
@@ -236,10 +301,23 @@ def _is_expert(name: str, layers: dict) -> bool:
     return module in layers and leaf in ("gate_up_proj", "down_proj")
 
 
-def _expert_rows(layer, dtype: torch.dtype) -> torch.Tensor:
-    """A layer's expert rows [E, 2IH + HI]: row e is expert e's gate [I, H], up [I, H] and down [H, I] end to end."""
+def _expert_rows(layer, dtype: torch.dtype, tier: Path | None = None, writable: bool = False) -> torch.Tensor:
+    """A layer's expert rows [E, 2IH + HI]: row e is expert e's gate [I, H], up [I, H] and down [H, I] end to end; in
+    memory, or mapped from the file `layer-<i>.bin` in the disk tier's directory `tier` (`writable`: a new file, its
+    writes reaching it; else the file as it is, mapped privately)."""
     gate_up, down = layer.experts.gate_up_proj, layer.experts.down_proj
-    return torch.empty(layer.num_experts, gate_up[0].numel() + down[0].numel(), dtype=dtype)
+    shape = (layer.num_experts, gate_up[0].numel() + down[0].numel())
+    if tier is None:
+        return torch.empty(shape, dtype=dtype)
+    file = tier / f"layer-{layer.layer_index}.bin"
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    if writable:
+        with open(file, "wb") as f:
+            f.truncate(nbytes)
+    elif not file.is_file() or file.stat().st_size != nbytes:
+        raise SpecterError(f"the disk tier {tier} lacks {file.name} of {nbytes} bytes (a damaged cache); delete "
+                           f"{tier} and load again to rebuild it")
+    return torch.from_file(str(file), shared=writable, size=math.prod(shape), dtype=dtype).view(shape)
 
 
 def _span(layer, param: str, e: int, half: int, rows: torch.Tensor) -> torch.Tensor | None:

@@ -99,7 +99,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     calibration = partial(session.calibration_prompts, spec.model, "code")  # (count, length) -> prompts
     target, draft, service = session.numerics(spec.model, spec.draft if system.speculative else None, spec.memo,
                                               spec.dtype, stream=spec.engine == "live",
-                                              packed_draft=spec.engine == "live")
+                                              packed_draft=spec.engine == "live", experts_on=spec.host_store)
     service.require((*system.trace_recorders, *recorders))
     work = ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0

@@ -30,7 +30,9 @@ def runtime(p, session):
 
     dtype = next(p.target.model.parameters()).dtype
     device = p.spec.live_device
-    store = session.expert_store(p.spec.model, p.target, pin=device == "cuda", dtype=dtype, share=True)
+    on_disk = p.target.experts_on_disk is not None  # the disk tier: page-locking would hold all of it in memory
+    store = session.expert_store(p.spec.model, p.target, pin=device == "cuda" and not on_disk, dtype=dtype,
+                                 share=True)
     window = p.config.k or 0
     return LiveRuntime(p.target, p.work, store, p.slots, device, draft=p.draft, own_draft_kv=p.system.separate_draft,
                        max_context=max(len(prompt) for prompt in p.prompts) + p.spec.max_new_tokens + window + 1)
@@ -51,6 +53,8 @@ def measured_fields(p) -> dict:
     name = device_name(device)
     store = p.device.store
     held = "once" if len(store.shared_layers) == len(store.layers) else "twice (the model's and the store's)"
+    if p.target.experts_on_disk is not None:
+        held = f"memory-mapped from the disk tier {p.target.experts_on_disk}, paged in as copies read them"
     measured_on = (f"measured on {name}: the model decoding live through the offload runtime" if device == "cuda"
                    else f"measured on {device}: not a calibration of a GPU")
     return {**p.common, "hardware": name, "config": {
@@ -75,5 +79,5 @@ def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
 def live_run(p, prompt, config, schedule):
     """One live decode of `prompt` from the run's start state: (result, timeline)."""
     trace = PromptTrace(list(prompt), [], [], [])
-    return schedule(p.system, timing.make_engine("live", p.profile, p.spec.live_device), p.work, p.service, trace, config, p.cost,
-                    p.warmup, p.device, p.online)
+    return schedule(p.system, timing.make_engine("live", p.profile, p.spec.live_device), p.work, p.service, trace,
+                    config, p.cost, p.warmup, p.device, p.online)
