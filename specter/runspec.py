@@ -35,6 +35,9 @@ DRAFT_KERNELS = ("fused", "unfused")
 #: its loader placed, the last `slots` experts of each layer by id, least recently used first, restored before every
 #: input outside the timed region), or `empty`
 CACHE_STARTS = ("restored", "empty")
+#: the live draft's INT4 kernel: PyTorch's fused CPU kernel (as GPTQModel's TorchFusedLinear runs it), or the codes
+#: dequantized on every call (`specter.quant.kernels`)
+LIVE_DRAFT_KERNELS = ("fused", "packed")
 #: where a live run keeps the target's routed experts on the host: in memory, on disk (memory-mapped rows in the
 #: suite's cache, paged in as copies read them), or auto (disk where the checkpoint exceeds the memory available)
 HOST_STORES = ("auto", "memory", "disk")
@@ -306,6 +309,13 @@ class RunSpec:
                     "CPU's, never a calibration of a GPU) or cuda (the model's non-expert weights, the slots and the "
                     "draft on the GPU, the host store page-locked, copies on a copy stream, timed with CUDA events)",
         choices=LIVE_DEVICES))
+    live_draft_kernel: str = setting(default="fused", metadata=_flag(
+        "--live-draft-kernel", "the kernel a live run's draft computes its experts with: fused (PyTorch's INT4 kernel "
+                               "on the CPU, as GPTQModel's TorchFusedLinear runs it, bfloat16 activations; 4-bit "
+                               "drafts in groups of 32 to 256: other linears, and drafts on a GPU, fall back to "
+                               "packed) or packed (the codes dequantized on every call to the simulator's draft "
+                               "weights, bit for bit, so the live draft proposes what the twin's does); records say "
+                               "which ran", choices=LIVE_DRAFT_KERNELS))
     host_store: str = setting(default="auto", metadata=_flag(
         "--host-store", "where a live run keeps the target's routed experts on the host: memory; disk (the disk tier: "
                         "each MoE layer's expert rows a memory-mapped file in the suite's cache, built from the "
@@ -401,6 +411,9 @@ class RunSpec:
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")
+        if self.live_draft_kernel not in LIVE_DRAFT_KERNELS:
+            raise SpecterError(f"--live-draft-kernel {self.live_draft_kernel!r} is not a kernel; give one of "
+                               f"{', '.join(LIVE_DRAFT_KERNELS)}")
         if self.host_store not in HOST_STORES:
             raise SpecterError(f"--host-store {self.host_store!r} is not a host store; give one of "
                                f"{', '.join(HOST_STORES)}")

@@ -29,7 +29,8 @@ def _live_systems() -> list[str]:
 def _request(tiny_dirs, rtn_drafts, arch, system, tmp_path, **over) -> dict:
     return {**dict(system=system, model=tiny_dirs[arch], draft=rtn_drafts[arch], dataset="code",
                    hardware="a100-40gb-pcie4", out=str(tmp_path / f"{system}.jsonl"), num_prompts=1,
-                   prefix_tokens=16, max_new_tokens=NEW, resident_per_layer=2, k=3, warmup_prompts=2), **over}
+                   prefix_tokens=16, max_new_tokens=NEW, resident_per_layer=2, k=3, warmup_prompts=2,
+                   live_draft_kernel="packed"), **over}  # the simulator's draft weights: the twin's proposals
 
 
 @pytest.mark.parametrize("arch", LIVE_ARCHS)
@@ -164,7 +165,8 @@ def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dir
         s = simulated[r.prompt_index]
         assert r.engine == "live" and not r.simulated and r.hardware.startswith("cpu")
         assert r.output_token_ids == s.output_token_ids
-        assert r.extra["live"] == {"device": "cpu", "tokens_as_recorded": True, "first_divergence": None}
+        assert r.extra["live"] == {"device": "cpu", "tokens_as_recorded": True, "first_divergence": None,
+                                   "acceptance_as_twin": True}
         assert r.extra["simulated_tpot_ms"] == s.tpot_ms and r.extra["simulated_on"] == "a100-40gb-pcie4"
         assert r.extra["simulated_breakdown_ms"] == s.extra["breakdown_ms"]  # the twin's parts, beside the measured
         assert set(r.extra["breakdown_ms"]) == set(s.extra["breakdown_ms"])

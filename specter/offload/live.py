@@ -36,6 +36,7 @@ from specter.offload.device import ExpertSlots, require_device_memory
 from specter.offload.memory import STAGING_BUFFERS
 from specter.offload.store import ExpertStore
 from specter.offload.work import ModelWork
+from specter.quant.kernels import PACKED_KERNEL, with_fused_kernels
 
 Reach = Callable[[int, list[tuple[int, ...]]], None]  # (MoE layer, each input's routed experts) -> None
 
@@ -89,13 +90,22 @@ class LiveRuntime(ExpertSlots):
 
     def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int,
                  device: str = "cpu", draft=None, check: bool = False, own_draft_kv: bool = False,
-                 max_context: int = 0) -> None:
+                 max_context: int = 0, draft_kernel: str = "packed") -> None:
         trees = [with_replaced(target.model, {experts_path(target, m): OffloadedExperts(self, m.layer_index)
                                               for m in target.moe_layers})]
+        self.draft_kernel = None  # which kernel the draft's experts run on, in words
         if draft is not None:
-            trees.append(with_replaced(draft.model, {
-                experts_path(draft.moe, m): ObservedExperts(self, m.layer_index, m.experts)
-                for m in draft.moe.moe_layers}))
+            observed, kernels = {}, []
+            for m in draft.moe.moe_layers:
+                experts = m.experts
+                if draft_kernel == "fused":  # the simulator's draft (`draft`) keeps its own modules
+                    experts, kernel = with_fused_kernels(experts, torch.device(device))
+                else:
+                    kernel = PACKED_KERNEL
+                kernels.append(kernel)
+                observed[experts_path(draft.moe, m)] = ObservedExperts(self, m.layer_index, experts)
+            trees.append(with_replaced(draft.model, observed))
+            self.draft_kernel = " | ".join(dict.fromkeys(kernels))
         require_device_memory(torch.device(device), self.device_bytes(
             trees, work, store, slots_per_layer, device, max_context, own_draft_kv))
         super().__init__(work, store, slots_per_layer, device, check)

@@ -35,7 +35,8 @@ def runtime(p, session):
                                  share=True)
     window = p.config.k or 0
     return LiveRuntime(p.target, p.work, store, p.slots, device, draft=p.draft, own_draft_kv=p.system.separate_draft,
-                       max_context=max(len(prompt) for prompt in p.prompts) + p.spec.max_new_tokens + window + 1)
+                       max_context=max(len(prompt) for prompt in p.prompts) + p.spec.max_new_tokens + window + 1,
+                       draft_kernel=p.spec.live_draft_kernel)
 
 
 def device_name(device: str) -> str:
@@ -61,6 +62,7 @@ def measured_fields(p) -> dict:
         **p.common["config"], "device": {"name": name, "kind": device, "store_dtype": str(store.dtype),
                                          "store_pinned": "cudaHostRegister, in place" if store.pinned else False,
                                          "loader": p.target.loaded_by, "experts_on_host": held,
+                                         "draft_kernel": p.device.draft_kernel,
                                          "measured_on": measured_on}}}
 
 
@@ -72,7 +74,8 @@ def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
     diverged = next((i for i, (a, b) in enumerate(zip(result.tokens, simulated.tokens)) if a != b), None)
     measured = {"simulated_tpot_ms": tpot_seconds(simulated.commit_times) * 1e3, "simulated_on": p.profile.name,
                 "live": {"device": p.spec.live_device, "tokens_as_recorded": diverged is None,
-                         "first_divergence": diverged}}
+                         "first_divergence": diverged,
+                         "acceptance_as_twin": result.accepted_lengths == simulated.accepted_lengths}}
     return result, timeline, measured
 
 
