@@ -276,6 +276,7 @@ ANON = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # three fresh processes loading a 151 MB checkpoint: about 50 s
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc/self/status")
 def test_the_disk_tier_keeps_the_experts_out_of_anonymous_memory(large, tiny_dirs, rtn_drafts, tmp_path):
     """A fresh process loads a 151 MB checkpoint for a live run: with its experts in memory its anonymous memory grows

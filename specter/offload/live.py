@@ -16,6 +16,11 @@ A system whose draft keeps a KV cache of its own (SpecMoEOff, `own_draft_kv`) ge
 write it alone, and it is cropped the same way. Its draft computes with the target's non-expert weights, the same
 values the separate copy the system keeps on its device would hold, so the device holds them once.
 
+The trees are copied onto the device once (`specter.models.trees.moved_to`: what the target and the draft share, once),
+and on a GPU an expert computes every token of the pass weighted by its routing, so that the host never waits for a
+gather's indices. The draft's 4-bit linears may run on the CPU's fused INT4 kernel (`specter.quant.kernels`) instead of
+the simulator's draft modules.
+
 Nothing here is recorded: the tokens and routes are the ones this pass computed (`LivePass`), so a corrupted slot, a
 copy into the wrong slot or an expert computed from a stale buffer changes what the model decodes.
 """
@@ -110,8 +115,9 @@ class LiveRuntime(ExpertSlots):
             trees, work, store, slots_per_layer, device, max_context, own_draft_kv))
         super().__init__(work, store, slots_per_layer, device, check)
         self.target = target
-        # the model's own modules on the device (on the CPU as device, over the target's own tensors)
-        self.model, self.draft_model = (*moved_to(trees, self.device), None)[:2]
+        moved = moved_to(trees, self.device)  # on the CPU as device, over the target's own tensors
+        self.model = moved[0]
+        self.draft_model = moved[1] if draft is not None else None
         self.cache = None
         # an expert computes its routed tokens gathered (the stock module's way, and bit for bit its result), or, on a
         # GPU, every token of the pass weighted by its routing (0 where it went elsewhere): a gather's indices depend

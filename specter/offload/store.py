@@ -26,9 +26,10 @@ WEIGHT_DTYPE = torch.float16  # the paper's targets run in FP16/BF16 (offload/wo
 HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 
-def pin_in_place(t: torch.Tensor) -> int:
+def pin_in_place(t: torch.Tensor) -> int | None:
     """Page-lock the host memory of the contiguous tensor `t` where it lies (`cudaHostRegister`, default flags);
-    returns its address for `unpin`. A region some earlier store registered already is taken as it is."""
+    returns its address for `unpin`, or None where an earlier store registered it already (that one unregisters
+    it)."""
     if not t.is_contiguous() or t.device.type != "cpu":
         raise ValueError("pin_in_place takes a contiguous host tensor")
     nbytes = t.numel() * t.element_size()
@@ -37,7 +38,7 @@ def pin_in_place(t: torch.Tensor) -> int:
         raise SpecterError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB of experts failed (CUDA error {err}); the host "
                            "cannot page-lock that much memory: raise the locked-memory limit (ulimit -l) or run with "
                            "fewer experts on the host")
-    return t.data_ptr()
+    return None if err == HOST_MEMORY_ALREADY_REGISTERED else t.data_ptr()
 
 
 def unpin(addresses: list[int]) -> None:
@@ -115,7 +116,9 @@ class ExpertStore:
         registered = []
         try:
             for rows in self.layers.values():
-                registered.append(pin_in_place(rows))
+                address = pin_in_place(rows)
+                if address is not None:
+                    registered.append(address)
         finally:
             self._unpin = weakref.finalize(self, unpin, registered)
         self.pinned = True
