@@ -402,27 +402,23 @@ class RunSpec:
     # the checks of data alone (`specter.runs.checks.validate` runs them beside those that need a system, a hardware
     # profile or the model's config) ----------------------------------------------------------------------------------
     def check_names(self) -> None:
-        """The engine, prefetch policy and cache start are names this suite has."""
+        """The engine, prefetch policy, live device, live draft kernel, host store and cache start are names this suite
+        has."""
         if self.engine not in ENGINES:
             raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}")
-        if self.live_device not in LIVE_DEVICES:
-            raise SpecterError(f"--device {self.live_device!r} is not a device of the live engine; give one of "
-                               f"{', '.join(LIVE_DEVICES)}")
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")
-        if self.live_draft_kernel not in LIVE_DRAFT_KERNELS:
-            raise SpecterError(f"--live-draft-kernel {self.live_draft_kernel!r} is not a kernel; give one of "
-                               f"{', '.join(LIVE_DRAFT_KERNELS)}")
-        if self.host_store not in HOST_STORES:
-            raise SpecterError(f"--host-store {self.host_store!r} is not a host store; give one of "
-                               f"{', '.join(HOST_STORES)}")
+        for flag, value, choices, what in (
+                ("--device", self.live_device, LIVE_DEVICES, "a device of the live engine"),
+                ("--live-draft-kernel", self.live_draft_kernel, LIVE_DRAFT_KERNELS, "a kernel"),
+                ("--host-store", self.host_store, HOST_STORES, "a host store"),
+                ("--cache-start", self.cache_start, CACHE_STARTS, "a cache start")):
+            if value not in choices:
+                raise SpecterError(f"{flag} {value!r} is not {what}; give one of {', '.join(choices)}")
         if self.host_store == "disk" and self.engine != "live":
             raise SpecterError("--host-store disk keeps a live run's experts on disk; add --engine live, or drop "
                                "--host-store (simulated and --engine cuda runs load the model into memory)")
-        if self.cache_start not in CACHE_STARTS:
-            raise SpecterError(f"--cache-start {self.cache_start!r} is not a cache start; give one of "
-                               f"{', '.join(CACHE_STARTS)}")
 
     def check_files(self) -> None:
         """The budget, and the files the run reads (memos) and writes (`out`)."""
