@@ -216,7 +216,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
             elif tuple(meta[name].shape) != entry.shape:
                 mismatched.append(key)
             else:
-                plan.append((entry, name, None))
+                plan.append((key, entry, name, None))
             continue
         if pattern not in experts:
             raise StreamingUnsupported(f"{key} goes into {name} by a conversion the loader does not read")
@@ -226,7 +226,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
         if leaf != param or module not in layers or found is None:
             unexpected.append(key)
             continue
-        plan.append((entry, name, (layers[module], int(found.group(1)), half)))
+        plan.append((key, entry, name, (layers[module], int(found.group(1)), half)))
 
     filled: set[tuple] = set()
     assigned: set[str] = set()
@@ -236,7 +236,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
             building = tier is not None and not built
             into = stack.enter_context(atomic_dir(tier)) if building else tier
             rows = {m.layer_index: _expert_rows(m, dtype, into, writable=building) for m in moe.moe_layers}
-            for entry, name, expert in sorted(plan, key=lambda p: (str(p[0].file), p[0].start)):
+            for key, entry, name, expert in sorted(plan, key=lambda p: (str(p[1].file), p[1].start)):
                 if expert is None:
                     _assign(model, name, meta[name], entry, reader)
                     assigned.add(name)

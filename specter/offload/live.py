@@ -100,15 +100,16 @@ class LiveRuntime(ExpertSlots):
                                               for m in target.moe_layers})]
         self.draft_kernel = None  # which kernel the draft's experts run on, in words
         if draft is not None:
-            observed, kernels = {}, []
+            observed, kernels, workspace = {}, [], {}
             for m in draft.moe.moe_layers:
                 experts = m.experts
                 if draft_kernel == "fused":  # the simulator's draft (`draft`) keeps its own modules
-                    experts, kernel = with_fused_kernels(experts, torch.device(device))
+                    experts, kernel = with_fused_kernels(experts, torch.device(device), workspace)
                 else:
                     kernel = PACKED_KERNEL
                 kernels.append(kernel)
                 observed[experts_path(draft.moe, m)] = ObservedExperts(self, m.layer_index, experts)
+            del workspace
             trees.append(with_replaced(draft.model, observed))
             self.draft_kernel = " | ".join(dict.fromkeys(kernels))
         require_device_memory(torch.device(device), self.device_bytes(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from specter.quant.packing import PackedLinear, unpack
+from specter.quant.packing import PackedLinear
 
 #: group sizes the CPU kernel takes
 FUSED_GROUPS = (32, 64, 128, 256)
@@ -48,18 +48,31 @@ def fused_unsupported(p: PackedLinear, device: torch.device) -> str | None:
 class FusedInt4Linear(torch.nn.Module):
     """A draft linear on the CPU's fused INT4 kernel (see the module docstring); `packed_bytes` is its stored size."""
 
-    def __init__(self, p: PackedLinear, bias: torch.Tensor | None, packed_bytes: int) -> None:
+    def __init__(self, p: PackedLinear, bias: torch.Tensor | None, packed_bytes: int,
+                 workspace: dict | None = None) -> None:
+        """`workspace`: buffers for the codes on their way into the kernel's layout, kept by shape across the linears
+        one caller converts (a new transient of four bytes a weight for each linear leaves the host's allocator with
+        holes it does not return: about one such transient a linear stayed resident, 164 MB over a 151 MB model's
+        96 linears)."""
         super().__init__()
         reason = fused_unsupported(p, p.qweight.device)
         if reason is not None:
             raise ValueError(f"the fused INT4 kernel cannot compute this linear: {reason}")
-        codes, _, scales = unpack(p)  # [out, in], zeros all 8, [out, groups]
-        self.in_features, self.out_features = p.g_idx.numel(), codes.shape[0]
-        self.group_size = self.in_features // scales.shape[1]
-        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1))
-        offsets = torch.zeros_like(scales)
-        self.register_buffer("scales_and_zeros", torch.stack([scales.T, offsets.T], -1).to(torch.bfloat16)
-                             .contiguous())  # [groups, out, 2]
+        self.in_features, self.out_features = p.g_idx.numel(), p.qweight.shape[1]
+        self.group_size = self.in_features // p.scales.shape[0]
+        workspace = {} if workspace is None else workspace
+        shape = (self.in_features, self.out_features)
+        if shape not in workspace:
+            workspace[shape] = (torch.empty(shape[0] // 8, 8, shape[1], dtype=torch.int32),
+                                torch.empty(shape[1], shape[0], dtype=torch.int32))
+        codes, transposed = workspace[shape]  # [in / 8, 8, out] then [out, in], int32
+        torch.bitwise_right_shift(p.qweight.unsqueeze(1), torch.arange(0, 32, 4, dtype=torch.int32).view(1, -1, 1),
+                                  out=codes)
+        codes.bitwise_and_(15)
+        transposed.copy_(codes.view(shape).T)
+        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(transposed, 1))
+        scales = p.scales.to(torch.bfloat16)  # [groups, out]
+        self.register_buffer("scales_and_zeros", torch.stack([scales, torch.zeros_like(scales)], -1))  # [g, out, 2]
         self.register_buffer("bias", bias)
         self.packed_bytes = packed_bytes
 
@@ -72,21 +85,24 @@ class FusedInt4Linear(torch.nn.Module):
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-def with_fused_kernels(experts: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, str]:
+def with_fused_kernels(experts: torch.nn.Module, device: torch.device,
+                       workspace: dict | None = None) -> tuple[torch.nn.Module, str]:
     """A draft layer's quantized experts (`QuantizedExperts` of `PackedQuantLinear`s) with every linear the fused kernel
     computes on `device` replaced by a `FusedInt4Linear` (the others shared with `experts`, which is left as it is),
-    and which kernel each runs on, in words."""
+    and which kernel each runs on, in words. `workspace`: see `FusedInt4Linear` (one for every layer a caller
+    converts)."""
     from specter.quant.draft import PackedQuantLinear, QuantizedExpert, QuantizedExperts
 
     kept: dict[str, int] = {}
     fused, modules = 0, []
+    workspace = {} if workspace is None else workspace
     for e in range(len(experts)):
         projections = {}
         for name, linear in experts[e].named_children():
             reason = fused_unsupported(linear._packed(), device) if isinstance(linear, PackedQuantLinear) else \
                 "it holds dense weights"
             if reason is None:
-                projections[name] = FusedInt4Linear(linear._packed(), linear.bias, linear.packed_bytes)
+                projections[name] = FusedInt4Linear(linear._packed(), linear.bias, linear.packed_bytes, workspace)
                 fused += 1
             else:
                 projections[name] = linear
