@@ -320,7 +320,8 @@ class RunSpec:
         "--host-store", "where a live run keeps the target's routed experts on the host: memory; disk (the disk tier: "
                         "each MoE layer's expert rows a memory-mapped file in the suite's cache, built from the "
                         "checkpoint on first use, paged in as copies read them); auto (disk where the checkpoint "
-                        "exceeds the memory available, else memory); records say which",
+                        "exceeds the memory available: MemAvailable, or the cgroup's limit where lower; else "
+                        "memory); records say which",
         choices=HOST_STORES))
     dtype: str = setting(default="float32", metadata=_flag(
         "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
@@ -416,9 +417,14 @@ class RunSpec:
                 ("--cache-start", self.cache_start, CACHE_STARTS, "a cache start")):
             if value not in choices:
                 raise SpecterError(f"{flag} {value!r} is not {what}; give one of {', '.join(choices)}")
-        if self.host_store == "disk" and self.engine != "live":
-            raise SpecterError("--host-store disk keeps a live run's experts on disk; add --engine live, or drop "
-                               "--host-store (simulated and --engine cuda runs load the model into memory)")
+        if self.engine != "live":  # the live engine's settings, where another engine would ignore them
+            for flag, value, default, what in (
+                    ("--device", self.live_device, "cpu", "names the live engine's device"),
+                    ("--live-draft-kernel", self.live_draft_kernel, "fused", "picks the live draft's kernel"),
+                    ("--host-store", self.host_store, "auto", "keeps a live run's experts")):
+                if value != default and not (flag == "--host-store" and value == "memory"):
+                    raise SpecterError(f"{flag} {value} {what}; add --engine live, or drop {flag} (--engine "
+                                       f"{self.engine} does not read it)")
 
     def check_files(self) -> None:
         """The budget, and the files the run reads (memos) and writes (`out`)."""

@@ -27,10 +27,12 @@ def _live_systems() -> list[str]:
 
 
 def _request(tiny_dirs, rtn_drafts, arch, system, tmp_path, **over) -> dict:
+    """A run's settings; a live one's draft on the simulator's draft weights (`packed`), so that it proposes what the
+    twin's draft proposes."""
+    live = {"live_draft_kernel": "packed"} if over.get("engine") == "live" else {}
     return {**dict(system=system, model=tiny_dirs[arch], draft=rtn_drafts[arch], dataset="code",
                    hardware="a100-40gb-pcie4", out=str(tmp_path / f"{system}.jsonl"), num_prompts=1,
-                   prefix_tokens=16, max_new_tokens=NEW, resident_per_layer=2, k=3, warmup_prompts=2,
-                   live_draft_kernel="packed"), **over}  # the simulator's draft weights: the twin's proposals
+                   prefix_tokens=16, max_new_tokens=NEW, resident_per_layer=2, k=3, warmup_prompts=2), **live, **over}
 
 
 @pytest.mark.parametrize("arch", LIVE_ARCHS)
@@ -159,7 +161,7 @@ def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dir
     request = _request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path, num_prompts=2)
     session = Session()
     simulated = execute(spec(**request), session, progress=False)
-    live = execute(spec(**request, engine="live", repeats=2), session, progress=False)
+    live = execute(spec(**request, engine="live", live_draft_kernel="packed", repeats=2), session, progress=False)
     assert [(r.prompt_index, r.extra["repeat"]) for r in live] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in live:
         s = simulated[r.prompt_index]
@@ -211,7 +213,7 @@ def test_live_refuses_what_it_cannot_run_before_loading(over, message, tiny_dirs
     from specter.errors import SpecterError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU, wherever this runs
-    request = {**_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path), "engine": "live", **over}
+    request = {**_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path, engine="live"), **over}
     with pytest.raises(SpecterError, match=message):
         validate(spec(**request))
     assert not (tmp_path / f"{request['system']}.jsonl").exists()

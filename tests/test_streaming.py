@@ -220,9 +220,12 @@ def test_the_disk_tier_is_chosen_where_the_checkpoint_exceeds_memory_and_refused
     monkeypatch.setenv("SPECTER_CACHE_DIR", "")
     with pytest.raises(SpecterError, match="the disk tier keeps the experts in the suite's cache"):
         stream_moe_model(tiny_dirs["olmoe"], torch.float32, experts_on="disk")
-    with pytest.raises(SpecterError, match="--host-store disk keeps a live run's experts on disk; add --engine live"):
-        spec(system="on-demand", model=tiny_dirs["olmoe"], dataset="code", hardware="a100-40gb-pcie4",
-             resident_per_layer=2, host_store="disk").check_names()
+    for setting, message in ((dict(host_store="disk"), "--host-store disk keeps a live run's experts; add --engine live"),
+                             (dict(live_device="cuda"), "--device cuda names the live engine's device; add --engine"),
+                             (dict(live_draft_kernel="packed"), "--live-draft-kernel packed picks the live draft's")):
+        with pytest.raises(SpecterError, match=message + ".*--engine sim does not read it"):
+            spec(system="on-demand", model=tiny_dirs["olmoe"], dataset="code", hardware="a100-40gb-pcie4",
+                 resident_per_layer=2, **setting).check_names()
 
 
 def test_a_live_run_from_the_disk_tier_decodes_the_recorded_tokens_and_says_where_its_experts_were(

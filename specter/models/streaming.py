@@ -153,15 +153,24 @@ def _expert_converters(converters: list[WeightConverter]) -> dict[str, tuple[str
 
 
 def available_memory() -> int | None:
-    """The bytes of memory the system says are available to a new process (`MemAvailable`), or None off Linux."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    """The bytes of memory this process can still take: the system's `MemAvailable`, or less where the process's
+    cgroup (a container, a SLURM job) has a memory limit (v2 `memory.max` less `memory.current`, or v1
+    `memory.limit_in_bytes` less `memory.usage_in_bytes`); None where Linux does not say."""
+    def text(path: str) -> str:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    found = [int(line.split()[1]) * 1024 for line in text("/proc/meminfo").splitlines()
+             if line.startswith("MemAvailable:")]
+    for limit, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        cap, now = text(limit).strip(), text(used).strip()
+        if cap.isdigit() and now.isdigit():  # "max": no limit
+            found.append(max(0, int(cap) - int(now)))
+    return min(found) if found else None
 
 
 def disk_tier_dir(path: Path, dtype: torch.dtype, known_hash: str | None = None) -> Path:
