@@ -220,7 +220,7 @@ def test_the_disk_tier_is_chosen_where_the_checkpoint_exceeds_memory_and_refused
     monkeypatch.setenv("SPECTER_CACHE_DIR", "")
     with pytest.raises(SpecterError, match="the disk tier keeps the experts in the suite's cache"):
         stream_moe_model(tiny_dirs["olmoe"], torch.float32, experts_on="disk")
-    for setting, message in ((dict(host_store="disk"), "--host-store disk keeps a live run's experts; add --engine live"),
+    for setting, message in ((dict(host_store="disk"), "--host-store disk keeps a live run's experts; add --engine"),
                              (dict(live_device="cuda"), "--device cuda names the live engine's device; add --engine"),
                              (dict(live_draft_kernel="packed"), "--live-draft-kernel packed picks the live draft's")):
         with pytest.raises(SpecterError, match=message + ".*--engine sim does not read it"):
