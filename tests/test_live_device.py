@@ -199,6 +199,30 @@ def test_experts_computed_without_a_host_synchronization_decode_the_same(arch, s
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "deepseek_v3", "olmoe"])
+@pytest.mark.parametrize("kernel", ["packed", "fused"])
+def test_the_draft_gathers_from_routes_the_host_has_read(arch, kernel, tiny_dirs, rtn_drafts):
+    """The live draft's experts gather each expert's tokens by indices built from the routing the host has read
+    already (no `unique` or `where` on the device, each a wait on a GPU): the same output, bit for bit, as indices
+    from the device, for the packed and the fused kernels, over tokens that share and split their experts."""
+    from specter.quant.kernels import with_fused_kernels
+
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    experts = load_draft(target, rtn_drafts[arch], packed=True).moe.moe_layers[0].experts
+    if kernel == "fused":
+        experts, _ = with_fused_kernels(experts, torch.device("cpu"))
+    moe = target.moe_layers[0]
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, moe.hidden_size, generator=g)
+    index = torch.stack([torch.randperm(moe.num_experts, generator=g)[: moe.top_k] for _ in range(7)])
+    index[3] = index[1]  # two tokens on the same experts
+    weights = torch.rand(7, moe.top_k, generator=g)
+    with torch.no_grad():
+        from_device = experts(hidden, index, weights)
+        from_host = experts(hidden, index, weights, routes=index.tolist())
+    assert torch.equal(from_host, from_device) and from_host.abs().sum() > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("system", ["on-demand", "mixtral-offloading", "fiddler", "specter", "specmoeoff"])
 def test_the_live_engine_decodes_on_a_gpu(system, tiny_dirs, rtn_drafts, tmp_path):

@@ -78,13 +78,14 @@ class ObservedExperts(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        out = self.inner(hidden_states, top_k_index, top_k_weights)
-        self.runtime.reached(self.layer, top_k_index)
+        routes = top_k_index.tolist()  # the host reads the routing once: the executor's hooks and the gathers use it
+        out = self.inner(hidden_states, top_k_index, top_k_weights, routes=routes)
+        self.runtime.reached(self.layer, routes)
         return out
 
 
-def _routes(index: torch.Tensor) -> list[tuple[int, ...]]:
-    return [tuple(sorted(row)) for row in index.tolist()]
+def _routes(index: torch.Tensor | list[list[int]]) -> list[tuple[int, ...]]:
+    return [tuple(sorted(row)) for row in (index.tolist() if isinstance(index, torch.Tensor) else index)]
 
 
 class LiveRuntime(ExpertSlots):
@@ -209,8 +210,9 @@ class LiveRuntime(ExpertSlots):
                 out.index_add_(0, token_idx, y)
         return out
 
-    def reached(self, layer: int, index: torch.Tensor) -> None:
-        """The draft's MoE layer `layer` has run; the executor schedules its part of the pass."""
+    def reached(self, layer: int, index: list[list[int]]) -> None:
+        """The draft's MoE layer `layer` has run, routed as `index` (each token's experts, read by the host); the
+        executor schedules its part of the pass."""
         self._reach(layer, _routes(index))
 
     def _compute(self, layer: int, expert: int, weights: ExpertWeights) -> None:

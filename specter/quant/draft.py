@@ -86,13 +86,39 @@ class QuantizedExperts(torch.nn.Module):
     def __len__(self) -> int:
         return self.num_experts
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                routes: list[list[int]] | None = None):
+        """The routed experts' weighted sum; `routes` (`top_k_index` as the host has read it already): each expert's
+        tokens are gathered by indices built on the host, so that on a GPU the host never waits for the device here
+        (else they come from the device's `unique` and `where`, a wait for each). Both give the same indices in the
+        same order, so the same result."""
         out = torch.zeros_like(hidden_states)
-        for e in top_k_index.unique().tolist():
-            token_idx, slot = torch.where(top_k_index == e)
+        gathers = (_gathers(routes, hidden_states.device) if routes is not None else
+                   ((e, *torch.where(top_k_index == e)) for e in top_k_index.unique().tolist()))
+        for e, token_idx, slot in gathers:
             y = module_ffn(hidden_states[token_idx], getattr(self, str(e)), self.activation, self.interleaved)
             out.index_add_(0, token_idx, (y * top_k_weights[token_idx, slot, None]).to(out.dtype))
         return out
+
+
+def _gathers(routes: list[list[int]], device: torch.device) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(expert, its tokens, the slot each chose it in) for every routed expert in ascending order, tokens ascending:
+    what `torch.where(top_k_index == expert)` gives, built on the host and copied to `device` in one transfer
+    (from page-locked memory without waiting, on a GPU)."""
+    pairs: dict[int, list[tuple[int, int]]] = {}
+    for t, row in enumerate(routes):
+        for j, e in enumerate(row):
+            pairs.setdefault(e, []).append((t, j))
+    order = sorted(pairs)
+    flat = torch.tensor([p for e in order for p in pairs[e]], dtype=torch.long).reshape(-1, 2).T
+    if device.type != "cpu":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    out, start = [], 0
+    for e in order:
+        n = len(pairs[e])
+        out.append((e, flat[0, start:start + n], flat[1, start:start + n]))
+        start += n
+    return out
 
 
 @dataclass
