@@ -45,7 +45,7 @@ def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
                 "initial_cache": spec.cache_start, "numerics": {**determinism.settings(), "device": numerics_device},
-                "cost": priced_at,
+                "cost": priced_at, "priced_ops": work.pricing(),
                 "k_source": k_source, "expert_storage": expert_storage}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,

@@ -169,9 +169,16 @@ def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dir
         assert r.output_token_ids == s.output_token_ids
         assert r.extra["live"] == {"device": "cpu", "tokens_as_recorded": True, "first_divergence": None,
                                    "acceptance_as_twin": True}
-        assert r.extra["simulated_tpot_ms"] == s.tpot_ms and r.extra["simulated_on"] == "a100-40gb-pcie4"
-        assert r.extra["simulated_breakdown_ms"] == s.extra["breakdown_ms"]  # the twin's parts, beside the measured
-        assert set(r.extra["breakdown_ms"]) == set(s.extra["breakdown_ms"])
+        assert r.extra["simulated_on"] == "a100-40gb-pcie4"
+        # the twin prices what the live engine runs: float32 weights and the modules' counted kernels, so it takes
+        # longer than the simulator's run of fused kernels at 2 bytes a weight, part by part
+        assert r.config["priced_ops"]["weight_bytes"] == 4 and s.config["priced_ops"]["weight_bytes"] == 2
+        assert r.config["priced_ops"]["kernels_source"].startswith("counted")
+        assert s.config["priced_ops"]["kernels_source"].startswith("modelled")
+        assert r.extra["simulated_tpot_ms"] > s.tpot_ms
+        twin = r.extra["simulated_breakdown_ms"]
+        assert set(twin) == set(r.extra["breakdown_ms"]) == set(s.extra["breakdown_ms"])
+        assert twin["draft"] > s.extra["breakdown_ms"]["draft"]
         assert r.config["device"]["measured_on"].startswith("measured on cpu")
         assert r.tpot_ms > 0 and r.extra["commit_ms"] == sorted(r.extra["commit_ms"])
 
@@ -217,3 +224,42 @@ def test_live_refuses_what_it_cannot_run_before_loading(over, message, tiny_dirs
     with pytest.raises(SpecterError, match=message):
         validate(spec(**request))
     assert not (tmp_path / f"{request['system']}.jsonl").exists()
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "deepseek_v3", "olmoe"])
+def test_counted_kernels_add_up_to_the_decode_step(arch, tiny_dirs, rtn_drafts):
+    """The parts' counts are the step's own: per layer x layers + per expert x routed experts + head make every kernel
+    one decode step dispatches (within rounding), views and host reads are not kernels, and a draft experts module is
+    counted on one call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specter.numerics.opcount import PREFIX_TOKENS, count_decode_ops
+    from specter.numerics.passes import new_cache
+    from specter.quant.draft import load_draft
+
+    class All(TorchDispatchMode):
+        n, views, syncs = 0, 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.is_view or str(func) in ("aten._unsafe_view.default", "aten.lift_fresh.default"):
+                All.views += 1
+            elif str(func) == "aten._local_scalar_dense.default":
+                All.syncs += 1
+            else:
+                All.n += 1
+            return func(*args, **(kwargs or {}))
+
+    target = load_moe_model(tiny_dirs[arch], dtype=torch.float32)
+    with torch.no_grad():
+        out = target.model(input_ids=torch.arange(1, PREFIX_TOKENS + 1)[None], cache=new_cache(target),
+                           use_cache=True)
+        with All():
+            target.model(input_ids=torch.tensor([[PREFIX_TOKENS + 1]]), cache=out.cache, use_cache=True)
+    draft = load_draft(target, rtn_drafts[arch], packed=True)
+    ops = count_decode_ops(target, draft.moe.moe_layers[0].experts)
+    routed = len(target.moe_layers) * target.moe_layers[0].top_k
+    total = ops.attention * target.num_layers + ops.expert * routed + ops.head
+    assert abs(total - All.n) <= target.num_layers + routed  # each per-part count is rounded once
+    assert All.views > 0 and ops.syncs_per_layer == All.syncs / target.num_layers
+    assert ops.head >= 1 and ops.expert > 3 and ops.attention > 8  # eager modules dispatch more than fused kernels
+    assert ops.draft_experts >= 2 * target.moe_layers[0].top_k  # each expert's linears, at least

@@ -1,6 +1,7 @@
 """The target's and draft's work in the cost model's terms: FLOPs, bytes read and kernels per op.
 
-Weights are costed at FP16/BF16 (2 bytes a parameter, the paper's targets) whatever dtype the CPU numerics use; the
+Weights are costed at FP16/BF16 (2 bytes a parameter, the paper's targets) whatever dtype the CPU numerics use (a live
+run's twin: at its own dtype); the
 draft's routed experts at their quantized size from the draft's sidecar. Per decoder layer and pass of n tokens over a
 context of c tokens:
 - attention block (norms, projections, attention, router, shared experts or a dense MLP): FLOPs 2 n P_layer +
@@ -10,7 +11,10 @@ context of c tokens:
 - a copy of n positions of KV into a draft's own cache (device to device): bytes 2 x n x KV bytes per token and layer x
   layers (each byte read and written), no FLOPs; one copy per layer and tensor (K and V, or MLA's latent and rotary
   key: two tensors a layer).
-These kernel counts and the attention FLOP formula are modelling choices, the same for every system. KV per token and
+These kernel counts (`Kernels`) and the attention FLOP formula are modelling choices, the same for every system: a
+runtime of fused kernels. A live run's simulated twin is priced at what the live engine runs instead: the kernels the
+model's own transformers modules dispatch, counted (`specter.numerics.opcount`), and its weights at the dtype they
+decode in (`weight_bytes`). KV per token and
 layer is K and V of every KV head, or, for multi-head latent attention (DeepSeek's MLA), the compressed latent and the
 rotary key that DeepSeek's own inference caches (kv_lora_rank + qk_rope_head_dim values).
 """
@@ -25,6 +29,19 @@ from specter.timing.engine import Op
 WEIGHT_BYTES = 2  # FP16/BF16 target weights
 ATTN_KERNELS, EXPERT_KERNELS, HEAD_KERNELS = 8, 3, 2
 KV_TENSORS = 2  # cached tensors per layer: K and V (MLA: the latent and the rotary key)
+MODELLED = "modelled: fused kernels (specter.offload.work)"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Kernels per op: a decoder layer's attention block, one routed expert, the head, and one MoE layer's draft experts
+    as the fused INT4 kernel runs them; `source` says where the counts come from."""
+
+    attention: int = ATTN_KERNELS
+    expert: int = EXPERT_KERNELS
+    head: int = HEAD_KERNELS
+    draft_experts: int = 1
+    source: str = MODELLED
 
 
 @dataclass(frozen=True)
@@ -35,20 +52,22 @@ class ModelWork:
     layer_params: dict[int, int]  # non-routed-expert parameters of each decoder layer
     head_params: int  # LM head (+ final norm)
     expert_params: int  # one routed expert
-    expert_bytes: int  # one routed expert at WEIGHT_BYTES
+    expert_bytes: int  # one routed expert at weight_bytes
     attn_width: int  # heads x head dim (attention FLOPs per context token)
     heads: int  # query heads
     kv_heads: int
     qk_dim: int  # per head, queries and keys
     v_dim: int  # per head, values
-    kv_bytes_per_token: int  # per layer, K and V (or MLA's latent) at WEIGHT_BYTES
+    kv_bytes_per_token: int  # per layer, K and V (or MLA's latent) at weight_bytes
     hidden: int
     vocab: int
     top_k: int = 0  # experts routed per token
     expert_shapes: tuple[tuple[int, int], ...] = ()  # one routed expert's projections, (out, in) each
+    weight_bytes: int = WEIGHT_BYTES  # bytes a weight (and a KV value) is priced at
+    kernels: Kernels = Kernels()
 
     @classmethod
-    def of(cls, moe: MoEModel) -> ModelWork:
+    def of(cls, moe: MoEModel, weight_bytes: int = WEIGHT_BYTES) -> ModelWork:
         cfg = moe.config
         layer_params = {}
         for i, layer in enumerate(moe.decoder_layers):
@@ -71,38 +90,48 @@ class ModelWork:
             layer_params=layer_params,
             head_params=head_params,
             expert_params=first.expert_params(),
-            expert_bytes=first.expert_params() * WEIGHT_BYTES,
+            expert_bytes=first.expert_params() * weight_bytes,
             attn_width=heads * max(qk_dim, v_dim),
             heads=heads,
             kv_heads=kv_heads,
             qk_dim=qk_dim,
             v_dim=v_dim,
-            kv_bytes_per_token=kv_values * WEIGHT_BYTES,
+            kv_bytes_per_token=kv_values * weight_bytes,
             hidden=cfg.hidden_size,
             vocab=cfg.vocab_size,
             top_k=first.top_k,
             expert_shapes=((i, h), (i, h), (h, i)),  # gate, up, down
+            weight_bytes=weight_bytes,
         )
+
+    def pricing(self) -> dict:
+        """What the records say of how this work is priced: bytes a weight, and kernels per op with their source."""
+        k = self.kernels
+        return {"weight_bytes": self.weight_bytes, "kernels": {"attention": k.attention, "expert": k.expert,
+                                                               "head": k.head, "draft_experts": k.draft_experts},
+                "kernels_source": k.source}
 
     # ops -----------------------------------------------------------------------------------------------------------
     def attention_op(self, layer: int, tokens: int, context: int, label: str) -> Op:
         p = self.layer_params[layer]
         return Op(label, flops=2.0 * tokens * p + 4.0 * tokens * context * self.attn_width,
-                  bytes_read=p * WEIGHT_BYTES + context * self.kv_bytes_per_token, launches=ATTN_KERNELS)
+                  bytes_read=p * self.weight_bytes + context * self.kv_bytes_per_token,
+                  launches=self.kernels.attention)
 
     def expert_op(self, tokens: int, label: str, stored_bytes: int | None = None) -> Op:
         return Op(label, flops=2.0 * tokens * self.expert_params,
-                  bytes_read=self.expert_bytes if stored_bytes is None else stored_bytes, launches=EXPERT_KERNELS)
+                  bytes_read=self.expert_bytes if stored_bytes is None else stored_bytes,
+                  launches=self.kernels.expert)
 
     def fused_experts_op(self, tokens: list[int], label: str, stored_bytes: int) -> Op:
-        """Several routed experts as one fused kernel (the draft's INT4 MoE kernel): one launch; each expert read once
-        at its stored size, on its tokens."""
+        """Several routed experts as one fused kernel (the draft's INT4 MoE kernel): one launch (or the counted kernels
+        of the draft's experts module); each expert read once at its stored size, on its tokens."""
         return Op(label, flops=2.0 * sum(tokens) * self.expert_params, bytes_read=stored_bytes * len(tokens),
-                  launches=1)
+                  launches=self.kernels.draft_experts)
 
     def head_op(self, tokens: int, label: str) -> Op:
-        return Op(label, flops=2.0 * tokens * self.head_params, bytes_read=self.head_params * WEIGHT_BYTES,
-                  launches=HEAD_KERNELS)
+        return Op(label, flops=2.0 * tokens * self.head_params, bytes_read=self.head_params * self.weight_bytes,
+                  launches=self.kernels.head)
 
     def kv_copy_op(self, tokens: int, label: str) -> Op:
         """`tokens` positions of every layer's KV copied on the device (into a draft's own cache)."""
@@ -127,7 +156,7 @@ class ModelWork:
         return sum(packed_bytes(in_f, out_f, bits, group_size) for out_f, in_f in self.expert_shapes)
 
     def non_expert_bytes(self) -> int:
-        return (sum(self.layer_params.values()) + self.head_params + self.hidden * self.vocab) * WEIGHT_BYTES
+        return (sum(self.layer_params.values()) + self.head_params + self.hidden * self.vocab) * self.weight_bytes
 
     def kv_bytes(self, tokens: int) -> int:
         return tokens * self.kv_bytes_per_token * len(self.layers)

@@ -101,7 +101,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
                                               spec.dtype, stream=spec.engine == "live",
                                               packed_draft=spec.engine == "live", experts_on=spec.host_store)
     service.require((*system.trace_recorders, *recorders))
-    work = ModelWork.of(target)
+    work = on_live.twin_work(spec, target, draft) if spec.engine == "live" else ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
     priced_at = None
     if spec.cost_as is not None:
@@ -207,7 +207,8 @@ def _expert_storage(spec: RunSpec, work: ModelWork) -> tuple[ModelWork, dict]:
     size) and what the records say of it: the format, the bytes of one expert, and that the numerics are the model's
     own (the quantized experts' own tokens and routes are not computed)."""
     if spec.expert_bits == 16:
-        return work, {"bits": 16, "format": "fp16", "expert_bytes": work.expert_bytes}
+        fmt = "fp16" if work.weight_bytes == 2 else f"{8 * work.weight_bytes}-bit floats (the live run's dtype)"
+        return work, {"bits": 16, "format": fmt, "expert_bytes": work.expert_bytes}
     work = replace(work, expert_bytes=hqq_expert_bytes(work.expert_shapes, spec.expert_bits))
     return work, {"bits": spec.expert_bits, "format": "hqq (Mixtral-Offloading's storage; specter.timing.cost)",
                   "expert_bytes": work.expert_bytes,

@@ -23,6 +23,30 @@ from specter.numerics.forward import PromptTrace
 from specter.systems import schedule
 
 
+def twin_work(spec, target, draft):
+    """The run's work as its simulated twin prices it: the model's weights at the dtype they decode in, and the
+    kernels the live engine dispatches per op, counted on the model's own modules (`specter.numerics.opcount`; the
+    draft's experts as the live engine runs them, on the fused INT4 kernel or packed)."""
+    from dataclasses import replace
+
+    import torch
+
+    from specter.numerics.opcount import count_decode_ops
+    from specter.offload.work import Kernels, ModelWork
+    from specter.quant.kernels import with_fused_kernels
+
+    dtype = next(target.model.parameters()).dtype
+    experts = None
+    if draft is not None:
+        experts = draft.moe.moe_layers[0].experts
+        if spec.live_draft_kernel == "fused":
+            experts, _ = with_fused_kernels(experts, torch.device(spec.live_device))
+    ops = count_decode_ops(target, experts)
+    kernels = Kernels(attention=ops.attention, expert=ops.expert, head=ops.head,
+                      draft_experts=ops.draft_experts or 1, source=ops.source)
+    return replace(ModelWork.of(target, weight_bytes=dtype.itemsize), kernels=kernels)
+
+
 def runtime(p, session):
     """The run's live runtime: the target (and its draft) over slots on the device, its store at the model's dtype,
     holding the one host copy of every expert (the target's own experts are views into it)."""

@@ -3,10 +3,11 @@
 On CUDA: host-to-device bandwidth from pinned and pageable memory for sizes 4 KiB to 1 GiB (median of `repeats` timed
 copies after warm-up, CUDA events), kernel launch overhead (median of empty-kernel launches), a GEMM roofline point
 (FP16 matmul FLOP/s) and device memory bandwidth (device-to-device copy). Without CUDA: host copy bandwidth into
-preallocated memory stands in for the link, and the CPU for the device (its op dispatch, timed on a one-element op, for
-the launch overhead); the profile says so in its description. The host section (the CPU that runs Fiddler's experts) is
-measured the same way on both.
-Both write `bandwidth.csv` (one row per size and memory kind) and `profile.yaml`.
+preallocated memory (copies rotating through 256 MiB, so that they read and write memory rather than the caches) stands
+in for the link, and the CPU for the device (its op dispatch, timed on a one-element op, for the launch overhead; its
+memory bandwidth, the rate a one-token product reads a 256 MiB weight); the profile says so in its description. The
+host section (the CPU that runs Fiddler's experts) is measured the same way on both. Both write `bandwidth.csv` (one
+row per size and memory kind) and `profile.yaml`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from specter.errors import SpecterError
 from specter.timing.hardware import load_profile
 
 KIB = 1024
+#: the memory a CPU measurement reads from (a decode product's weight; the pool host copies rotate through): past the
+#: caches of most CPUs, as a decode step's reads are, since the rest of the step has pushed them out
+COLD_BYTES = 1 << 28
 
 
 def default_sizes(max_bytes: int = 1 << 30) -> list[int]:
@@ -102,12 +106,32 @@ def _host_matmul_tflops(repeats: int) -> float:
 
 
 def _host_copy_rows(sizes: list[int], repeats: int, warmup: int) -> list[CopyRow]:
+    """Host copies of each size, from and into `COLD_BYTES` of memory in rotation (each timed copy reads and writes
+    bytes the previous ones have pushed out of the caches, as a decode's copy of an expert row does), or one buffer
+    each where the size is that large already."""
     rows = []
+    small = any(size < COLD_BYTES for size in sizes)
+    src, dst = (torch.ones(COLD_BYTES if small else 1, dtype=torch.uint8) for _ in range(2))
     for size in sizes:
-        src, dst = torch.ones(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
-        t = _median_time(partial(dst.copy_, src), repeats, warmup, _wall_timer)
+        if size >= COLD_BYTES:
+            big_src, big_dst = torch.ones(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
+            t = _median_time(partial(big_dst.copy_, big_src), repeats, warmup, _wall_timer)
+        else:
+            t = _median_time(_rotating_copy(src, dst, size), repeats, warmup, _wall_timer)
         rows.append(CopyRow(size, "host", t, size / t / 1e9, repeats))
     return rows
+
+
+def _rotating_copy(src: torch.Tensor, dst: torch.Tensor, size: int) -> Callable[[], None]:
+    """A copy of `size` bytes from `src` into `dst`, each call at the next offset (wrapping round)."""
+    slots = max(1, src.numel() // size)
+    state = {"i": 0}
+
+    def copy() -> None:
+        i = state["i"] = (state["i"] + 1) % slots
+        dst[i * size:(i + 1) * size].copy_(src[i * size:(i + 1) * size])
+
+    return copy
 
 
 def _host_op_overhead_us(repeats: int, warmup: int) -> float:
@@ -124,18 +148,30 @@ def _host_op_overhead_us(repeats: int, warmup: int) -> float:
     return _median_time(many_ops, repeats, warmup, _wall_timer) / ops * 1e6
 
 
-def _host_section(copy_rows: list[CopyRow], repeats: int, warmup: int) -> dict:
+
+
+def _host_gemv_read_gbps(repeats: int, warmup: int) -> float:
+    """The rate the CPU reads a weight at in a decode step: one token through a float32 [8192, 8192] linear (256 MiB,
+    past the caches), the weight's bytes over the call's median time. This is what the cost model's memory term
+    divides by (bytes read); a copy's size over its time is not, as a copy also writes what it reads."""
+    n = int((COLD_BYTES // 4) ** 0.5)
+    weight, x = torch.randn(n, n), torch.randn(1, n)
+    t = _median_time(partial(torch.nn.functional.linear, x, weight), repeats, warmup, _wall_timer)
+    return n * n * 4 / t / 1e9
+
+
+def _host_section(repeats: int, warmup: int) -> dict:
     return {
         "name": f"this machine's CPU ({torch.get_num_threads()} threads)",
         "peak_tflops": round(_host_matmul_tflops(repeats), 6),
-        "memory_bandwidth_gbps": round(copy_rows[-1].gbps, 4),  # largest size: past the caches
+        "memory_bandwidth_gbps": round(_host_gemv_read_gbps(repeats, warmup), 4),
         "launch_overhead_us": round(_host_op_overhead_us(repeats, warmup), 3),
     }
 
 
 def _profile_cpu(sizes, repeats, warmup, name):
     rows = _host_copy_rows(sizes, repeats, warmup)
-    host = _host_section(rows, repeats, warmup)
+    host = _host_section(repeats, warmup)
     largest = rows[-1].gbps
     profile = {
         "name": name or "measured-cpu",
@@ -152,7 +188,8 @@ def _profile_cpu(sizes, repeats, warmup, name):
                                   "pageable_gbps": round(r.gbps, 4)} for r in rows]},
         "host": host,
         "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}, "
-                           f"median of {repeats} after {warmup} warm-up"},
+                           f"median of {repeats} after {warmup} warm-up; memory bandwidth: one token through a "
+                           f"float32 {COLD_BYTES >> 20} MiB linear (bytes read over time)"},
     }
     return rows, profile
 
@@ -209,7 +246,7 @@ def _profile_cuda(sizes, repeats, warmup, name):
                  "latency_us": round(pinned[min(sizes)].median_s * 1e6, 3),
                  "h2d_by_size": [{"bytes": s, "pinned_gbps": round(pinned[s].gbps, 4),
                                   "pageable_gbps": round(pageable[s].gbps, 4)} for s in sizes]},
-        "host": _host_section(host_rows, repeats, warmup),
+        "host": _host_section(repeats, warmup),
         "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}: median of {repeats} "
                            f"after {warmup} warm-up; GEMM {n}x{n} FP16; device memory from a 1 GiB device copy "
                            "(read + write)"},
