@@ -15,7 +15,7 @@ Departures, each an option where the behaviour can be chosen (the code's is the 
 - every layer's experts are offloaded and non-expert weights stay resident, as in every system here: accelerate's
   `device_map="auto"` places whole decoder blocks on the device until its memory is used and offloads the rest,
   attention included; the suite's budgets give every layer the same slots, so no option keeps whole layers;
-- the copies are priced at the profile's pageable bandwidth; on the CUDA engine they read the suite's pinned store, so
+- the copies are priced at the profile's pageable bandwidth; live on a GPU they read the suite's page-locked store, so
   a measured hf-offload copy runs at the pinned rate (the suite keeps one host copy of the experts);
 - one host read of a layer's routing (the block's loop over experts reads each expert's token list on the host;
   the suite prices one synchronization per MoE layer for every system that reads routes).

@@ -25,7 +25,7 @@ from specter.data.prompts import DATASETS
 from specter.errors import SpecterError
 
 GOVERNORS = ("auto", "profile", "online")
-ENGINES = ("sim", "cuda", "live")
+ENGINES = ("sim", "live")
 #: where `--engine live` runs the model, its slots and its copies: the CPU as device (plain tensors as slots), or CUDA
 #: (refused where torch sees no GPU; `specter.runs.checks`)
 LIVE_DEVICES = ("cpu", "cuda")
@@ -292,17 +292,15 @@ class RunSpec:
                          "not replayed from a memo)", float, sweep=True, metavar="T"))
     seed: int = setting(default=42, metadata=_flag("--seed", "seed (the artifact's is 42)", int, metavar="S"))
     repeats: int = setting(default=1, metadata=_flag(
-        "--repeats", "timed runs of each prompt (the artifact's protocol: 3): with --engine cuda or live each "
+        "--repeats", "timed runs of each prompt (the artifact's protocol: 3): with --engine live each "
                      "repeat is timed from the same cache state and recorded (extra.repeat); under --engine sim "
                      "every repeat would be identical, so each prompt runs once and its record says so "
                      "(extra.repeats)", int,
         metavar="R"))
     engine: str = setting(default="sim", metadata=_flag(
-        "--engine", "sim: simulated time from the --hardware profile; cuda: measured on this machine's GPU (real "
-                    "slots, copies and kernels at the model's shapes on a fixed input; --hardware then costs the "
-                    "lower bound and the planners); live: the model itself decodes through the offload runtime on "
-                    "--device (its router's choices drive real copies into real slots), measured, each record beside "
-                    "its simulated twin on --hardware",
+        "--engine", "sim: simulated time from the --hardware profile; live: the model itself decodes through the "
+                    "offload runtime on --device (its router's choices drive real copies into real slots), measured, "
+                    "each record beside its simulated twin on --hardware",
         choices=ENGINES))
     live_device: str = setting(default="cpu", metadata=_flag(
         "--device", "the live engine's device: cpu (the CPU as device, plain tensors as slots; its times are the "
@@ -406,7 +404,8 @@ class RunSpec:
         """The engine, prefetch policy, live device, live draft kernel, host store and cache start are names this suite
         has."""
         if self.engine not in ENGINES:
-            raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}")
+            hint = "; a GPU measures with --engine live --device cuda" if self.engine == "cuda" else ""
+            raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}{hint}")
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
                                f"{', '.join(PREFETCH_POLICIES)}")

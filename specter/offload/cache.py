@@ -1,7 +1,7 @@
 """The device ExpertCache: a fixed number of slots per MoE layer, LRU replacement, protection, events, counters.
 
 Each resident expert occupies one numbered slot (`Slot.index`: the row of the layer's device buffer its weights are
-copied into, when a `DeviceRuntime` backs the run), and has a `ready` event (its copy landed) and a `last_use` event
+copied into, when a `LiveRuntime` backs the run), and has a `ready` event (its copy landed) and a `last_use` event
 (its last compute finished). A copy into a slot waits on the evicted expert's `last_use`, so a slot is never overwritten
 while an expert that uses it still runs. Experts prefetched for the coming verification are protected from eviction
 until it ends. The cache is one OrderedDict per layer (least recently used first), as Mixtral-Offloading and the Specter

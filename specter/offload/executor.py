@@ -26,8 +26,8 @@ later layers issued there queues behind this layer's demand copies, as it would 
 `on_draft_layer` after each MoE layer of a draft step, `before_step` before each decode step of a one-token-at-a-time
 loop.
 
-Ops carry costs; with a `DeviceRuntime` (the CUDA engine's runs) each op also carries the device work it stands for:
-the copy into the expert's slot or staging buffer, the expert's kernels on that buffer, the attention block, the head.
+Ops carry costs; with a `LiveRuntime` (the live engine's runs) each op also carries the device work it stands for:
+the copy into the expert's slot or staging buffer, the expert computed from that buffer.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from specter.timing.cost import CostModel
 from specter.timing.engine import COMPUTE, H2D, HOST, Engine, Event, Op
 
 if TYPE_CHECKING:
-    from specter.offload.device import DeviceRuntime
+    from specter.offload.live import LiveRuntime
 
 
 @dataclass
@@ -111,7 +111,7 @@ class PassHooks:
 
 class Executor:
     def __init__(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats,
-                 device: DeviceRuntime | None = None, cost: CostModel | None = None) -> None:
+                 device: LiveRuntime | None = None, cost: CostModel | None = None) -> None:
         self.engine = engine
         self.work = work
         self.cache = cache

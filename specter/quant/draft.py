@@ -128,7 +128,7 @@ class Draft:
     model: torch.nn.Module
     moe: MoEModel
     meta: DraftMeta
-    path: Path | None = None  # the draft directory (its packed experts back the CUDA engine's draft kernels)
+    path: Path | None = None  # the draft directory
 
     @property
     def quantized_bytes_per_expert(self) -> int:

@@ -216,7 +216,8 @@ def sim_vs_measured_table(records: list[dict]) -> pd.DataFrame:
         extra = r.get("extra") or {}
         measured, simulated = extra.get("breakdown_ms"), extra.get("simulated_breakdown_ms")
         tokens = len(r.get("output_token_ids") or [])
-        if r["simulated"] or not isinstance(measured, dict) or not isinstance(simulated, dict) or tokens < 2:
+        if (r["simulated"] or not isinstance(measured, dict) or not isinstance(simulated, dict)
+                or not isinstance(extra.get("live"), dict) or tokens < 2):
             continue
         cfg = r["config"]
         base = dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
@@ -224,9 +225,7 @@ def sim_vs_measured_table(records: list[dict]) -> pd.DataFrame:
                     measured_on=(cfg.get("device") or {}).get("measured_on", ""),
                     system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
                     slots_per_layer=r["slots_per_layer"],
-                    # a CUDA-engine run commits the recorded tokens by construction (it replays them)
-                    tokens_as_recorded=float(bool((extra.get("live") or {"tokens_as_recorded": True})
-                                                  ["tokens_as_recorded"])))
+                    tokens_as_recorded=float(bool(extra["live"]["tokens_as_recorded"])))
         rows.append({**base, "part": "TPOT", "measured_ms": r["tpot_ms"],
                      "simulated_ms": extra["simulated_tpot_ms"]})
         rows += [{**base, "part": part, "measured_ms": float(measured.get(part, 0.0)) / (tokens - 1),

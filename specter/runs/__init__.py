@@ -1,6 +1,6 @@
 """Running: one spec (`execute`, `run`), a grid or several systems in one process (`sweep`, `compare`). The records
-they write are `specter.records` (outside this package, so that reading them imports no torch); the CUDA engine's part
-of a run is `device`."""
+they write are `specter.records` (outside this package, so that reading them imports no torch); the live engine's part
+of a run is `live`."""
 
 from specter.runs.execute import execute, run, schedule
 from specter.runs.sweep import compare, grid, summary, sweep

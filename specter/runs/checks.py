@@ -16,8 +16,6 @@ def validate(spec: RunSpec, structures: dict | None = None):
 
     `structures` (a session's) keeps the structures that `--cost-as` compares, by the architecture's config and the
     model's: both come from meta-device models (about 0.25 s a spec, and a sweep validates every spec twice)."""
-    import torch
-
     from specter.models.loading import read_model_config
     from specter.systems import get_system
     from specter.timing import load_profile
@@ -25,17 +23,6 @@ def validate(spec: RunSpec, structures: dict | None = None):
     spec.check_numbers()
     system = get_system(spec.system, dict(spec.system_options))
     spec.check_names()
-    if spec.engine == "cuda":
-        if not torch.cuda.is_available():
-            raise SpecterError("--engine cuda needs a CUDA device, and torch sees none; use --engine sim "
-                               "(simulated time from the --hardware profile)")
-        if spec.expert_bits != 16:
-            raise SpecterError(f"--expert-bits {spec.expert_bits} prices quantized experts; the CUDA engine "
-                               "copies this model's own FP16 experts, so use --engine sim (or drop --expert-bits)")
-        if spec.temperature > 0:
-            raise SpecterError(f"--engine cuda times greedy runs (their numerics are recorded before the timed "
-                               f"run); --temperature {spec.temperature} samples live: use --engine sim or "
-                               "--temperature 0")
     if spec.engine == "live":
         _check_live(spec, system)
     profile = load_profile(spec.hardware)
@@ -77,7 +64,7 @@ def _check_cost_as(spec: RunSpec, structures: dict) -> None:
     from specter.models.architectures import check_structure, load_architecture
     from specter.models.loading import describe_model
 
-    if spec.engine in ("cuda", "live"):
+    if spec.engine == "live":
         raise SpecterError(f"--cost-as {spec.cost_as} prices ops at another model's shapes; --engine {spec.engine} "
                            "runs this model's own kernels, so use --engine sim (or drop --cost-as)")
     arch = load_architecture(spec.cost_as)

@@ -21,7 +21,6 @@ from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
 from specter.progress import log, steps
 from specter.records import record_of, run_fields, write_records
-from specter.runs import device as on_device
 from specter.runs import live as on_live
 from specter.runs.checks import validate
 from specter.runspec import PROFILE_KS, RunSpec, Window
@@ -32,7 +31,7 @@ from specter.timing.bounds import LowerBound, lower_bound
 from specter.timing.cost import CostModel, hqq_expert_bytes
 from specter.timing.hardware import HardwareProfile
 
-MEASURED = {"cuda": on_device, "live": on_live}  # the engines that measure: each one's runtime and record fields
+MEASURED = {"live": on_live}  # the engines that measure: each one's runtime and record fields
 
 
 @dataclass
@@ -78,8 +77,7 @@ def execute(spec: RunSpec, session: Session | None = None, progress: bool = True
 
 
 def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = True) -> list[RunRecord]:
-    """Schedule every prompt of a prepared run (on the device too for `--engine cuda`, decoded live too for `--engine
-    live`); returns its records."""
+    """Schedule every prompt of a prepared run (decoded live too for `--engine live`); returns its records."""
     spec = prepared.spec
     if spec.engine in MEASURED and prepared.device is None:
         prepared.device = MEASURED[spec.engine].runtime(prepared, session)
@@ -330,8 +328,8 @@ def _warmup(calibration, spec: RunSpec, service) -> Callable[[], list]:
 
 
 def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -> RunRecord:
-    """Schedule one prompt (simulated; then timed on the device for CUDA runs, as its `repeat`-th timed run) and
-    assemble its record."""
+    """Schedule one prompt (simulated; then decoded live for live runs, as its `repeat`-th timed run) and assemble its
+    record."""
     wall = time.perf_counter()
     forwards = p.service.forward_calls
     config = p.config
@@ -343,12 +341,10 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
     result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
                                 p.cost, p.warmup, online=p.online)
     measured = {}
-    if p.device is not None:  # the simulated run above is the twin: now decoded live, or its schedule timed
+    if p.device is not None:  # the simulated run above is the twin: now decoded live
         first = index == repeat == 0  # the warm-up's turn
         result_sim, timeline_sim = result, timeline
-        result, timeline, measured = (on_live.timed(p, index, prompt, config, result, warm_up=first)
-                                      if p.spec.engine == "live" else
-                                      on_device.timed(p, index, trace, config, result, warm_up=first))
+        result, timeline, measured = MEASURED[p.spec.engine].timed(p, index, prompt, config, result, warm_up=first)
         twin = breakdown(timeline_sim.spans, result_sim.commit_times[0], result_sim.commit_times[-1])
         measured = {**measured, "simulated_breakdown_ms": {part: s * 1e3 for part, s in twin.items()},
                     "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}

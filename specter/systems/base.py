@@ -100,8 +100,8 @@ class PromptContext:
         (benchmarks/cache_reset.py `ResidentReset.restore`, before every input): the resident set its loader placed,
         the experts of id at least E - slots of each layer (initialization/target_builder.py `build_model` offloads
         the first E - slots), least recently used first; `empty` starts with no expert on the device. A system that
-        places experts itself (resident, Fiddler) replaces that set. `device`: the `DeviceRuntime` whose buffers and
-        kernels back the ops (CUDA engine runs), or None."""
+        places experts itself (resident, Fiddler) replaces that set. `device`: the `LiveRuntime` whose slots and
+        model back the ops (live engine runs), or None."""
         cache = system.make_cache(work, config.slots_per_layer)
         executor = system.make_executor(engine, work, cache, TransferStats(), device=device, cost=cost)
         executor.fused_draft = config.draft_kernel == "fused"

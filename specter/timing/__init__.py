@@ -1,4 +1,5 @@
-"""Time: the Engine interface (streams, events, ops), the simulated and CUDA engines, cost model, profiles, bounds."""
+"""Time: the Engine interface (streams, events, ops), the simulated, CUDA and wall-clock engines, cost model, profiles,
+bounds."""
 
 from specter.timing.cost import CostModel
 from specter.timing.engine import COMPUTE, H2D, HOST, Engine, Event, Op, Timeline
