@@ -26,6 +26,8 @@ from specter.errors import SpecterError
 
 GOVERNORS = ("auto", "profile", "online")
 ENGINES = ("sim", "live")
+#: engine names this suite does not have, with what to give instead
+NOT_ENGINES = {"cuda": "a GPU measures with --engine live --device cuda"}
 #: where `--engine live` runs the model, its slots and its copies: the CPU as device (plain tensors as slots), or CUDA
 #: (refused where torch sees no GPU; `specter.runs.checks`)
 LIVE_DEVICES = ("cpu", "cuda")
@@ -222,10 +224,11 @@ class Window:
 
 # Flags ---------------------------------------------------------------------------------------------------------------
 def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: bool = False, sweep: bool = False,
-          choices: tuple | None = None, metavar: str | None = None) -> dict:
-    """Field metadata: how the field appears on the command line."""
+          choices: tuple | None = None, metavar: str | None = None, instead: dict[str, str] | None = None) -> dict:
+    """Field metadata: how the field appears on the command line (`instead`: values a user may try that are not
+    among its choices, each with what to give instead)."""
     return {"flag": flag, "help": help, "parse": parse, "required": required, "sweep": sweep, "choices": choices,
-            "metavar": metavar}
+            "metavar": metavar, "instead": instead or {}}
 
 
 #: the whole-number run settings' bounds, (lowest, highest): the flags' and the workflow config's
@@ -292,8 +295,8 @@ class RunSpec:
                          "not replayed from a memo)", float, sweep=True, metavar="T"))
     seed: int = setting(default=42, metadata=_flag("--seed", "seed (the artifact's is 42)", int, metavar="S"))
     repeats: int = setting(default=1, metadata=_flag(
-        "--repeats", "timed runs of each prompt (the artifact's protocol: 3): with --engine live each "
-                     "repeat is timed from the same cache state and recorded (extra.repeat); under --engine sim "
+        "--repeats", "timed runs of each prompt (the artifact's protocol and the workflow's: 3): with --engine live "
+                     "each repeat is timed from the same cache state and recorded (extra.repeat); under --engine sim "
                      "every repeat would be identical, so each prompt runs once and its record says so "
                      "(extra.repeats)", int,
         metavar="R"))
@@ -301,7 +304,7 @@ class RunSpec:
         "--engine", "sim: simulated time from the --hardware profile; live: the model itself decodes through the "
                     "offload runtime on --device (its router's choices drive real copies into real slots), measured, "
                     "each record beside its simulated twin on --hardware",
-        choices=ENGINES))
+        choices=ENGINES, instead=NOT_ENGINES))
     live_device: str = setting(default="cpu", metadata=_flag(
         "--device", "the live engine's device: cpu (the CPU as device, plain tensors as slots; its times are the "
                     "CPU's, never a calibration of a GPU) or cuda (the model's non-expert weights, the slots and the "
@@ -404,7 +407,7 @@ class RunSpec:
         """The engine, prefetch policy, live device, live draft kernel, host store and cache start are names this suite
         has."""
         if self.engine not in ENGINES:
-            hint = "; a GPU measures with --engine live --device cuda" if self.engine == "cuda" else ""
+            hint = f"; {NOT_ENGINES[self.engine]}" if self.engine in NOT_ENGINES else ""
             raise SpecterError(f"--engine {self.engine} is not an engine; engines: {', '.join(ENGINES)}{hint}")
         if self.prefetch not in PREFETCH_POLICIES:
             raise SpecterError(f"--prefetch {self.prefetch!r} is not a policy; policies: "
@@ -489,7 +492,7 @@ def add_cli_args(p: argparse.ArgumentParser, mode: str) -> None:
         shown = "" if default in (None, "") or default == Window() else f" (default {default})"
         # the default stays None here: an absent flag leaves the RunSpec's own default in place
         p.add_argument(m["flag"], dest=f.name, required=m["required"], metavar=m["metavar"],
-                       choices=None if is_list else m["choices"],
+                       choices=None if is_list else m["choices"], type=_offering(m["choices"], m["instead"]),
                        help=m["help"] + (" (list)" if is_list else "") + shown)
     # one budget for a run; a sweep may give several kinds, which make one axis together
     group = p.add_argument_group("budget") if listed else p.add_mutually_exclusive_group(required=True)
@@ -506,6 +509,17 @@ def add_cli_args(p: argparse.ArgumentParser, mode: str) -> None:
                         + ("; a list of values, for the systems that have it" if listed else "") + "; repeatable")
     p.add_argument("--memo", action="append", metavar="FILE",
                    help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")
+
+
+def _offering(choices: tuple | None, instead: dict[str, str]) -> Callable[[str], str]:
+    """An argparse type that passes text through, but for a value `instead` names: that is refused with what to give
+    (before argparse's check of the choices, which would only list them)."""
+    def check(text: str) -> str:
+        if text in instead:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of its choices ({', '.join(choices or ())}): "
+                                             f"{instead[text]}")
+        return text
+    return check
 
 
 def _value(f, text):

@@ -24,14 +24,10 @@ __all__ = [
 
 
 def make_engine(kind: str, profile: HardwareProfile, device: str = "cpu") -> Engine:
-    """The engine named `kind` ("sim", "cuda" or "live"); the profile drives the simulator and labels the others'
-    runs. The live engine's `device`: the wall clock on the CPU as device, CUDA's streams and events on a GPU."""
+    """The engine named `kind` ("sim" or "live"); the profile drives the simulator and labels the live engine's runs.
+    The live engine's `device`: the wall clock on the CPU as device, CUDA's streams and events on a GPU."""
     if kind == "sim":
         return SimEngine(profile)
-    if kind == "cuda":
-        from specter.timing.cuda import CudaEngine
-
-        return CudaEngine()
     if kind == "live" and device == "cuda":
         from specter.timing.cuda import CudaEngine
 
@@ -42,4 +38,4 @@ def make_engine(kind: str, profile: HardwareProfile, device: str = "cpu") -> Eng
         return WallEngine(device)
     from specter.errors import SpecterError
 
-    raise SpecterError(f"unknown engine {kind!r}; engines: sim, cuda, live")
+    raise SpecterError(f"unknown engine {kind!r}; engines: sim, live")

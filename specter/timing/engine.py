@@ -9,8 +9,9 @@ Systems describe what they do as `Op`s launched on named streams:
 An op carries its cost inputs (FLOPs, bytes read from memory, bytes copied over the link) and a function that does the
 numerics. Ordering follows CUDA: ops on one stream run in launch order; `wait(stream, event)` makes later ops on that
 stream start after the work recorded by the event; `synchronize(event)` blocks the host thread, so ops launched after it
-start no earlier. `SimEngine` places each op on a deterministic clock from a cost model; `CudaEngine` runs it on real
-streams and measures. No system branches on which engine it has.
+start no earlier. `SimEngine` places each op on a deterministic clock from a cost model; the live engine measures:
+`WallEngine` by the wall clock on the CPU as device, `CudaEngine` on real CUDA streams with events. No system branches
+on which engine it has.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class Timeline:
 class Engine(abc.ABC):
     """Streams, events and ops; subclasses decide what time is."""
 
-    #: "sim" or "cuda": recorded in every run record, never branched on by a system.
+    #: what the engine is, in a word ("sim", "live" on the wall clock, "cuda"); never branched on by a system.
     kind: str = ""
 
     def __init__(self) -> None:

@@ -30,6 +30,7 @@ KIB = 1024
 #: the memory a CPU measurement reads from (a decode product's weight; the pool host copies rotate through): past the
 #: caches of most CPUs, as a decode step's reads are, since the rest of the step has pushed them out
 COLD_BYTES = 1 << 28
+HOST_MATMUL = 1024  # the side of the float32 matmul a CPU's FLOP/s are timed on
 
 
 def default_sizes(max_bytes: int = 1 << 30) -> list[int]:
@@ -98,10 +99,10 @@ def profile_bandwidth(out_dir: str | Path, device: str = "auto", sizes: list[int
     return csv_path, yaml_path
 
 
-def _host_matmul_tflops(repeats: int) -> float:
-    n = 1024
+def _host_matmul_tflops(repeats: int, warmup: int) -> float:
+    n = HOST_MATMUL
     a, b = torch.randn(n, n), torch.randn(n, n)
-    t = _median_time(partial(torch.mm, a, b), repeats, 2, _wall_timer)
+    t = _median_time(partial(torch.mm, a, b), repeats, warmup, _wall_timer)
     return 2 * n**3 / t / 1e12
 
 
@@ -160,10 +161,17 @@ def _host_gemv_read_gbps(repeats: int, warmup: int) -> float:
     return n * n * 4 / t / 1e9
 
 
+def _host_sources() -> dict[str, str]:
+    """Where the host section's figures (and, without CUDA, the device's) come from."""
+    return {"host": f"peak: a float32 {HOST_MATMUL} x {HOST_MATMUL} matmul; memory bandwidth: one token through a "
+                    f"float32 {COLD_BYTES >> 20} MiB linear (bytes read over time); launch overhead: an in-place add "
+                    "on one element, per op over batches of 100"}
+
+
 def _host_section(repeats: int, warmup: int) -> dict:
     return {
         "name": f"this machine's CPU ({torch.get_num_threads()} threads)",
-        "peak_tflops": round(_host_matmul_tflops(repeats), 6),
+        "peak_tflops": round(_host_matmul_tflops(repeats, warmup), 6),
         "memory_bandwidth_gbps": round(_host_gemv_read_gbps(repeats, warmup), 4),
         "launch_overhead_us": round(_host_op_overhead_us(repeats, warmup), 3),
     }
@@ -187,9 +195,13 @@ def _profile_cpu(sizes, repeats, warmup, name):
                  "h2d_by_size": [{"bytes": r.size_bytes, "pinned_gbps": round(r.gbps, 4),
                                   "pageable_gbps": round(r.gbps, 4)} for r in rows]},
         "host": host,
-        "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}, "
-                           f"median of {repeats} after {warmup} warm-up; memory bandwidth: one token through a "
-                           f"float32 {COLD_BYTES >> 20} MiB linear (bytes read over time)"},
+        "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}, each figure the "
+                           f"median of {repeats} after {warmup} warm-up",
+                    **_host_sources(), "device": "this CPU as the device: measured as `host` says",
+                    "link": f"host copies of each size from and into {COLD_BYTES >> 20} MiB of memory in rotation "
+                            f"(sizes from {COLD_BYTES >> 20} MiB up: between buffers of their own size); latency: "
+                            "the smallest copy's time",
+                    "device.host_sync_us": "0, not measured: the CPU as device has no device to wait for"},
     }
     return rows, profile
 
@@ -249,6 +261,9 @@ def _profile_cuda(sizes, repeats, warmup, name):
         "host": _host_section(repeats, warmup),
         "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}: median of {repeats} "
                            f"after {warmup} warm-up; GEMM {n}x{n} FP16; device memory from a 1 GiB device copy "
-                           "(read + write)"},
+                           "(read + write); launch overhead: an in-place add on one element, per launch over batches "
+                           "of 100 (CUDA events); host sync: the host reading one device value (`item`); link: "
+                           "pinned and pageable copies of each size; latency: the smallest pinned copy's time",
+                    **_host_sources()},
     }
     return rows + host_rows, profile
