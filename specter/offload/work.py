@@ -1,9 +1,8 @@
 """The target's and draft's work in the cost model's terms: FLOPs, bytes read and kernels per op.
 
 Weights are costed at FP16/BF16 (2 bytes a parameter, the paper's targets) whatever dtype the CPU numerics use (a live
-run's twin: at its own dtype); the
-draft's routed experts at their quantized size from the draft's sidecar. Per decoder layer and pass of n tokens over a
-context of c tokens:
+run's twin: at its own dtype); the draft's routed experts at their quantized size from the draft's sidecar. Per decoder
+layer and pass of n tokens over a context of c tokens:
 - attention block (norms, projections, attention, router, shared experts or a dense MLP): FLOPs 2 n P_layer +
   4 n c d_attn, bytes P_layer x 2 + c x KV bytes per token; 8 kernels;
 - one routed expert on m tokens: FLOPs 2 m P_expert, bytes = the expert's stored size; 3 kernels;
@@ -14,9 +13,9 @@ context of c tokens:
 These kernel counts (`Kernels`) and the attention FLOP formula are modelling choices, the same for every system: a
 runtime of fused kernels. A live run's simulated twin is priced at what the live engine runs instead: the kernels the
 model's own transformers modules dispatch, counted (`specter.numerics.opcount`), and its weights at the dtype they
-decode in (`weight_bytes`). KV per token and
-layer is K and V of every KV head, or, for multi-head latent attention (DeepSeek's MLA), the compressed latent and the
-rotary key that DeepSeek's own inference caches (kv_lora_rank + qk_rope_head_dim values).
+decode in (`weight_bytes`). KV per token and layer is K and V of every KV head, or, for multi-head latent attention
+(DeepSeek's MLA), the compressed latent and the rotary key that DeepSeek's own inference caches (kv_lora_rank +
+qk_rope_head_dim values).
 """
 
 from __future__ import annotations
