@@ -1,5 +1,5 @@
 """A `Session` owns what one process has loaded: targets, their forward services, drafts, model hashes, the memos read
-into the services, and the pinned host expert stores of CUDA runs.
+into the services, the pinned host expert stores of GPU runs, and the kernels live runs' twins are priced at.
 
 Every run, compare and sweep in a process shares one session, so that a second system, budget or hardware profile on the
 same prompts pays only for scheduling. Nothing here is module state: a new `Session()` starts from nothing (tests make
@@ -28,6 +28,7 @@ class Session:
         self._tokenizers: dict[str, object] = {}  # model dir -> its tokenizer
         self._calibration: dict[tuple, list[list[int]]] = {}  # (model dir, corpus, count, length) -> prompts
         self.structures: dict[tuple, tuple[int, ...]] = {}  # runs.checks.validate's --cost-as structures
+        self.counted: dict[tuple, object] = {}  # (model, dtype, draft, live draft kernel, device) -> its DecodeOps
 
     def calibration_prompts(self, model_dir: str | Path, corpus: str, count: int, length: int) -> list[list[int]]:
         """`count` prompts of `length` tokens from a corpus's calibration split, through the model's tokenizer

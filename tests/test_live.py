@@ -263,3 +263,18 @@ def test_counted_kernels_add_up_to_the_decode_step(arch, tiny_dirs, rtn_drafts):
     assert All.views > 0 and ops.syncs_per_layer == All.syncs / target.num_layers
     assert ops.head >= 1 and ops.expert > 3 and ops.attention > 8  # eager modules dispatch more than fused kernels
     assert ops.draft_experts >= 2 * target.moe_layers[0].top_k  # each expert's linears, at least
+
+
+def test_a_session_counts_a_models_kernels_once(tiny_dirs, rtn_drafts, tmp_path, monkeypatch):
+    """Every live run of one model, draft and kernel in a session (a sweep's systems) is priced at one count."""
+    import specter.numerics.opcount as opcount
+
+    calls = []
+    count = opcount.count_decode_ops
+    monkeypatch.setattr(opcount, "count_decode_ops", lambda *a: calls.append(a) or count(*a))
+    session = Session()
+    request = _request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path, num_prompts=1)
+    first = prepare(spec(**request, engine="live"), session)
+    again = prepare(spec(**{**request, "k": 2}, engine="live"), session)
+    assert len(calls) == 1 and first.work.kernels == again.work.kernels
+    assert first.work.kernels.source.startswith("counted")

@@ -99,7 +99,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
                                               spec.dtype, stream=spec.engine == "live",
                                               packed_draft=spec.engine == "live", experts_on=spec.host_store)
     service.require((*system.trace_recorders, *recorders))
-    work = on_live.twin_work(spec, target, draft) if spec.engine == "live" else ModelWork.of(target)
+    work = on_live.twin_work(spec, target, draft, session.counted) if spec.engine == "live" else ModelWork.of(target)
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
     priced_at = None
     if spec.cost_as is not None:

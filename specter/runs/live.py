@@ -23,10 +23,11 @@ from specter.numerics.forward import PromptTrace
 from specter.systems import schedule
 
 
-def twin_work(spec, target, draft):
+def twin_work(spec, target, draft, counted: dict):
     """The run's work as its simulated twin prices it: the model's weights at the dtype they decode in, and the
     kernels the live engine dispatches per op, counted on the model's own modules (`specter.numerics.opcount`; the
-    draft's experts as the live engine runs them, on the fused INT4 kernel or packed)."""
+    draft's experts as the live engine runs them, on the fused INT4 kernel or packed), once per model, draft and kernel
+    in `counted` (a session's: every system of a sweep is priced at the same counts)."""
     from dataclasses import replace
 
     import torch
@@ -36,12 +37,15 @@ def twin_work(spec, target, draft):
     from specter.quant.kernels import with_fused_kernels
 
     dtype = next(target.model.parameters()).dtype
-    experts = None
-    if draft is not None:
-        experts = draft.moe.moe_layers[0].experts
-        if spec.live_draft_kernel == "fused":
-            experts, _ = with_fused_kernels(experts, torch.device(spec.live_device))
-    ops = count_decode_ops(target, experts)
+    key = (spec.model, str(dtype), spec.draft if draft is not None else None, spec.live_draft_kernel, spec.live_device)
+    if key not in counted:
+        experts = None
+        if draft is not None:
+            experts = draft.moe.moe_layers[0].experts
+            if spec.live_draft_kernel == "fused":
+                experts, _ = with_fused_kernels(experts, torch.device(spec.live_device))
+        counted[key] = count_decode_ops(target, experts)
+    ops = counted[key]
     kernels = Kernels(attention=ops.attention, expert=ops.expert, head=ops.head,
                       draft_experts=ops.draft_experts or 1, source=ops.source)
     return replace(ModelWork.of(target, weight_bytes=dtype.itemsize), kernels=kernels)
