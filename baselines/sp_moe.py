@@ -48,8 +48,8 @@ class SPMoE(Specter):
             return self.cutoff
         cost, work = ctx.cost, ctx.work
         top_k = len(ctx.trace.prefill_routes[0][work.moe_layers[0]])
-        step_s = cost.total(work.draft_step_ops(len(ctx.trace.prompt), top_k, ctx.config.draft_expert_bytes,
-                                                ctx.config.draft_kernel == "fused"))
+        step_s = cost.dispatched(work.draft_step_ops(len(ctx.trace.prompt), top_k, ctx.config.draft_expert_bytes,
+                                                     ctx.config.draft_kernel == "fused"))
         per_layer = top_k * cost.copy_seconds(work.expert_bytes)
         return max(1, min(len(work.moe_layers), int(step_s // per_layer)))
 

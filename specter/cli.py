@@ -97,12 +97,14 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
+    from specter.offload.policy import policy_seconds
     from specter.timing.hardware import load_profile, profile_summary
     from specter.timing.profiler import default_sizes, profile_bandwidth
 
     _threads_set(args)  # the CPU's figures (its matmul, its copies) are those of the threads the runs will use
     csv_path, yaml_path = profile_bandwidth(
-        args.out, device=args.device, sizes=default_sizes(args.max_bytes), repeats=args.repeats, name=args.name
+        args.out, device=args.device, sizes=default_sizes(args.max_bytes), repeats=args.repeats, name=args.name,
+        policy=lambda repeats, warmup: policy_seconds(repeats, warmup),
     )
     print(profile_summary(load_profile(yaml_path)))
     print(f"wrote {csv_path} and {yaml_path} (pass it as --hardware {yaml_path})")

@@ -44,6 +44,7 @@ LIVE_DRAFT_KERNELS = ("fused", "packed")
 #: suite's cache, paged in as copies read them), or auto (disk where the checkpoint exceeds the memory available)
 HOST_STORES = ("auto", "memory", "disk")
 DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and the draft's forwards
+PRICINGS = ("fused", "counted")  # the kernels each op is priced at (`--pricing`)
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
@@ -333,6 +334,13 @@ class RunSpec:
         "--cost-as", "price every op at this architecture's published shapes (`specter architectures`, or a "
                      "config.json); tokens and routes stay the model's, which must route the same way (experts per "
                      "layer, top-k)", metavar="NAME|FILE"))
+    pricing: str | None = setting(default=None, metadata=_flag(
+        "--pricing", "the kernels each op is priced at: fused (a modelled runtime of fused kernels: 8 an attention "
+                     "block, 3 a routed expert, 2 for the head; a mechanism alone) or counted (the kernels the model's "
+                     "own transformers modules dispatch per part of a decode step, counted on a tiny instance of the "
+                     "priced architecture's class, the draft's experts as the live engine runs them); default: fused "
+                     "for --engine sim, counted for a live run's twin; records say which (config.priced_ops)",
+        sweep=True, choices=PRICINGS))
     system_options: tuple[tuple[str, str], ...] = ()
     arm: str = ""  # the sweep arm this run belongs to (`specter sweep --arm`), or empty
     warmup_prompts: int = setting(default=8, metadata=_flag(
@@ -343,6 +351,11 @@ class RunSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.k, Window):
             object.__setattr__(self, "k", Window.parse(self.k))
+
+    @property
+    def resolved_pricing(self) -> str:
+        """`pricing`, or where none was given, the engine's: counted for a live run's twin, fused for a simulation."""
+        return self.pricing or ("counted" if self.engine == "live" else "fused")
 
     # the record's form -----------------------------------------------------------------------------------------------
     def as_dict(self) -> dict:
@@ -416,7 +429,8 @@ class RunSpec:
                 ("--device", self.live_device, LIVE_DEVICES, "a device of the live engine"),
                 ("--live-draft-kernel", self.live_draft_kernel, LIVE_DRAFT_KERNELS, "a kernel"),
                 ("--host-store", self.host_store, HOST_STORES, "a host store"),
-                ("--cache-start", self.cache_start, CACHE_STARTS, "a cache start")):
+                ("--cache-start", self.cache_start, CACHE_STARTS, "a cache start"),
+                ("--pricing", self.resolved_pricing, PRICINGS, "a pricing")):
             if value not in choices:
                 raise SpecterError(f"{flag} {value!r} is not {what}; give one of {', '.join(choices)}")
         if self.engine != "live":  # the live engine's settings, where another engine would ignore them

@@ -52,6 +52,23 @@ def spec(**settings) -> RunSpec:
 
 
 @pytest.fixture(scope="session")
+def free_host(tmp_path_factory) -> str:
+    """The path of the A100 preset with a host that dispatches and decides for free (`host.dispatch_us` and
+    `host.policy_us` 0): a tiny model's decode is otherwise bound by its host, whatever its copies, so a test of a
+    mechanism that acts through the copies runs on it."""
+    import yaml
+
+    from specter.timing import load_profile
+
+    profile = load_profile("a100-40gb-pcie4").to_yaml_dict()
+    profile["host"].update(dispatch_us=0, policy_us=0)
+    profile["name"] = "a100-40gb-pcie4-free-host"
+    path = tmp_path_factory.mktemp("profiles") / "free-host.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     """{model_type: directory of a saved tiny checkpoint}."""
     root = tmp_path_factory.mktemp("tiny")

@@ -3,6 +3,8 @@ experts, arms that set a peer's machine and budget) and its reason column, on ru
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from conftest import spec
@@ -15,17 +17,17 @@ ARCH = "mixtral"
 
 
 def _spec(tiny_dirs, **settings):
-    settings = {"system": "on-demand", "max_new_tokens": 6, **settings}
-    return spec(model=tiny_dirs[ARCH], dataset="code", hardware="a100-40gb-pcie4", out="",
+    settings = {"system": "on-demand", "max_new_tokens": 6, "hardware": "a100-40gb-pcie4", **settings}
+    return spec(model=tiny_dirs[ARCH], dataset="code", out="",
                 num_prompts=1, prefix_tokens=8, resident_per_layer=1, **settings)
 
 
-def test_quantized_target_experts_cross_the_link_at_their_hqq_bytes_with_the_same_tokens(tiny_dirs):
+def test_quantized_target_experts_cross_the_link_at_their_hqq_bytes_with_the_same_tokens(tiny_dirs, free_host):
     from specter.offload.work import WEIGHT_BYTES
     from specter.timing.cost import hqq_expert_bytes
 
-    fp16, = execute(_spec(tiny_dirs), progress=False)
-    hqq, = execute(_spec(tiny_dirs, expert_bits=2), progress=False)
+    fp16, = execute(_spec(tiny_dirs, hardware=free_host), progress=False)
+    hqq, = execute(_spec(tiny_dirs, expert_bits=2, hardware=free_host), progress=False)
     storage = hqq.config["expert_storage"]
     assert fp16.config["expert_storage"] == {"bits": 16, "format": "fp16",
                                              "expert_bytes": fp16.h2d_bytes_demand // fp16.demand_misses}
@@ -137,6 +139,31 @@ def test_each_published_figure_beside_the_suite_s_with_its_ratio_and_reason(temp
         assert pd_missing(row["suite"]) and row["reason"].startswith("not run")
     outside = table[table["suite_over_published"].notna() & ~table["suite_over_published"].between(*BAND)]
     assert len(outside) == 3 and (outside["reason"].str.len() > 20).all()
+    # rows of another protocol or quantity are kept, marked, and left out of the summary's statistics
+    assert not full["comparable"] and "never released" in full["comparability"]
+    assert _row(table, "fig13-phi-specter")["comparable"] and _row(table, "fig13-phi-specter")["comparability"] == ""
+    assert not _row(table, "tab3-ds-spec-6")["comparable"] and "GB budgets" in _row(table, "tab3-ds-spec-6")[
+        "comparability"]
+    assert set(table.loc[table["prompts"] > 0, "pricing"]) == {"fused"}  # records of the modelled runtime
+    from specter.report.calibration import log_ratio_stats
+
+    median, largest = log_ratio_stats(table)  # the comparable rows: no-preload (2.10x), Fig 13 (1.0 and 2.0)
+    assert largest == pytest.approx(math.log(2 * 3.061 / 2.918)) and median == pytest.approx(math.log(2.0))
+    everything = table.assign(comparable=True)
+    assert log_ratio_stats(everything)[0] == pytest.approx(math.log(2.0))
+    assert log_ratio_stats(everything)[1] == pytest.approx(math.log(2 * 3.061 / 2.918))
+
+
+def test_a_row_marked_not_comparable_must_say_why(monkeypatch):
+    import yaml
+
+    from specter.report import calibration
+
+    row = {"id": "x", "where": "Table 9", "architecture": "mixtral-8x7b", "system": "on-demand", "metric": "tpot_ms",
+           "value": 1.0, "comparable": False}
+    monkeypatch.setattr(yaml, "safe_load", lambda _text: {"rows": [row]})
+    with pytest.raises(SpecterError, match="row 'x' is not comparable and does not say why"):
+        calibration.papers()
 
 
 def pd_missing(value) -> bool:

@@ -174,3 +174,39 @@ def test_specter_learns_the_link_from_demand_copies_when_no_prefetch_fits_its_fi
     assert inert.h2d_bytes_prefetch == 0 and inert.output_token_ids == learning.output_token_ids
     assert learning.config["system_settings"]["bandwidth-estimate"] == "all-copies"
     assert inert.config["system_settings"]["bandwidth-estimate"] == "prefetches"
+
+
+def test_a_run_priced_counted_takes_the_kernels_of_the_priced_architecture_s_own_class(tiny_dirs, mixtral_draft,
+                                                                                      tmp_path):
+    """`--pricing counted`: every op stands for the kernels a tiny instance of Mixtral's transformers class dispatches
+    per part (not the proxy's, not the modelled runtime's); the record says so, the same tokens come out, and with the
+    host dispatching each kernel the run takes longer than the fused runtime and stays above its bound."""
+    from specter.models.architectures import load_architecture
+    from specter.numerics.opcount import count_decode_ops
+
+    fused, = run(_priced(tiny_dirs, mixtral_draft, tmp_path, "specter", num_prompts=1), Session(), progress=False)
+    counted, = run(_priced(tiny_dirs, mixtral_draft, tmp_path, "specter", num_prompts=1, pricing="counted"),
+                   Session(), progress=False)
+    ops = count_decode_ops(load_architecture("mixtral-8x7b").tiny_model())
+    priced = counted.config["priced_ops"]
+    assert priced["pricing"] == "counted" and fused.config["priced_ops"]["pricing"] == "fused"
+    assert priced["kernels"]["attention"] == ops.attention and priced["kernels"]["expert"] == ops.expert
+    assert "tiny instance of mixtral-8x7b's transformers class" in priced["kernels_source"]
+    assert fused.config["priced_ops"]["kernels"] == {"attention": 8, "expert": 3, "head": 2, "draft_experts": 1}
+    assert counted.output_token_ids == fused.output_token_ids
+    assert counted.tpot_ms > fused.tpot_ms and counted.tpot_ms >= counted.lower_bound_tpot_ms
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "phi-3.5-moe", "deepseek-v2-lite", "qwen1.5-moe-a2.7b"])
+def test_a_tiny_instance_keeps_the_architecture_s_structure(name):
+    """The instance counted for `--pricing counted` is the architecture's class with its routing and layer structure
+    (experts per layer, top-k, dense first layers), only narrower."""
+    from specter.models.architectures import load_architecture
+
+    arch = load_architecture(name)
+    tiny, meta = arch.tiny_model(), arch.meta_model()
+    assert type(tiny.model) is type(meta.model)
+    assert tiny.moe_layers[0].num_experts == meta.moe_layers[0].num_experts
+    assert tiny.moe_layers[0].top_k == meta.moe_layers[0].top_k
+    assert tiny.moe_layers[0].layer_index == meta.moe_layers[0].layer_index  # DeepSeek's dense first layer kept
+    assert tiny.config.hidden_size < meta.config.hidden_size

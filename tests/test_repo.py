@@ -215,3 +215,29 @@ def test_the_history_patterns_catch_what_they_are_for(line):
 ])
 def test_the_history_patterns_leave_ordinary_uses_alone(line):
     assert not any(re.search(p, line, flags=re.I) for p in HISTORY), line
+
+
+def _cited(text: str) -> set[str]:
+    """The papers (arXiv ids) and public repositories (owner/name after github.com/, or a known owner) `text` names."""
+    papers = set(re.findall(r"arXiv (\d{4}\.\d{4,5})", text))
+    repos = set(re.findall(r"github\.com/([\w.-]+/[\w.-]+?)[,.`)\s]", text))
+    repos |= set(re.findall(r"\b(huggingface/accelerate|wwwwwf/specter_asplos|mobiusml/hqq|"
+                            r"dvmazur/mixtral-offloading|EfficientMoE/MoE-Infinity|efeslab/fiddler)\b", text))
+    return papers | repos
+
+
+def test_every_source_the_presets_and_baselines_cite_resolves_to_a_file_in_the_repository():
+    """A preset's sources and a baseline's docstring name papers, repositories and files: every paper and repository
+    is on docs/references.md, and every file of this repository they name exists."""
+    references = (ROOT / "docs" / "references.md").read_text()
+    texts = {p: p.read_text() for p in [*(ROOT / "specter" / "presets").rglob("*.yaml"),
+                                        *(ROOT / "baselines").glob("*.py")]}
+    missing = {f"{p.relative_to(ROOT)}: {c}" for p, t in texts.items() for c in _cited(t) if c not in references}
+    assert not missing, f"cited but not on docs/references.md: {sorted(missing)}"
+    files = {f"{p.relative_to(ROOT)}: {f}" for p, t in texts.items()
+             for f in re.findall(r"\b((?:docs|specter|config)/[\w./-]+\.(?:md|yaml|py))", t) if not (ROOT / f).exists()}
+    assert not files, f"files named as sources that the repository lacks: {sorted(files)}"
+    assert "REFERENCES.md" not in "".join(texts.values()), "a source names a file outside the repository"
+    for name in ("a100-40gb-pcie4", "h100-pcie5", "t4-pcie3"):
+        sources = yaml.safe_load((ROOT / "specter" / "presets" / "hardware" / f"{name}.yaml").read_text())["sources"]
+        assert "ASSUMED" in sources["host.dispatch_us"] and "docs/references.md" in sources["host.dispatch_us"]

@@ -96,11 +96,11 @@ def test_oracle_forecast_is_exact_at_noise_zero_and_misses_at_noise_one(tiny_dir
     assert [r.output_token_ids for r in exact] == [r.output_token_ids for r in wrong]  # lossless either way
 
 
-def test_serialized_demand_copies_never_beat_overlapped_ones(tiny_dirs, draft):
+def test_serialized_demand_copies_never_beat_overlapped_ones(tiny_dirs, draft, free_host):
     session = Session()
-    full = execute(_req(tiny_dirs, draft, prefetch="none"), session, progress=False)
-    serial = execute(_req(tiny_dirs, draft, prefetch="none", system_options=(("serialize-demand", "true"),)), session,
-                     progress=False)
+    full = execute(_req(tiny_dirs, draft, prefetch="none", hardware=free_host), session, progress=False)
+    serial = execute(_req(tiny_dirs, draft, prefetch="none", hardware=free_host,
+                          system_options=(("serialize-demand", "true"),)), session, progress=False)
     assert all(s.tpot_ms >= f.tpot_ms for s, f in zip(serial, full))
     assert any(s.tpot_ms > f.tpot_ms for s, f in zip(serial, full))
     for r in full:

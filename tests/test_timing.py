@@ -22,7 +22,8 @@ def _unit_profile(**over):
         "device": {"peak_tflops": 1.0, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0, "host_sync_us": 0,
                    "memory_gb": 1},
         "link": {"h2d_pinned_gbps": 1.0, "h2d_pageable_gbps": 0.5, "latency_us": 0},
-        "host": {"peak_tflops": 0.1, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0},
+        "host": {"peak_tflops": 0.1, "memory_bandwidth_gbps": 1.0, "launch_overhead_us": 0, "dispatch_us": 0,
+                 "policy_us": 0},
     }
     for key, value in over.items():
         section, field = key.split("__")
@@ -49,6 +50,58 @@ def test_compute_waiting_on_copy_event_ends_at_20ms():
     done = eng.record(COMPUTE)
     assert eng.event_time(done) == pytest.approx(0.020)
     assert eng.timeline.stall_seconds(COMPUTE, waited_on=H2D) == pytest.approx(0.010)
+
+
+def _chain_tpot(dispatch_us: float, ops: list[Op]) -> float:
+    eng = SimEngine(_unit_profile(host__dispatch_us=dispatch_us, device__launch_overhead_us=2))
+    for op in ops:
+        eng.launch(COMPUTE, op)
+    return eng.synchronize()
+
+
+def test_a_chain_of_tiny_ops_is_launch_bound_and_one_large_op_device_bound():
+    """1,000 tiny kernels take what the host needs to dispatch them, and more as dispatch grows; one large kernel
+    takes its own time whatever the dispatch."""
+    tiny = [Op(f"tiny{i}", flops=1e3) for i in range(1000)]  # 1 ns of arithmetic, 2 us of device launch each
+    assert _chain_tpot(0, tiny) == pytest.approx(1000 * 2e-6, rel=1e-3)  # no dispatch: the device's own launches
+    assert _chain_tpot(10, tiny) == pytest.approx(1000 * 10e-6, rel=1e-2)  # launch-bound: the host's dispatch
+    assert _chain_tpot(20, tiny) == pytest.approx(2 * _chain_tpot(10, tiny), rel=1e-2)  # grows with dispatch
+    large = [Op("large", flops=10e9)]  # 10 ms
+    assert _chain_tpot(0, large) == pytest.approx(0.010 + 2e-6)
+    assert _chain_tpot(20, large) == pytest.approx(_chain_tpot(0, large), abs=21e-6)  # only its one launch
+
+
+def test_an_op_of_many_kernels_waits_for_its_last_launch():
+    """An op that stands for 100 kernels, dispatched at 10 us each, cannot end before its last kernel is launched."""
+    eng = SimEngine(_unit_profile(host__dispatch_us=10))
+    eng.launch(COMPUTE, Op("fused", flops=1e6, launches=100))  # 1 us of arithmetic
+    assert eng.event_time(eng.record(COMPUTE)) == pytest.approx(100 * 10e-6 + 1e-6 / 100)
+    assert eng.now() == pytest.approx(100 * 10e-6)
+
+
+def test_a_host_read_waits_for_the_device_then_pays_the_sync():
+    eng = SimEngine(_unit_profile(host__dispatch_us=10, device__host_sync_us=15))
+    eng.launch(COMPUTE, MS10_COMPUTE)
+    assert eng.now() == pytest.approx(10e-6)  # the host ran ahead: it only launched
+    done = eng.synchronize(eng.record(COMPUTE))
+    assert done == pytest.approx(10e-6 + 0.010 + 15e-6) and eng.now() == done
+    eng.launch(COMPUTE, Op("next", flops=1e3))  # launched after the read: starts after it and its dispatch
+    assert eng.timeline.spans[-1].start == pytest.approx(done + 10e-6)
+
+
+def test_copies_overlap_the_host_s_work():
+    """A copy launched before the host dispatches a chain of kernels and does its policy work runs beside them; on a
+    synchronous device (the CPU as device) nothing overlaps."""
+    def run(synchronous: bool) -> float:
+        eng = SimEngine(_unit_profile(host__dispatch_us=10, host__policy_us=4000, device__synchronous=synchronous))
+        eng.launch(H2D, MS10_COPY)  # 10 ms on the link
+        for i in range(500):  # 5 ms of host dispatch
+            eng.launch(COMPUTE, Op(f"tiny{i}", flops=1e3))
+        eng.policy("policy")  # 4 ms of the runtime's own work
+        return eng.synchronize()
+
+    assert run(False) == pytest.approx(0.010 + 10e-6, rel=1e-3)  # the copy hides the 9 ms of host work
+    assert run(True) == pytest.approx(0.010 + 10e-6 + 500 * (10e-6 + 1e-9) + 0.004, rel=1e-3)
 
 
 def test_a_host_sync_costs_the_profile_s_time_and_delays_what_the_host_launches_next():
@@ -193,13 +246,58 @@ def test_profile_bandwidth_cpu_writes_a_profile_hardware_accepts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     p = load_profile(tmp_path / "profile.yaml")
     assert p.measured and len(p.h2d_by_size) == 5  # 4 KiB .. 1 MiB
-    assert p.device_launch_overhead > 0 and p.host_launch_overhead == p.device_launch_overhead  # the CPU's op, timed
+    assert p.host_launch_overhead > 0 and p.host_dispatch > 0  # the CPU's op and a decode step's op, timed
+    assert p.device_synchronous and p.device_launch_overhead == 0  # the CPU is the device: dispatch is its op's cost
     rows = (tmp_path / "bandwidth.csv").read_text().splitlines()
     assert rows[0] == "size_bytes,memory,median_s,gbps,repeats" and len(rows) == 6
     SimEngine(p).launch(H2D, Op("copy", bytes_copied=1 << 20))
     shown = subprocess.run([sys.executable, "-m", "specter", "hardware", str(tmp_path / "profile.yaml")],
                            capture_output=True, text=True)
     assert shown.returncode == 0 and shown.stdout.startswith("measured-cpu:"), shown.stderr
+
+
+def _rows(times_ms: dict[int, float], spread: float = 1.1):
+    from specter.timing.profiler import CopyRow
+
+    return [CopyRow(size, "host", t / 1e3, size / (t / 1e3) / 1e9, 10, spread) for size, t in times_ms.items()]
+
+
+def test_the_profiler_refuses_copies_that_do_not_describe_a_link(monkeypatch):
+    """A flat time across sizes (a busy core), a falling bandwidth or repeats spread widely are measured again, then
+    refused in one line naming the cause; a clean curve passes."""
+    from specter.timing import profiler
+
+    mib = 1 << 20
+    assert profiler.copy_fault(_rows({mib: 0.1, 4 * mib: 0.4, 16 * mib: 1.6})) is None
+    assert "did not grow" in profiler.copy_fault(_rows({mib: 8.0, 4 * mib: 8.0, 16 * mib: 8.1}))
+    assert "fell" in profiler.copy_fault(_rows({mib: 0.1, 4 * mib: 0.4, 16 * mib: 4.0}))
+    assert "spread 5.0x" in profiler.copy_fault(_rows({mib: 0.1, 4 * mib: 0.4}, spread=5.0))
+    assert profiler.copy_fault(_rows({4096: 0.001, 16384: 0.001}, spread=5.0)) is None  # too small to be bound
+    calls = []
+
+    def busy():
+        calls.append(1)
+        return _rows({mib: 8.0, 4 * mib: 8.0})
+
+    with pytest.raises(SpecterError, match="did not grow with the size, in each of 3 tries"):
+        profiler._measured_rows(busy)
+    assert len(calls) == profiler.MEASURE_TRIES
+    tries = iter([_rows({mib: 8.0, 4 * mib: 8.0}), _rows({mib: 0.1, 4 * mib: 0.4})])
+    assert profiler._measured_rows(lambda: next(tries))[0].median_s == pytest.approx(1e-4)  # measured again
+
+
+def test_profiles_without_the_dispatch_figure_are_refused_with_the_fix(tmp_path):
+    data = load_profile("t4-pcie3").to_yaml_dict()
+    data["host"].pop("dispatch_us")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecterError, match="missing field host.dispatch_us .*profile-bandwidth` measures it"):
+        load_profile(path)
+    data = load_profile("t4-pcie3").to_yaml_dict()
+    data["device"]["synchronous"] = "yes"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecterError, match="device.synchronous must be true"):
+        load_profile(path)
 
 
 def test_belady_loads():

@@ -67,6 +67,36 @@ class Architecture:
     def parameters(self) -> int:
         return sum(p.numel() for p in self.meta_model().model.parameters())
 
+    def tiny_model(self, seed: int = 0):
+        """The stock transformers model of this architecture's class and structure (its experts per layer, top-k,
+        dense first layers, shared experts, attention kind, biases) at tiny widths, with seeded weights on the CPU,
+        wrapped in the adapter: what counting the kernels of its decode step needs (`specter.numerics.opcount`),
+        since a kernel count depends on the class and the structure, not on the widths."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from specter.models.adapter import MoEModel
+
+        cfg = {k: v for k, v in self.config.items() if k not in _KEEP_OUT}
+        model_type = cfg.pop("model_type")
+        heads, kv_heads = cfg.get("num_attention_heads", 1), cfg.get("num_key_value_heads")
+        tiny_heads = 4
+        cfg.update(num_attention_heads=tiny_heads, hidden_size=16 * tiny_heads, vocab_size=256,
+                   max_position_embeddings=64,
+                   num_hidden_layers=min(cfg.get("num_hidden_layers", 2), cfg.get("first_k_dense_replace", 0) + 2))
+        if kv_heads:
+            cfg["num_key_value_heads"] = max(1, tiny_heads * kv_heads // heads)
+        for key, tiny in (("head_dim", 16), ("intermediate_size", 32), ("moe_intermediate_size", 16),
+                          ("shared_expert_intermediate_size", 32), ("kv_lora_rank", 16), ("q_lora_rank", 16),
+                          ("qk_nope_head_dim", 8), ("qk_rope_head_dim", 8), ("v_head_dim", 8)):
+            if cfg.get(key):
+                cfg[key] = tiny
+        cfg.pop("rope_scaling", None)
+        torch.manual_seed(seed)
+        config = AutoConfig.for_model(model_type, **cfg)
+        config._experts_implementation = "eager"  # as the suite loads every checkpoint (`models/loading.py`)
+        return MoEModel(AutoModelForCausalLM.from_config(config).eval())
+
 
 #: the config keys that make a checkpoint's shapes (where a shipped architecture's config has them)
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

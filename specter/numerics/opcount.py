@@ -11,20 +11,14 @@ kernel on a device are not counted; reads of a device value into Python (`aten._
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from specter.models.adapter import MoEModel
 from specter.models.trees import experts_path
 from specter.numerics.passes import new_cache
-
-#: aten ops that launch no kernel: they make a new view of the same memory, or read a value into Python
-_NO_KERNEL = frozenset({"aten._unsafe_view.default", "aten._local_scalar_dense.default", "aten.lift_fresh.default"})
-_SYNC = "aten._local_scalar_dense.default"
-PREFIX_TOKENS = 2  # the decode step counted comes after this many cached positions
+from specter.timing.dispatch import PREFIX_TOKENS, KernelCounter
 
 
 @dataclass(frozen=True)
@@ -39,24 +33,6 @@ class DecodeOps:
     draft_experts: int | None
     syncs_per_layer: float
     source: str
-
-
-class _Counter(TorchDispatchMode):
-    """Counts each dispatched op into the part `part()` names when it runs."""
-
-    def __init__(self, part: Callable[[], str]) -> None:
-        super().__init__()
-        self.part = part
-        self.kernels: dict[str, int] = {}
-        self.syncs: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name, part = str(func), self.part()
-        if name == _SYNC:
-            self.syncs[part] = self.syncs.get(part, 0) + 1
-        elif not (func.is_view or name in _NO_KERNEL):
-            self.kernels[part] = self.kernels.get(part, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 def _attributed(moe: MoEModel) -> tuple[list, list[str]]:
@@ -81,7 +57,7 @@ def count_decode_ops(moe: MoEModel, draft_experts: torch.nn.Module | None = None
     one call of `draft_experts` (one MoE layer's draft experts module, as the live engine runs it) on one token."""
     device = next(moe.model.parameters()).device
     handles, stack = _attributed(moe)
-    counter = _Counter(lambda: stack[-1] if stack else "layers")
+    counter = KernelCounter(lambda: stack[-1] if stack else "layers")
     try:
         with torch.no_grad():
             cache = new_cache(moe)
@@ -98,7 +74,7 @@ def count_decode_ops(moe: MoEModel, draft_experts: torch.nn.Module | None = None
     kernels = counter.kernels
     draft = None
     if draft_experts is not None:
-        draft = _count_call(draft_experts, moe, device)
+        draft = count_experts_call(draft_experts, moe, device)
     syncs = sum(counter.syncs.values()) / layers
     return DecodeOps(attention=max(1, round(kernels.get("layers", 0) / layers)),
                      expert=max(1, round(kernels.get("experts", 0) / routed)),
@@ -107,14 +83,14 @@ def count_decode_ops(moe: MoEModel, draft_experts: torch.nn.Module | None = None
                             f"after {PREFIX_TOKENS} positions on {device.type} (torch {torch.__version__})")
 
 
-def _count_call(experts: torch.nn.Module, moe: MoEModel, device: torch.device) -> int:
+def count_experts_call(experts: torch.nn.Module, moe: MoEModel, device: torch.device) -> int:
     """Kernels of one call of an experts module on one token routed to its first top-k experts."""
     first = moe.moe_layers[0]
     dtype = next(moe.model.parameters()).dtype
     hidden = torch.zeros(1, first.hidden_size, dtype=dtype, device=device)
     index = torch.arange(first.top_k, device=device)[None]
     weights = torch.full((1, first.top_k), 1.0 / first.top_k, dtype=dtype, device=device)
-    counter = _Counter(lambda: "draft")
+    counter = KernelCounter(lambda: "draft")
     with torch.no_grad(), counter:
         experts(hidden, index, weights)
     return max(1, counter.kernels.get("draft", 0))

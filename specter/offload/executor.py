@@ -1,7 +1,8 @@
 """The MoE layer executor: the target's routed experts for one pass, hot-first, on the engine's streams.
 
 Per MoE layer of a pass: the attention block (and router) runs and, unless every expert is resident, the host reads the
-routing (a synchronization: copies cannot be decided before it); then every resident expert the pass needs computes at
+routing (a synchronization: copies cannot be decided before it); the runtime's own host work follows (`Engine.policy`:
+choosing copies, updating the cache); then every resident expert the pass needs computes at
 once (waiting only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and
 computes as its copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this
 pass does not need, after that expert's last compute); if every slot is taken by experts the pass needs or by protected
@@ -278,6 +279,7 @@ class Executor:
         self.routed = Forecast(self.engine.record(COMPUTE), f"{tag}.L{layer}.attn")  # the router ran in that block
         if self.host_reads_routes:
             self.engine.synchronize(self.routed.event)
+        self.engine.policy(f"{tag}.L{layer}.policy")  # the runtime's own work: choosing copies, updating the cache
         for hook in self.hooks:
             hook.on_route(layer, routes)
         self.run_experts(layer, routes, tag)

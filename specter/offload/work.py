@@ -11,9 +11,10 @@ layer and pass of n tokens over a context of c tokens:
   layers (each byte read and written), no FLOPs; one copy per layer and tensor (K and V, or MLA's latent and rotary
   key: two tensors a layer).
 These kernel counts (`Kernels`) and the attention FLOP formula are modelling choices, the same for every system: a
-runtime of fused kernels. A live run's simulated twin is priced at what the live engine runs instead: the kernels the
-model's own transformers modules dispatch, counted (`specter.numerics.opcount`), and its weights at the dtype they
-decode in (`weight_bytes`). KV per token and layer is K and V of every KV head, or, for multi-head latent attention
+runtime of fused kernels (`--pricing fused`). Priced `counted` (a live run's simulated twin, by default), each op
+stands for the kernels the model's own transformers modules dispatch, counted (`specter.numerics.opcount`) on the
+model, or on a tiny instance of the priced architecture's class; a live twin's weights are priced at the dtype they
+decode in (`weight_bytes`). Each kernel also costs the host its dispatch (`specter.timing.sim`). KV per token and layer is K and V of every KV head, or, for multi-head latent attention
 (DeepSeek's MLA), the compressed latent and the rotary key that DeepSeek's own inference caches (kv_lora_rank +
 qk_rope_head_dim values).
 """
@@ -106,7 +107,8 @@ class ModelWork:
     def pricing(self) -> dict:
         """What the records say of how this work is priced: bytes a weight, and kernels per op with their source."""
         k = self.kernels
-        return {"weight_bytes": self.weight_bytes, "kernels": {"attention": k.attention, "expert": k.expert,
+        return {"pricing": "counted" if k.source.startswith("counted") else "fused",
+                "weight_bytes": self.weight_bytes, "kernels": {"attention": k.attention, "expert": k.expert,
                                                                "head": k.head, "draft_experts": k.draft_experts},
                 "kernels_source": k.source}
 

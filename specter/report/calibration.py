@@ -4,7 +4,10 @@ printed), matched to the runs of the same configuration (the architecture that p
 system with its settings, the budget, the experts' storage), with the suite's value as the paper computes it (means
 over prompts, ratios of means), the ratio, and for a ratio outside `BAND` a one-line reason written from what the
 records show (where the suite's time goes, its copies, its hit rates), never a fitted constant. A figure whose
-configuration no run of the records has stays in the table with no suite value and says why.
+configuration no run of the records has stays in the table with no suite value and says why. Each row says how its
+runs were priced (`pricing`: the kernels each op stands for, `fused` for the modelled runtime, `counted` for a
+model's own modules) and whether it is `comparable`: a row that measures another quantity or follows another protocol
+(its paper's file says which, and why, in `comparability`) stays in the table but out of `log_ratio_stats`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def papers() -> list[dict]:
             if missing or row["metric"] not in METRICS:
                 raise SpecterError(f"{path.name}: row {row.get('id')!r} lacks {missing or 'a known metric'}; "
                                    f"metrics: {', '.join(METRICS)}")
+            if row.get("comparable", True) is not True and not str(row.get("comparability") or "").strip():
+                raise SpecterError(f"{path.name}: row {row['id']!r} is not comparable and does not say why; give it "
+                                   "its comparability (the other quantity or protocol it measures)")
         out.append(data)
     return out
 
@@ -67,7 +73,16 @@ def frame(records: list[dict]) -> pd.DataFrame:
                               for r, n in zip(records, tokens)]
     df["h2d_mb_per_token"] = [(r["h2d_bytes_demand"] + r["h2d_bytes_prefetch"]) / 1e6 / n
                               for r, n in zip(records, tokens)]
+    df["pricing"] = [pricing(r) for r in records]
     return df
+
+
+def pricing(record: dict) -> str:
+    """How a record's ops were priced, in a word: `counted` (the kernels a model's own modules dispatch) or `fused`
+    (the modelled runtime of fused kernels, `specter.offload.work.Kernels`)."""
+    priced = (record.get("config") or {}).get("priced_ops") or {}
+    return priced.get("pricing") or ("counted" if str(priced.get("kernels_source", "")).startswith("counted")
+                                     else "fused")
 
 
 def _runs(df: pd.DataFrame, row: dict, default_hardware: str, system: str | None = None,
@@ -173,13 +188,16 @@ def calibration_table(records: list[dict]) -> pd.DataFrame:
             inside = ratio is not None and BAND[0] <= ratio <= BAND[1]
             if ratio is not None and not inside:
                 why = _reason(row, runs, reference, ratio, list(data.get("departures") or []))
+            comparable = bool(row.get("comparable", True))
             out.append(dict(
                 paper=data["paper"], id=row["id"], where=row["where"], page=row.get("page"),
                 architecture=row["architecture"], hardware=row.get("hardware", default_hw),
                 system=row["system"] or "", configuration=_describe(row, default_hw), metric=row["metric"],
                 published=row["value"], suite=suite, suite_over_published=ratio,
                 in_band=inside if ratio is not None else None,
-                reason=why, prompts=len(runs), proxy=", ".join(sorted(runs["model"].unique())),
+                reason=why, comparable=comparable, comparability=row.get("comparability", ""),
+                pricing=", ".join(sorted(runs["pricing"].unique())) if len(runs) else "", prompts=len(runs),
+                proxy=", ".join(sorted(runs["model"].unique())),
                 simulated=bool(runs["simulated"].all()) if len(runs) else None, note=row.get("note", ""),
                 source=data["source"]))
     table = pd.DataFrame(out)
@@ -209,8 +227,9 @@ def check_reasons(table: pd.DataFrame) -> None:
 
 
 def log_ratio_stats(table: pd.DataFrame) -> tuple[float | None, float | None]:
-    """(median, largest) |log ratio| over the rows with a suite figure."""
-    values = [abs(math.log(r)) for r in table["suite_over_published"].dropna() if r > 0]
+    """(median, largest) |log ratio| over the comparable rows with a suite figure."""
+    comparable = table["comparable"].astype(str).str.lower() != "false" if "comparable" in table else True
+    values = [abs(math.log(r)) for r in table.loc[comparable, "suite_over_published"].dropna() if r > 0]
     if not values:
         return None, None
     return float(pd.Series(values).median()), max(values)

@@ -219,18 +219,22 @@ def _calibration(df: pd.DataFrame) -> list[str]:
     from specter.report.calibration import BAND, log_ratio_stats
 
     median, largest = log_ratio_stats(df)
-    spread = (f"Median |log(suite / published)| {median:.3f}, largest {largest:.3f}, over the "
-              f"{int(df['suite_over_published'].notna().sum())} rows with a suite figure." if median is not None else
-              "No row has a suite figure.")
+    comparable = (df["comparable"].astype(str).str.lower() != "false") if "comparable" in df else True
+    counted = int((df["suite_over_published"].notna() & comparable).sum())
+    spread = (f"Median |log(suite / published)| {median:.3f}, largest {largest:.3f}, over the {counted} comparable "
+              "rows with a suite figure (a row marked not comparable measures another quantity or follows another "
+              "protocol, and says which)." if median is not None else "No comparable row has a suite figure.")
     out = ["## calibration: published figures beside the suite's", "",
            f"Rows whose configuration this run did not include have no suite figure and say why; a ratio outside "
            f"{BAND[0]}-{BAND[1]} has its reason. {spread}", ""]
     rows = [[r["paper"], r["id"], r["system"] if isinstance(r["system"], str) else "", r["metric"],
              f"{r['published']:.4g}", "" if pd.isna(r["suite"]) else f"{r['suite']:.4g}",
-             _num(r["suite_over_published"], 2), r["reason"] if isinstance(r["reason"], str) else ""]
+             _num(r["suite_over_published"], 2),
+             "" if str(r.get("comparable", True)).lower() != "false" else f"not comparable: {r['comparability']}",
+             r["reason"] if isinstance(r["reason"], str) else ""]
             for _, r in df.iterrows()]
     return out + _markdown(rows, ["paper", "id", "system", "metric", "published", "suite", "suite / published",
-                                  "reason"])
+                                  "comparable", "reason"])
 
 
 def summary(results: str | Path, root: str | Path | None = None) -> str:

@@ -99,11 +99,16 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
                                               spec.dtype, stream=spec.engine == "live",
                                               packed_draft=spec.engine == "live", experts_on=spec.host_store)
     service.require((*system.trace_recorders, *recorders))
-    work = on_live.twin_work(spec, target, draft, session.counted) if spec.engine == "live" else ModelWork.of(target)
+    # a live run's twin prices its weights at the dtype they decode in; a simulation at 2 bytes, the paper's targets'
+    work = ModelWork.of(target, **({"weight_bytes": next(target.model.parameters()).dtype.itemsize}
+                                   if spec.engine == "live" else {}))
     draft_bytes = draft.quantized_bytes_per_expert if draft else 0
     priced_at = None
     if spec.cost_as is not None:
         work, service, draft_bytes, priced_at = _priced_at(spec, session, work, service, draft)
+    if spec.resolved_pricing == "counted":
+        architecture = session.architecture(spec.cost_as)[0] if spec.cost_as is not None else None
+        work = replace(work, kernels=on_live.counted_kernels(spec, target, draft, session.counted, architecture))
     work, storage = _expert_storage(spec, work)
     cost = CostModel(profile)
     k_setting, k_source = _k_setting(spec, system)

@@ -23,32 +23,35 @@ from specter.numerics.forward import PromptTrace
 from specter.systems import schedule
 
 
-def twin_work(spec, target, draft, counted: dict):
-    """The run's work as its simulated twin prices it: the model's weights at the dtype they decode in, and the
-    kernels the live engine dispatches per op, counted on the model's own modules (`specter.numerics.opcount`; the
-    draft's experts as the live engine runs them, on the fused INT4 kernel or packed), once per model, draft and kernel
-    in `counted` (a session's: every system of a sweep is priced at the same counts)."""
-    from dataclasses import replace
-
+def counted_kernels(spec, target, draft, counted: dict, architecture=None):
+    """The kernels each op stands for, counted (`specter.numerics.opcount`): on the model's own modules, or on a tiny
+    instance of `architecture`'s class where the run is priced at its shapes; the draft's experts as the live engine
+    runs them (on the fused INT4 kernel or packed). Counted once per model or architecture, draft and kernel in
+    `counted` (a session's: every system of a sweep is priced at the same counts)."""
     import torch
 
-    from specter.numerics.opcount import count_decode_ops
-    from specter.offload.work import Kernels, ModelWork
+    from specter.numerics.opcount import count_decode_ops, count_experts_call
+    from specter.offload.work import Kernels
     from specter.quant.kernels import with_fused_kernels
 
     dtype = next(target.model.parameters()).dtype
-    key = (spec.model, str(dtype), spec.draft if draft is not None else None, spec.live_draft_kernel, spec.live_device)
+    model_key = ("architecture", architecture.name) if architecture is not None else (spec.model, str(dtype))
+    key = (*model_key, spec.draft if draft is not None else None, spec.live_draft_kernel, spec.live_device)
     if key not in counted:
         experts = None
         if draft is not None:
             experts = draft.moe.moe_layers[0].experts
             if spec.live_draft_kernel == "fused":
                 experts, _ = with_fused_kernels(experts, torch.device(spec.live_device))
-        counted[key] = count_decode_ops(target, experts)
-    ops = counted[key]
-    kernels = Kernels(attention=ops.attention, expert=ops.expert, head=ops.head,
-                      draft_experts=ops.draft_experts or 1, source=ops.source)
-    return replace(ModelWork.of(target, weight_bytes=dtype.itemsize), kernels=kernels)
+        model = architecture.tiny_model() if architecture is not None else target
+        ops = count_decode_ops(model)
+        draft_ops = (count_experts_call(experts, target, next(target.model.parameters()).device)
+                     if experts is not None else None)
+        source = ops.source if architecture is None else ops.source.replace(
+            "this model's transformers modules", f"a tiny instance of {architecture.name}'s transformers class")
+        counted[key] = Kernels(attention=ops.attention, expert=ops.expert, head=ops.head,
+                               draft_experts=draft_ops or 1, source=source)
+    return counted[key]
 
 
 def runtime(p, session):

@@ -98,10 +98,10 @@ class CycleModel:
     def cycle_seconds(self, k: int, windows) -> dict:
         work, cost = self.work, self.cost
         sync = cost.profile.host_sync
-        t_draft = k * (cost.total(work.draft_step_ops(self.context, self.top_k, self.draft_expert_bytes,
-                                                      self.fused)) + sync)
-        t_verify = cost.total([work.attention_op(layer, k + 1, self.context, "") for layer in work.layers]
-                              + [work.head_op(k + 1, "")])
+        t_draft = k * (cost.dispatched(work.draft_step_ops(self.context, self.top_k, self.draft_expert_bytes,
+                                                           self.fused)) + sync)
+        t_verify = cost.dispatched([work.attention_op(layer, k + 1, self.context, "") for layer in work.layers]
+                                   + [work.head_op(k + 1, "")])
         t_verify += sync * ((len(work.moe_layers) if self.missable else 0) + 1)
         distinct = predicted_new = new = 0.0
         previous: dict[int, set[int]] = {}
@@ -121,7 +121,7 @@ class CycleModel:
         n = len(windows)
         copy_s = cost.copy_seconds(work.expert_bytes)
         prefetched = min(predicted_new / n, t_draft / copy_s)  # the planner copies only what lands while drafting
-        t_verify += distinct / n * cost.seconds(work.expert_op(1, ""))
+        t_verify += distinct / n * cost.dispatched([work.expert_op(1, "")])
         cycle = max(t_draft, prefetched * copy_s) + (new / n - prefetched) * copy_s + t_verify
         return dict(cycle_s=cycle, t_draft_s=t_draft, t_verify_s=t_verify, new_experts=new / n)
 

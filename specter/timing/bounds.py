@@ -1,10 +1,11 @@
 """The physical lower bound of a decode run: no schedule of the same work on the same hardware can be faster.
 
 Given the passes the run made (their FLOPs and the device-memory bytes they must read: the target's passes and the
-draft's steps) and the expert loads that no cache of the run's size could avoid, a run needs at least
-`max(sum of compute times, bytes over the link / bandwidth)`. The max (not a per-pass sum of maxima) is what stays a
-bound when copies for one pass overlap compute of another. The unavoidable loads come from Belady's offline-optimal
-replacement, with the initial cache content free (the best any warm-up could leave), over one of two sequences:
+draft's steps) and the expert loads that no cache of the run's size could avoid, a run needs at least `max(sum of
+compute times, bytes over the link / bandwidth, the host's dispatch of every kernel)`. The max (not a per-pass sum of
+maxima) is what stays a bound when copies for one pass overlap compute of another. The unavoidable loads come from
+Belady's offline-optimal replacement, with the initial cache content free (the best any warm-up could leave), over one
+of two sequences:
 - per pass: the experts each target pass used (a verification of K + 1 tokens needs each of its experts once, for all
   of them) - the bound of every run, and the one that applies to speculative systems;
 - per token: the experts each committed token used, one token after another - what a system that decodes one token a
@@ -68,12 +69,17 @@ class PassWork:
 
 
 def decode_lower_bound_seconds(passes: Sequence[PassWork], link_bytes: float, cost: CostModel) -> float:
-    """Seconds the run needs at least: max(total compute, unavoidable link bytes / the fastest link bandwidth)."""
+    """Seconds the run needs at least: max(total compute, unavoidable link bytes / the fastest link bandwidth, the
+    host's dispatch of every kernel); on a device that is the host itself (`device_synchronous`) the dispatch adds to
+    the compute instead."""
     compute = cost.total(passes)  # a PassWork carries the same cost inputs as an op
     p = cost.profile
     fastest = max([p.h2d_pinned_bandwidth, *(pt.pinned_gbps * 1e9 for pt in p.h2d_by_size)])
     link = link_bytes / fastest if link_bytes > 0 else 0.0
-    return max(compute, link)
+    dispatch = sum(max(1, w.launches) for w in passes) * p.host_dispatch
+    if p.device_synchronous:
+        return max(compute + dispatch, link)
+    return max(compute, link, dispatch)
 
 
 @dataclass(frozen=True)

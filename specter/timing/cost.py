@@ -50,6 +50,17 @@ class CostModel:
         """Seconds of `ops` run one after another on `stream`."""
         return sum(self.seconds(op, stream) for op in ops)
 
+    def dispatched(self, ops, stream: str = COMPUTE) -> float:
+        """Seconds of `ops` run one after another on `stream` with nothing else between them, the host dispatching
+        each kernel (`host.dispatch_us`): each op takes the longer of its own time and its kernels' dispatch, or, on a
+        device that is the host itself, both one after the other (as `SimEngine` places them)."""
+        p = self.profile
+        total = 0.0
+        for op in ops:
+            own, host = self.seconds(op, stream), max(1, op.launches) * p.host_dispatch
+            total += own + host if p.device_synchronous else max(own, host)
+        return total
+
 
 def linear_flops(tokens: int, in_features: int, out_features: int) -> float:
     """FLOPs of `tokens` rows through an [out, in] matrix: one multiply and one add per weight per token."""

@@ -27,6 +27,8 @@ H2D = "h2d"
 HOST = "host"
 STREAMS = (COMPUTE, H2D, HOST)
 SYNC = "sync"  # not a stream: the timeline's record of the host reading device results (its cost in the simulator)
+DISPATCH = "dispatch"  # not a stream: the host launching ops (the simulator's record of its dispatch time)
+POLICY = "policy"  # not a stream: the runtime's own host work at a MoE layer (`Engine.policy`)
 
 
 @dataclass
@@ -120,6 +122,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def now(self) -> float:
         """The host thread's current time, seconds since origin."""
+
+    def policy(self, label: str) -> None:
+        """The host thread does the runtime's own work at one target MoE layer (reading its routing, choosing copies,
+        updating the cache): a simulator prices it; an engine that measures has spent it on the clock it reads."""
+        return None
 
     def compute_scope(self):
         """A context in which work the caller launches itself (the live model's own modules, between the executor's

@@ -53,6 +53,8 @@ _FIELDS: dict[str, dict[str, tuple[float, float]]] = {
         "peak_tflops": (1e-9, MAX_TFLOPS),
         "memory_bandwidth_gbps": (1e-9, MAX_GBPS),
         "launch_overhead_us": (0.0, MAX_US),
+        "dispatch_us": (0.0, MAX_US),
+        "policy_us": (0.0, MAX_US),
     },
 }
 
@@ -86,6 +88,9 @@ class HardwareProfile:
     host_peak_flops: float  # FLOP/s
     host_memory_bandwidth: float  # bytes/s
     host_launch_overhead: float  # s per host op (thread hand-off)
+    host_dispatch: float = 0.0  # s of the host thread per kernel it dispatches to the device (the framework's work)
+    host_policy: float = 0.0  # s of the host thread per target MoE layer: the runtime choosing copies, its cache
+    device_synchronous: bool = False  # the device is the host itself (the CPU as device): a launch returns when done
     h2d_by_size: tuple[BandwidthPoint, ...] = ()  # measured points, ascending size; empty for datasheet presets
     measured: bool = False  # True when written by `specter profile-bandwidth`
     sources: dict[str, str] = field(default_factory=dict, compare=False)
@@ -120,6 +125,7 @@ class HardwareProfile:
                 "launch_overhead_us": self.device_launch_overhead * 1e6,
                 "host_sync_us": round(self.host_sync * 1e6, 9),  # us, exactly as read
                 "memory_gb": self.device_memory_bytes / 1e9,
+                "synchronous": self.device_synchronous,
             },
             "link": {
                 "name": self.link_name,
@@ -132,6 +138,8 @@ class HardwareProfile:
                 "peak_tflops": self.host_peak_flops / 1e12,
                 "memory_bandwidth_gbps": self.host_memory_bandwidth / 1e9,
                 "launch_overhead_us": self.host_launch_overhead * 1e6,
+                "dispatch_us": round(self.host_dispatch * 1e6, 9),
+                "policy_us": round(self.host_policy * 1e6, 9),
             },
             "sources": dict(self.sources),
         }
@@ -241,6 +249,16 @@ def _number(value: object, where: str, low: float, high: float, origin: str) -> 
     return float(value)
 
 
+_MISSING_HINTS = {
+    "device.host_sync_us": " (microseconds per point where the host reads a device result; the presets assume 15, "
+                           "`specter profile-bandwidth` measures it)",
+    "host.dispatch_us": " (microseconds of the host thread per kernel it dispatches, the framework's work per op; the "
+                        "presets assume 10, `specter profile-bandwidth` measures it: run it again, or add the field)",
+    "host.policy_us": " (microseconds of the host thread per target MoE layer, the runtime choosing copies and "
+                      "updating its cache; `specter profile-bandwidth` measures it: run it again, or add the field)",
+}
+
+
 def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
     """Validate a profile mapping; every missing, non-numeric or out-of-range field is one error naming it."""
     if not isinstance(data, dict):
@@ -254,8 +272,7 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         for key, (low, high) in fields_.items():
             where = f"{section}.{key}"
             if key not in block:
-                hint = (" (microseconds per point where the host reads a device result; the presets "
-                        "assume 15, `specter profile-bandwidth` measures it)" if key == "host_sync_us" else "")
+                hint = _MISSING_HINTS.get(where, "")
                 raise SpecterError(f"hardware profile {origin}: missing field {where}{hint}")
             values[section][key] = _number(block[key], where, low, high, origin)
     points = []
@@ -277,6 +294,10 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         raise SpecterError(f"hardware profile {origin}: sources must map fields to where their numbers come from, got "
                            f"{sources!r:.80}")
     d, link, host = values["device"], values["link"], values["host"]
+    synchronous = data["device"].get("synchronous", False)
+    if not isinstance(synchronous, bool):
+        raise SpecterError(f"hardware profile {origin}: device.synchronous must be true (the device is the host "
+                           f"itself, as the CPU) or false, got {synchronous!r:.80}")
     return HardwareProfile(
         name=str(data.get("name") or Path(origin).stem),
         description=str(data.get("description", "")),
@@ -294,6 +315,9 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         host_peak_flops=host["peak_tflops"] * 1e12,
         host_memory_bandwidth=host["memory_bandwidth_gbps"] * 1e9,
         host_launch_overhead=host["launch_overhead_us"] * 1e-6,
+        host_dispatch=host["dispatch_us"] * 1e-6,
+        host_policy=host["policy_us"] * 1e-6,
+        device_synchronous=synchronous,
         h2d_by_size=tuple(points),
         measured=bool(data.get("measured", False)),
         sources={str(k): str(v) for k, v in sources.items()},
@@ -303,4 +327,6 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
 def profile_summary(profile: HardwareProfile) -> str:
     return (f"{profile.name}: link {profile.h2d_pinned_bandwidth / 1e9:.2f} GB/s pinned, "
             f"{profile.h2d_pageable_bandwidth / 1e9:.2f} GB/s pageable, latency {profile.h2d_latency * 1e6:.1f} us; "
-            f"device {profile.device_peak_flops / 1e12:.3f} TFLOP/s, {profile.device_memory_bandwidth / 1e9:.1f} GB/s")
+            f"device {profile.device_peak_flops / 1e12:.3f} TFLOP/s, {profile.device_memory_bandwidth / 1e9:.1f} GB/s; "
+            f"host dispatch {profile.host_dispatch * 1e6:.1f} us an op, policy {profile.host_policy * 1e6:.1f} us a "
+            "MoE layer")

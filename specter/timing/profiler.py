@@ -4,10 +4,18 @@ On CUDA: host-to-device bandwidth from pinned and pageable memory for sizes 4 Ki
 copies after warm-up, CUDA events), kernel launch overhead (median of empty-kernel launches), a GEMM roofline point
 (FP16 matmul FLOP/s) and device memory bandwidth (device-to-device copy). Without CUDA: host copy bandwidth into
 preallocated memory (copies rotating through 256 MiB, so that they read and write memory rather than the caches) stands
-in for the link, and the CPU for the device (its op dispatch, timed on a one-element op, for the launch overhead; its
-memory bandwidth, the rate a one-token product reads a 256 MiB weight); the profile says so in its description. The
-host section (the CPU that runs Fiddler's experts) is measured the same way on both. Both write `bandwidth.csv` (one
-row per size and memory kind) and `profile.yaml`.
+in for the link, and the CPU for the device (its memory bandwidth, the rate a one-token product reads a 256 MiB weight);
+the profile says so in its description. The host section (the CPU that runs Fiddler's experts) is measured the same way
+on both, and with it the host's time per dispatched op (`host.dispatch_us`: one eager decode step of a tiny stock MoE
+model over the kernels it dispatches, `specter.timing.dispatch`, on the device the profile describes). Without CUDA the
+profile's device is the host itself (`device.synchronous`), so an op's fixed cost is that dispatch time and the device
+charges no launch overhead.
+
+The profiler checks its figures before it writes them: copies of at least `BANDWIDTH_BOUND_BYTES` whose repeats spread
+widely (the slowest over the fastest above `MAX_SPREAD`), or a bandwidth curve that falls as the size grows or stays
+flat in time while the size grows 4x (another process on the cores: with the second of two cores busy, every copy from
+64 KiB to 16 MiB took a flat 8 ms), are measured again, up to `MEASURE_TRIES` times, and refused with one line naming
+the cause if the fault persists. Both write `bandwidth.csv` (one row per size and memory kind) and `profile.yaml`.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import torch
 import yaml
 
 from specter.errors import SpecterError
+from specter.timing.dispatch import dispatch_seconds
 from specter.timing.hardware import load_profile
 
 KIB = 1024
@@ -31,6 +40,14 @@ KIB = 1024
 #: caches of most CPUs, as a decode step's reads are, since the rest of the step has pushed them out
 COLD_BYTES = 1 << 28
 HOST_MATMUL = 1024  # the side of the float32 matmul a CPU's FLOP/s are timed on
+#: the most a measurement's slowest repeat may take over its fastest before it is measured again (a copy of one size
+#: repeats within a few percent on an idle machine; a busy core makes some repeats wait a whole scheduler slice)
+MAX_SPREAD = 3.0
+#: measurements taken before a fault that persists is refused
+MEASURE_TRIES = 3
+#: copies at least this large are bandwidth-bound: 4x the bytes must take at least `MIN_GROWTH` x the time
+BANDWIDTH_BOUND_BYTES = 1 << 20
+MIN_GROWTH = 1.5
 
 
 def default_sizes(max_bytes: int = 1 << 30) -> list[int]:
@@ -49,13 +66,62 @@ class CopyRow:
     median_s: float
     gbps: float
     repeats: int
+    spread: float = 1.0  # the slowest repeat over the fastest
+
+
+def _times(fn: Callable[[], None], repeats: int, warmup: int,
+           timer: Callable[[Callable[[], None]], float]) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    return [timer(fn) for _ in range(repeats)]
 
 
 def _median_time(fn: Callable[[], None], repeats: int, warmup: int,
                  timer: Callable[[Callable[[], None]], float]) -> float:
-    for _ in range(warmup):
-        fn()
-    return statistics.median(timer(fn) for _ in range(repeats))
+    return statistics.median(_times(fn, repeats, warmup, timer))
+
+
+def _copy_row(size: int, memory: str, times: list[float]) -> CopyRow:
+    t = statistics.median(times)
+    return CopyRow(size, memory, t, size / t / 1e9, len(times), max(times) / max(min(times), 1e-12))
+
+
+def copy_fault(rows: list[CopyRow]) -> str | None:
+    """Why a set of copy rows cannot describe the link, or None where they can: past `BANDWIDTH_BOUND_BYTES`, repeats
+    that spread widely, a bandwidth that falls as the size grows, or a time that stays flat while it grows."""
+    for r in rows:
+        if r.size_bytes >= BANDWIDTH_BOUND_BYTES and r.spread > MAX_SPREAD:
+            return (f"{r.memory} copies of {r.size_bytes} bytes spread {r.spread:.1f}x between repeats (at most "
+                    f"{MAX_SPREAD:g}x)")
+    by_memory: dict[str, list[CopyRow]] = {}
+    for r in rows:
+        by_memory.setdefault(r.memory, []).append(r)
+    for memory, series in by_memory.items():
+        series.sort(key=lambda r: r.size_bytes)
+        for a, b in zip(series, series[1:]):
+            if a.size_bytes < BANDWIDTH_BOUND_BYTES:
+                continue
+            growth = (b.median_s / a.median_s) / (b.size_bytes / a.size_bytes) * 4
+            if growth < MIN_GROWTH:
+                return (f"{memory} copies took {a.median_s * 1e3:.3g} ms at {a.size_bytes} bytes and "
+                        f"{b.median_s * 1e3:.3g} ms at {b.size_bytes}: the time did not grow with the size")
+            if b.gbps < a.gbps / 2:
+                return (f"{memory} copy bandwidth fell from {a.gbps:.3g} GB/s at {a.size_bytes} bytes to "
+                        f"{b.gbps:.3g} GB/s at {b.size_bytes}")
+    return None
+
+
+def _measured_rows(measure: Callable[[], list[CopyRow]]) -> list[CopyRow]:
+    """`measure()`'s rows once they pass `copy_fault`, measured up to `MEASURE_TRIES` times; else one error."""
+    fault = None
+    for _ in range(MEASURE_TRIES):
+        rows = measure()
+        fault = copy_fault(rows)
+        if fault is None:
+            return rows
+    raise SpecterError(f"the copies measured do not describe a link ({fault}, in each of {MEASURE_TRIES} tries): "
+                       "another process is most likely using the cores or the link; run profile-bandwidth again "
+                       "with nothing else running")
 
 
 def _wall_timer(fn: Callable[[], None]) -> float:
@@ -74,8 +140,11 @@ def _cuda_timer(fn: Callable[[], None]) -> float:
 
 
 def profile_bandwidth(out_dir: str | Path, device: str = "auto", sizes: list[int] | None = None,
-                      repeats: int = 10, warmup: int = 3, name: str | None = None) -> tuple[Path, Path]:
-    """Measure and write `bandwidth.csv` and `profile.yaml` into `out_dir`; returns their paths."""
+                      repeats: int = 10, warmup: int = 3, name: str | None = None,
+                      policy: Callable[[int, int], float] | None = None) -> tuple[Path, Path]:
+    """Measure and write `bandwidth.csv` and `profile.yaml` into `out_dir`; returns their paths. `policy(repeats,
+    warmup)` measures the runtime's own host seconds per MoE layer (`specter.offload.policy.policy_seconds`, which
+    this layer cannot import); without it the profile says 0, unmeasured."""
     if repeats < 10:
         raise SpecterError(f"--repeats must be at least 10 for a stable median, got {repeats}")
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
@@ -88,6 +157,11 @@ def profile_bandwidth(out_dir: str | Path, device: str = "auto", sizes: list[int
         rows, profile = _profile_cuda(sizes, repeats, warmup, name)
     else:
         rows, profile = _profile_cpu(sizes, repeats, warmup, name)
+    profile["host"]["policy_us"] = round(policy(repeats, warmup) * 1e6, 3) if policy is not None else 0.0
+    profile["sources"]["host.policy_us"] = (
+        "the suite's executor at each MoE layer of one-token passes over seeded random routes (half of each layer's "
+        "experts in slots, no kernel run), per MoE layer (specter.offload.policy)" if policy is not None
+        else "0, not measured")
     csv_path, yaml_path = out / "bandwidth.csv", out / "profile.yaml"
     with csv_path.open("w", newline="") as f:
         w = csv.writer(f)
@@ -116,10 +190,10 @@ def _host_copy_rows(sizes: list[int], repeats: int, warmup: int) -> list[CopyRow
     for size in sizes:
         if size >= COLD_BYTES:
             big_src, big_dst = torch.ones(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
-            t = _median_time(partial(big_dst.copy_, big_src), repeats, warmup, _wall_timer)
+            times = _times(partial(big_dst.copy_, big_src), repeats, warmup, _wall_timer)
         else:
-            t = _median_time(_rotating_copy(src, dst, size), repeats, warmup, _wall_timer)
-        rows.append(CopyRow(size, "host", t, size / t / 1e9, repeats))
+            times = _times(_rotating_copy(src, dst, size), repeats, warmup, _wall_timer)
+        rows.append(_copy_row(size, "host", times))
     return rows
 
 
@@ -161,25 +235,36 @@ def _host_gemv_read_gbps(repeats: int, warmup: int) -> float:
     return n * n * 4 / t / 1e9
 
 
-def _host_sources() -> dict[str, str]:
+def _host_sources(device: str, kernels: int) -> dict[str, str]:
     """Where the host section's figures (and, without CUDA, the device's) come from."""
+    bandwidth = "the device's" if device == "cuda" else "host.memory_bandwidth_gbps"
     return {"host": f"peak: a float32 {HOST_MATMUL} x {HOST_MATMUL} matmul; memory bandwidth: one token through a "
                     f"float32 {COLD_BYTES >> 20} MiB linear (bytes read over time); launch overhead: an in-place add "
-                    "on one element, per op over batches of 100"}
+                    "on one element, per op over batches of 100",
+            "host.dispatch_us": f"one greedy decode step of a stock Qwen2-MoE of 2 decoder layers at the default "
+                                f"proxy's shapes (transformers' modules) on {device}, its wall time less its weights' "
+                                f"reads at {bandwidth} memory bandwidth, over the {kernels} kernels it dispatches "
+                                "(specter.timing.dispatch)"}
 
 
-def _host_section(repeats: int, warmup: int) -> dict:
+def _host_section(repeats: int, warmup: int, device: str, memory_bandwidth: float | None = None) -> tuple[dict, int]:
+    """The host section, and the kernels of the decode step its dispatch figure was timed on (its weights read at
+    `memory_bandwidth`, bytes/s: the device's; None: the host's own, measured here)."""
+    host_read = _host_gemv_read_gbps(repeats, warmup)
+    # a decode step's time varies more than one op's: three times the repeats
+    dispatch_s, kernels, _ = dispatch_seconds(device, 3 * repeats, warmup, memory_bandwidth or host_read * 1e9)
     return {
         "name": f"this machine's CPU ({torch.get_num_threads()} threads)",
         "peak_tflops": round(_host_matmul_tflops(repeats, warmup), 6),
-        "memory_bandwidth_gbps": round(_host_gemv_read_gbps(repeats, warmup), 4),
+        "memory_bandwidth_gbps": round(host_read, 4),
         "launch_overhead_us": round(_host_op_overhead_us(repeats, warmup), 3),
-    }
+        "dispatch_us": round(dispatch_s * 1e6, 3),
+    }, kernels
 
 
 def _profile_cpu(sizes, repeats, warmup, name):
-    rows = _host_copy_rows(sizes, repeats, warmup)
-    host = _host_section(repeats, warmup)
+    rows = _measured_rows(partial(_host_copy_rows, sizes, repeats, warmup))
+    host, kernels = _host_section(repeats, warmup, "cpu")
     largest = rows[-1].gbps
     profile = {
         "name": name or "measured-cpu",
@@ -188,8 +273,8 @@ def _profile_cpu(sizes, repeats, warmup, name):
         "measured": True,
         "device": {"name": host["name"], "peak_tflops": host["peak_tflops"],
                    "memory_bandwidth_gbps": host["memory_bandwidth_gbps"],
-                   "launch_overhead_us": host["launch_overhead_us"],
-                   "host_sync_us": 0.0, "memory_gb": round(_total_memory_gb(), 3)},
+                   "launch_overhead_us": 0.0, "host_sync_us": 0.0, "memory_gb": round(_total_memory_gb(), 3),
+                   "synchronous": True},
         "link": {"name": "host memcpy", "h2d_pinned_gbps": round(largest, 4), "h2d_pageable_gbps": round(largest, 4),
                  "latency_us": round(rows[0].median_s * 1e6, 3),
                  "h2d_by_size": [{"bytes": r.size_bytes, "pinned_gbps": round(r.gbps, 4),
@@ -197,7 +282,9 @@ def _profile_cpu(sizes, repeats, warmup, name):
         "host": host,
         "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}, each figure the "
                            f"median of {repeats} after {warmup} warm-up",
-                    **_host_sources(), "device": "this CPU as the device: measured as `host` says",
+                    **_host_sources("cpu", kernels), "device": "this CPU as the device: measured as `host` says",
+                    "device.launch_overhead_us": "0: the CPU as device runs each op on the thread that dispatches it, "
+                                                 "so an op's fixed cost is host.dispatch_us, not charged twice",
                     "link": f"host copies of each size from and into {COLD_BYTES >> 20} MiB of memory in rotation "
                             f"(sizes from {COLD_BYTES >> 20} MiB up: between buffers of their own size); latency: "
                             "the smallest copy's time",
@@ -217,13 +304,18 @@ def _total_memory_gb() -> float:
 
 def _profile_cuda(sizes, repeats, warmup, name):
     dev = torch.device("cuda")
-    rows: list[CopyRow] = []
-    for size in sizes:
-        dst = torch.empty(size, dtype=torch.uint8, device=dev)
-        for memory, src in (("pinned", torch.ones(size, dtype=torch.uint8).pin_memory()),
-                            ("pageable", torch.ones(size, dtype=torch.uint8))):
-            t = _median_time(partial(dst.copy_, src, non_blocking=True), repeats, warmup, _cuda_timer)
-            rows.append(CopyRow(size, memory, t, size / t / 1e9, repeats))
+
+    def link_rows() -> list[CopyRow]:
+        rows: list[CopyRow] = []
+        for size in sizes:
+            dst = torch.empty(size, dtype=torch.uint8, device=dev)
+            for memory, src in (("pinned", torch.ones(size, dtype=torch.uint8).pin_memory()),
+                                ("pageable", torch.ones(size, dtype=torch.uint8))):
+                times = _times(partial(dst.copy_, src, non_blocking=True), repeats, warmup, _cuda_timer)
+                rows.append(_copy_row(size, memory, times))
+        return rows
+
+    rows = _measured_rows(link_rows)
     x = torch.zeros(1, device=dev)
     launches = 100
 
@@ -243,6 +335,7 @@ def _profile_cuda(sizes, repeats, warmup, name):
     pinned = {r.size_bytes: r for r in rows if r.memory == "pinned"}
     pageable = {r.size_bytes: r for r in rows if r.memory == "pageable"}
     host_rows = _host_copy_rows([s for s in sizes if s <= 1 << 28], repeats, warmup)
+    host, kernels = _host_section(repeats, warmup, "cuda", 2 * big / d2d_s)
     props = torch.cuda.get_device_properties(dev)
     largest = max(sizes)
     profile = {
@@ -258,12 +351,12 @@ def _profile_cuda(sizes, repeats, warmup, name):
                  "latency_us": round(pinned[min(sizes)].median_s * 1e6, 3),
                  "h2d_by_size": [{"bytes": s, "pinned_gbps": round(pinned[s].gbps, 4),
                                   "pageable_gbps": round(pageable[s].gbps, 4)} for s in sizes]},
-        "host": _host_section(repeats, warmup),
+        "host": host,
         "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}: median of {repeats} "
                            f"after {warmup} warm-up; GEMM {n}x{n} FP16; device memory from a 1 GiB device copy "
                            "(read + write); launch overhead: an in-place add on one element, per launch over batches "
                            "of 100 (CUDA events); host sync: the host reading one device value (`item`); link: "
                            "pinned and pageable copies of each size; latency: the smallest pinned copy's time",
-                    **_host_sources()},
+                    **_host_sources("cuda", kernels)},
     }
     return rows + host_rows, profile

@@ -1,11 +1,22 @@
 """SimEngine: the numerics run at once on the CPU; time comes from the cost model on a deterministic event clock.
 
-Each stream has a clock: the time its last op ends. An op starts at the latest of its stream's clock and the host
-thread's time (an op cannot start before the host launched it), and lasts what the cost model says. `wait` moves a
-stream's clock to the event's time and books the gap as a stall; `synchronize` moves the host's time to the event's
-and then past the profile's `host_sync` (reading a device result costs the host that long: a span on the `sync`
-timeline); a host worker waiting on a device event (`wait(HOST, ...)`) pays it too. Nothing reads the wall clock, so
-the same schedule gives the same times on any machine.
+Two kinds of clock, as on a GPU with its host:
+- **The host thread.** Launching an op costs it the profile's dispatch time for every kernel the op stands for
+  (`host.dispatch_us`: the framework's work per op, the same for every system); a host read of a device result waits
+  for the device and then costs `host_sync`; the runtime's own policy work (`host_work`) is a span of host time. The
+  host runs ahead of the device until it must read something.
+- **Each stream.** An op starts no earlier than its stream's last op ends and its first kernel is launched, and ends no
+  earlier than its own time after that, nor before its last kernel could run after its launch. A chain of tiny kernels
+  thus comes out launch-bound (its time grows with dispatch), one large kernel device-bound, and a copy overlaps the
+  host work launched after it.
+
+On a profile whose device is the host itself (`device.synchronous`: the CPU as device, measured by `specter
+profile-bandwidth`) every launch returns only when its op has run, as on the wall clock: nothing overlaps.
+
+`wait` moves a stream's clock to the event's time and books the gap as a stall; `synchronize` moves the host's time to
+the event's and then past `host_sync` (a span on the `sync` timeline; the host's own work is on the `dispatch` and
+`policy` timelines); a host worker waiting on a device event (`wait(HOST, ...)`) pays `host_sync` too. Nothing reads
+the wall clock, so the same schedule gives the same times on any machine.
 """
 
 from __future__ import annotations
@@ -13,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from specter.timing.cost import CostModel
-from specter.timing.engine import HOST, STREAMS, SYNC, Engine, Event, Op, Span, Stall, check_stream
+from specter.timing.engine import DISPATCH, HOST, POLICY, STREAMS, SYNC, Engine, Event, Op, Span, Stall, check_stream
 from specter.timing.hardware import HardwareProfile
 
 
@@ -33,11 +44,27 @@ class SimEngine(Engine):
 
     def launch(self, stream: str, op: Op) -> Any:
         check_stream(stream)
-        start = max(self._ready[stream], self._host)
-        end = start + self.cost.seconds(op, stream)
+        launches = max(1, op.launches)
+        issued = self._host
+        self._host += launches * self.profile.host_dispatch  # the host dispatches every kernel of the op
+        if self._host > issued:
+            self.timeline.spans.append(Span(DISPATCH, op.label, issued, self._host))
+        seconds = self.cost.seconds(op, stream)
+        if self.profile.device_synchronous:  # the device is this thread: it dispatches each kernel, then runs it
+            start = max(self._ready[stream], issued)
+            end = self._host = start + launches * self.profile.host_dispatch + seconds
+        else:
+            start = max(self._ready[stream], issued + self.profile.host_dispatch)  # once its first kernel is launched
+            end = max(start + seconds, self._host + seconds / launches)  # its last kernel runs after its launch
         self._ready[stream] = end
         self.timeline.spans.append(Span(stream, op.label, start, end, op.bytes_copied))
         return op.fn() if op.fn is not None else None
+
+    def policy(self, label: str) -> None:
+        """The runtime's own work at one target MoE layer: the profile's `host.policy_us` of host time."""
+        if self.profile.host_policy > 0:
+            self.timeline.spans.append(Span(POLICY, label, self._host, self._host + self.profile.host_policy))
+            self._host += self.profile.host_policy
 
     def record(self, stream: str) -> Event:
         check_stream(stream)
