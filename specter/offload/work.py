@@ -11,12 +11,12 @@ layer and pass of n tokens over a context of c tokens:
   layers (each byte read and written), no FLOPs; one copy per layer and tensor (K and V, or MLA's latent and rotary
   key: two tensors a layer).
 These kernel counts (`Kernels`) and the attention FLOP formula are modelling choices, the same for every system: a
-runtime of fused kernels (`--pricing fused`). Priced `counted` (a live run's simulated twin, by default), each op
-stands for the kernels the model's own transformers modules dispatch, counted (`specter.numerics.opcount`) on the
-model, or on a tiny instance of the priced architecture's class; a live twin's weights are priced at the dtype they
-decode in (`weight_bytes`). Each kernel also costs the host its dispatch (`specter.timing.sim`). KV per token and layer is K and V of every KV head, or, for multi-head latent attention
-(DeepSeek's MLA), the compressed latent and the rotary key that DeepSeek's own inference caches (kv_lora_rank +
-qk_rope_head_dim values).
+runtime of fused kernels (`--pricing fused`). Priced `counted` (a live run's simulated twin, by default), each op stands
+for the kernels the model's own transformers modules dispatch, counted (`specter.numerics.opcount`) on the model, or on
+a tiny instance of the priced architecture's class; a live twin's weights are priced at the dtype they decode in
+(`weight_bytes`). Each kernel also costs the host its dispatch (`specter.timing.sim`). KV per token and layer is K and V
+of every KV head, or, for multi-head latent attention (DeepSeek's MLA), the compressed latent and the rotary key that
+DeepSeek's own inference caches (kv_lora_rank + qk_rope_head_dim values).
 """
 
 from __future__ import annotations
