@@ -51,7 +51,7 @@ RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hard
                            "device", "numerics", "cost", "k_source", "expert_storage"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
 SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "expert_bits", "prefix_tokens",
-              "budget")
+              "pricing", "budget")
 #: the RunSpec fields a sweep arm may set (besides system options and a budget): none changes what the model computes
 ARM_SETTINGS = ("prefetch", "draft_kernel", "hardware", "expert_bits")
 #: the target's routed experts as stored: FP16 (16, the paper's targets) or HQQ at 2, 3 or 4 bits (Mixtral-Offloading's)

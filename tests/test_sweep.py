@@ -257,3 +257,23 @@ def test_a_draft_written_again_or_elsewhere_keeps_its_key_and_a_changed_one_does
     assert draft_key(write("again", seconds=115.6, source_model="/two/results/models/m")) == first
     assert draft_key(write("bits", bits=3)) != first
     assert draft_key(write("tensors", tensors=b"other experts")) != first
+
+
+def test_every_sweepable_flag_is_an_axis_a_sweep_keeps():
+    """A flag marked sweepable that `SWEEP_AXES` left out would be dropped from a sweep without a word (its runs at
+    the default): every one is an axis."""
+    from specter.runspec import SWEEP_AXES, _flag_fields
+
+    assert {f.name for f in _flag_fields() if f.metadata["sweep"]} <= set(SWEEP_AXES)
+
+
+def test_a_sweep_over_pricing_prices_each_run_as_asked(tiny_dirs, draft):
+    from specter.cli import build_parser
+    from specter.runspec import sweep_from_args
+
+    args = build_parser().parse_args(["sweep", "--model", tiny_dirs[ARCH], "--draft", draft, "--dataset", "code",
+                                      "--hardware", "a100-40gb-pcie4", "--resident-per-layer", "2", "--systems",
+                                      "on-demand", "--pricing", "fused,counted"])
+    base, axes, options = sweep_from_args(args, ["on-demand"])
+    assert axes["pricing"] == ["fused", "counted"]
+    assert [s.resolved_pricing for s in grid(base, axes, options)] == ["fused", "counted"]
