@@ -6,16 +6,17 @@ copies after warm-up, CUDA events), kernel launch overhead (median of empty-kern
 preallocated memory (copies rotating through 256 MiB, so that they read and write memory rather than the caches) stands
 in for the link, and the CPU for the device (its memory bandwidth, the rate a one-token product reads a 256 MiB weight);
 the profile says so in its description. The host section (the CPU that runs Fiddler's experts) is measured the same way
-on both, and with it the host's time per dispatched op (`host.dispatch_us`: one eager decode step of a tiny stock MoE
-model over the kernels it dispatches, `specter.timing.dispatch`, on the device the profile describes). Without CUDA the
-profile's device is the host itself (`device.synchronous`), so an op's fixed cost is that dispatch time and the device
-charges no launch overhead.
+on both, and with it the host's time per dispatched op (`host.dispatch_us`: one eager decode step of a stock two-layer
+MoE model at the default proxy's widths, less its weights' reads, over the kernels it dispatches,
+`specter.timing.dispatch`, on the device the profile describes). Without CUDA the profile's device is the host itself
+(`device.synchronous`), so an op's fixed cost is that dispatch time and the device charges no launch overhead.
 
 The profiler checks its figures before it writes them: copies of at least `BANDWIDTH_BOUND_BYTES` whose repeats spread
-widely (the slowest over the fastest above `MAX_SPREAD`), or a bandwidth curve that falls as the size grows or stays
-flat in time while the size grows 4x (another process on the cores: with the second of two cores busy, every copy from
-64 KiB to 16 MiB took a flat 8 ms), are measured again, up to `MEASURE_TRIES` times, and refused with one line naming
-the cause if the fault persists. Both write `bandwidth.csv` (one row per size and memory kind) and `profile.yaml`.
+widely (the slower over the faster, the extreme fifths left out, above `MAX_SPREAD`), or a bandwidth curve that falls as
+the size grows or stays flat in time while the size grows 4x (another process on the cores: with the second of two cores
+busy, every copy from 64 KiB to 16 MiB took a flat 8 ms), are measured again, up to `MEASURE_TRIES` times, and refused
+with one line naming the cause if the fault persists. Both write `bandwidth.csv` (one row per size and memory kind) and
+`profile.yaml`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ KIB = 1024
 #: caches of most CPUs, as a decode step's reads are, since the rest of the step has pushed them out
 COLD_BYTES = 1 << 28
 HOST_MATMUL = 1024  # the side of the float32 matmul a CPU's FLOP/s are timed on
-#: the most a measurement's slowest repeat may take over its fastest before it is measured again (a copy of one size
-#: repeats within a few percent on an idle machine; a busy core makes some repeats wait a whole scheduler slice)
+#: the most a copy's slower repeats may take over its faster ones (the extreme fifths left out) before it is measured
+#: again (a copy of one size repeats within a few percent on an idle machine; a busy core makes repeats wait a whole
+#: scheduler slice)
 MAX_SPREAD = 3.0
 #: measurements taken before a fault that persists is refused
 MEASURE_TRIES = 3
@@ -66,7 +68,7 @@ class CopyRow:
     median_s: float
     gbps: float
     repeats: int
-    spread: float = 1.0  # the slowest repeat over the fastest
+    spread: float = 1.0  # the slowest repeat over the fastest, the extreme fifths left out
 
 
 def _times(fn: Callable[[], None], repeats: int, warmup: int,
@@ -83,7 +85,10 @@ def _median_time(fn: Callable[[], None], repeats: int, warmup: int,
 
 def _copy_row(size: int, memory: str, times: list[float]) -> CopyRow:
     t = statistics.median(times)
-    return CopyRow(size, memory, t, size / t / 1e9, len(times), max(times) / max(min(times), 1e-12))
+    ranked = sorted(times)
+    fifth = len(ranked) // 5  # the spread leaves out the fastest and slowest fifths: one stray repeat is no fault
+    spread = ranked[-1 - fifth] / max(ranked[fifth], 1e-12)
+    return CopyRow(size, memory, t, size / t / 1e9, len(times), spread)
 
 
 def copy_fault(rows: list[CopyRow]) -> str | None:

@@ -3,8 +3,8 @@
 Two kinds of clock, as on a GPU with its host:
 - **The host thread.** Launching an op costs it the profile's dispatch time for every kernel the op stands for
   (`host.dispatch_us`: the framework's work per op, the same for every system); a host read of a device result waits
-  for the device and then costs `host_sync`; the runtime's own policy work (`host_work`) is a span of host time. The
-  host runs ahead of the device until it must read something.
+  for the device and then costs `host_sync`; the runtime's own work at each target MoE layer (`policy`: choosing
+  copies, updating the cache) costs `host.policy_us`. The host runs ahead of the device until it must read something.
 - **Each stream.** An op starts no earlier than its stream's last op ends and its first kernel is launched, and ends no
   earlier than its own time after that, nor before its last kernel could run after its launch. A chain of tiny kernels
   thus comes out launch-bound (its time grows with dispatch), one large kernel device-bound, and a copy overlaps the
