@@ -51,7 +51,7 @@ RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hard
                            "device", "numerics", "cost", "k_source", "expert_storage"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
 SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "expert_bits", "prefix_tokens",
-              "pricing", "budget")
+              "budget")
 #: the RunSpec fields a sweep arm may set (besides system options and a budget): none changes what the model computes
 ARM_SETTINGS = ("prefetch", "draft_kernel", "hardware", "expert_bits")
 #: the target's routed experts as stored: FP16 (16, the paper's targets) or HQQ at 2, 3 or 4 bits (Mixtral-Offloading's)
@@ -337,10 +337,11 @@ class RunSpec:
     pricing: str | None = setting(default=None, metadata=_flag(
         "--pricing", "the kernels each op is priced at: fused (a modelled runtime of fused kernels: 8 an attention "
                      "block, 3 a routed expert, 2 for the head; a mechanism alone) or counted (the kernels the model's "
-                     "own transformers modules dispatch per part of a decode step, counted on a tiny instance of the "
-                     "priced architecture's class, the draft's experts as the live engine runs them); default: fused "
+                     "own transformers modules dispatch per part of a decode step, counted on the model itself, or "
+                     "with --cost-as on a tiny instance of the priced architecture's class at 2 bytes a weight; the "
+                     "draft's experts as the live engine runs them); default: fused "
                      "for --engine sim, counted for a live run's twin; records say which (config.priced_ops)",
-        sweep=True, choices=PRICINGS))
+        choices=PRICINGS))
     system_options: tuple[tuple[str, str], ...] = ()
     arm: str = ""  # the sweep arm this run belongs to (`specter sweep --arm`), or empty
     warmup_prompts: int = setting(default=8, metadata=_flag(

@@ -150,6 +150,7 @@ def test_each_published_figure_beside_the_suite_s_with_its_ratio_and_reason(temp
     median, largest = log_ratio_stats(table)  # the comparable rows: no-preload (2.10x), Fig 13 (1.0 and 2.0)
     assert largest == pytest.approx(math.log(2 * 3.061 / 2.918)) and median == pytest.approx(math.log(2.0))
     everything = table.assign(comparable=True)
+    assert log_ratio_stats(table.drop(columns="comparable")) == log_ratio_stats(everything)  # a table of before
     assert log_ratio_stats(everything)[0] == pytest.approx(math.log(2.0))
     assert log_ratio_stats(everything)[1] == pytest.approx(math.log(2 * 3.061 / 2.918))
 

@@ -267,13 +267,14 @@ def test_every_sweepable_flag_is_an_axis_a_sweep_keeps():
     assert {f.name for f in _flag_fields() if f.metadata["sweep"]} <= set(SWEEP_AXES)
 
 
-def test_a_sweep_over_pricing_prices_each_run_as_asked(tiny_dirs, draft):
+def test_a_sweep_prices_every_run_as_its_pricing_flag_says(tiny_dirs, draft):
+    """`--pricing` is one value a sweep (not an axis: the tables would fold two pricings into one row)."""
     from specter.cli import build_parser
     from specter.runspec import sweep_from_args
 
     args = build_parser().parse_args(["sweep", "--model", tiny_dirs[ARCH], "--draft", draft, "--dataset", "code",
                                       "--hardware", "a100-40gb-pcie4", "--resident-per-layer", "2", "--systems",
-                                      "on-demand", "--pricing", "fused,counted"])
-    base, axes, options = sweep_from_args(args, ["on-demand"])
-    assert axes["pricing"] == ["fused", "counted"]
-    assert [s.resolved_pricing for s in grid(base, axes, options)] == ["fused", "counted"]
+                                      "on-demand,specter", "--pricing", "counted"])
+    base, axes, options = sweep_from_args(args, ["on-demand", "specter"])
+    assert "pricing" not in axes
+    assert [s.resolved_pricing for s in grid(base, axes, options)] == ["counted", "counted"]

@@ -67,11 +67,13 @@ class Architecture:
     def parameters(self) -> int:
         return sum(p.numel() for p in self.meta_model().model.parameters())
 
-    def tiny_model(self, seed: int = 0):
-        """The stock transformers model of this architecture's class and structure (its experts per layer, top-k,
-        dense first layers, shared experts, attention kind, biases) at tiny widths, with seeded weights on the CPU,
-        wrapped in the adapter: what counting the kernels of its decode step needs (`specter.numerics.opcount`),
-        since a kernel count depends on the class and the structure, not on the widths."""
+    def tiny_model(self, seed: int = 0, dtype=None):
+        """The stock transformers model of this architecture's class and structure (its layers, dense first layers
+        among them, experts per layer, top-k, shared experts, attention kind, biases) at tiny widths, with seeded
+        weights on the CPU at `dtype` (default bfloat16: the 2-byte weights a priced run's work assumes, whose norms
+        and softmax cast to float32 and back), wrapped in the adapter: what counting the kernels of its decode step
+        needs (`specter.numerics.opcount`), since a kernel count depends on the class, the structure and the dtype, not
+        on the widths."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -82,8 +84,7 @@ class Architecture:
         heads, kv_heads = cfg.get("num_attention_heads", 1), cfg.get("num_key_value_heads")
         tiny_heads = 4
         cfg.update(num_attention_heads=tiny_heads, hidden_size=16 * tiny_heads, vocab_size=256,
-                   max_position_embeddings=64,
-                   num_hidden_layers=min(cfg.get("num_hidden_layers", 2), cfg.get("first_k_dense_replace", 0) + 2))
+                   max_position_embeddings=64)
         if kv_heads:
             cfg["num_key_value_heads"] = max(1, tiny_heads * kv_heads // heads)
         for key, tiny in (("head_dim", 16), ("intermediate_size", 32), ("moe_intermediate_size", 16),
@@ -95,7 +96,8 @@ class Architecture:
         torch.manual_seed(seed)
         config = AutoConfig.for_model(model_type, **cfg)
         config._experts_implementation = "eager"  # as the suite loads every checkpoint (`models/loading.py`)
-        return MoEModel(AutoModelForCausalLM.from_config(config).eval())
+        model = AutoModelForCausalLM.from_config(config).eval().to(torch.bfloat16 if dtype is None else dtype)
+        return MoEModel(model)
 
 
 #: the config keys that make a checkpoint's shapes (where a shipped architecture's config has them)

@@ -46,7 +46,10 @@ def papers() -> list[dict]:
             if missing or row["metric"] not in METRICS:
                 raise SpecterError(f"{path.name}: row {row.get('id')!r} lacks {missing or 'a known metric'}; "
                                    f"metrics: {', '.join(METRICS)}")
-            if row.get("comparable", True) is not True and not str(row.get("comparability") or "").strip():
+            if row.get("comparable", True) not in (True, False):
+                raise SpecterError(f"{path.name}: row {row['id']!r} has comparable: {row['comparable']!r}; write "
+                                   "true or false (unquoted)")
+            if row.get("comparable", True) is False and not str(row.get("comparability") or "").strip():
                 raise SpecterError(f"{path.name}: row {row['id']!r} is not comparable and does not say why; give it "
                                    "its comparability (the other quantity or protocol it measures)")
         out.append(data)
@@ -188,7 +191,7 @@ def calibration_table(records: list[dict]) -> pd.DataFrame:
             inside = ratio is not None and BAND[0] <= ratio <= BAND[1]
             if ratio is not None and not inside:
                 why = _reason(row, runs, reference, ratio, list(data.get("departures") or []))
-            comparable = bool(row.get("comparable", True))
+            comparable = row.get("comparable", True) is not False
             out.append(dict(
                 paper=data["paper"], id=row["id"], where=row["where"], page=row.get("page"),
                 architecture=row["architecture"], hardware=row.get("hardware", default_hw),
@@ -228,7 +231,8 @@ def check_reasons(table: pd.DataFrame) -> None:
 
 def log_ratio_stats(table: pd.DataFrame) -> tuple[float | None, float | None]:
     """(median, largest) |log ratio| over the comparable rows with a suite figure."""
-    comparable = table["comparable"].astype(str).str.lower() != "false" if "comparable" in table else True
+    comparable = (table["comparable"].astype(str).str.lower() != "false" if "comparable" in table
+                  else pd.Series(True, index=table.index))  # a table written before the column: every row
     values = [abs(math.log(r)) for r in table.loc[comparable, "suite_over_published"].dropna() if r > 0]
     if not values:
         return None, None

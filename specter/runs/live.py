@@ -26,8 +26,9 @@ from specter.systems import schedule
 def counted_kernels(spec, target, draft, counted: dict, architecture=None):
     """The kernels each op stands for, counted (`specter.numerics.opcount`): on the model's own modules, or on a tiny
     instance of `architecture`'s class where the run is priced at its shapes; the draft's experts as the live engine
-    runs them (on the fused INT4 kernel or packed). Counted once per model or architecture, draft and kernel in
-    `counted` (a session's: every system of a sweep is priced at the same counts)."""
+    runs them (on the fused INT4 kernel or packed). Counted once per model or architecture (as the run names it),
+    dtype, engine (a simulation's draft is unpacked), draft and kernel in `counted` (a session's: every system of a
+    sweep is priced at the same counts)."""
     import torch
 
     from specter.numerics.opcount import count_decode_ops, count_experts_call
@@ -35,8 +36,9 @@ def counted_kernels(spec, target, draft, counted: dict, architecture=None):
     from specter.quant.kernels import with_fused_kernels
 
     dtype = next(target.model.parameters()).dtype
-    model_key = ("architecture", architecture.name) if architecture is not None else (spec.model, str(dtype))
-    key = (*model_key, spec.draft if draft is not None else None, spec.live_draft_kernel, spec.live_device)
+    model_key = ("architecture", spec.cost_as) if architecture is not None else ("model", spec.model)
+    key = (*model_key, str(dtype), spec.engine, spec.draft if draft is not None else None, spec.live_draft_kernel,
+           spec.live_device)
     if key not in counted:
         experts = None
         if draft is not None:

@@ -2,7 +2,7 @@
 
 Given the passes the run made (their FLOPs and the device-memory bytes they must read: the target's passes and the
 draft's steps) and the expert loads that no cache of the run's size could avoid, a run needs at least `max(sum of
-compute times, bytes over the link / bandwidth, the host's dispatch of every kernel)`. The max (not a per-pass sum of
+compute times, bytes over the link / bandwidth)`. The max (not a per-pass sum of
 maxima) is what stays a bound when copies for one pass overlap compute of another. The unavoidable loads come from
 Belady's offline-optimal replacement, with the initial cache content free (the best any warm-up could leave), over one
 of two sequences:
@@ -69,17 +69,14 @@ class PassWork:
 
 
 def decode_lower_bound_seconds(passes: Sequence[PassWork], link_bytes: float, cost: CostModel) -> float:
-    """Seconds the run needs at least: max(total compute, unavoidable link bytes / the fastest link bandwidth, the
-    host's dispatch of every kernel); on a device that is the host itself (`device_synchronous`) the dispatch adds to
-    the compute instead."""
+    """Seconds the run needs at least: max(total compute, unavoidable link bytes / the fastest link bandwidth). The
+    host's dispatch is left out: it is the software's cost, not the hardware's (a runtime that captures its decode as
+    one graph does not pay it)."""
     compute = cost.total(passes)  # a PassWork carries the same cost inputs as an op
     p = cost.profile
     fastest = max([p.h2d_pinned_bandwidth, *(pt.pinned_gbps * 1e9 for pt in p.h2d_by_size)])
     link = link_bytes / fastest if link_bytes > 0 else 0.0
-    dispatch = sum(max(1, w.launches) for w in passes) * p.host_dispatch
-    if p.device_synchronous:
-        return max(compute + dispatch, link)
-    return max(compute, link, dispatch)
+    return max(compute, link)
 
 
 @dataclass(frozen=True)

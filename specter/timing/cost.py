@@ -6,8 +6,8 @@
 A run with quantized target experts (`--expert-bits`, Mixtral-Offloading's HQQ experts) copies and reads each routed
 expert at its stored size (`hqq_expert_bytes`); its numerics stay the proxy's (its records say so).
 
-Every simulated time in the suite comes from these two lines and the profile's numbers; nothing here knows which system
-asked.
+Every simulated op's device time comes from these two lines and the profile's numbers (the host's dispatch, reads and
+policy work are the engine's: `specter.timing.sim`); nothing here knows which system asked.
 """
 
 from __future__ import annotations
