@@ -14,7 +14,8 @@ import statistics
 import time
 
 from specter.offload.cache import ExpertCache
-from specter.offload.executor import Executor, TransferStats
+from specter.offload.executor import Executor
+from specter.offload.hooks import TransferStats
 from specter.offload.work import ModelWork
 
 LAYERS, EXPERTS, TOP_K, TOKENS = 24, 8, 2, 32  # the synthetic trace: Mixtral's routing (8 experts, top 2)

@@ -28,7 +28,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from specter.offload.executor import Executor, PassHooks
+from specter.offload.executor import Executor
+from specter.offload.hooks import PassHooks
 from specter.runspec import PREFETCH_POLICIES as POLICIES
 
 EMA_OLD = 0.75

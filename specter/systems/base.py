@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from specter.errors import SpecterError
 from specter.numerics.forward import ForwardService, PromptTrace, TraceRecorder
 from specter.offload.cache import ExpertCache
-from specter.offload.executor import Executor, PassHooks, TransferStats
+from specter.offload.executor import Executor
+from specter.offload.hooks import PassHooks, TransferStats
 from specter.offload.work import ModelWork
 from specter.runspec import RunSpec
 from specter.timing.cost import CostModel

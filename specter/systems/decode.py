@@ -20,7 +20,7 @@ import torch
 
 from specter.errors import SpecterError
 from specter.numerics.forward import DraftWindow, disagreement_cause
-from specter.offload.executor import Forecast
+from specter.offload.hooks import Forecast
 from specter.speculation.lookahead import PlannerState
 from specter.systems.base import PredictionCounts, PromptContext, PromptResult
 
