@@ -88,7 +88,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_build_model(args: argparse.Namespace) -> int:
     from specter.models.builders import build_model
-    from specter.runspec import key_values
+    from specter.runspec.flags import key_values
 
     _threads_set(args)
     path = build_model(args.name, args.out, seed=args.seed, overrides=dict(key_values(args.set, "--set")))
@@ -168,7 +168,7 @@ def _threads_set(args: argparse.Namespace) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from specter.runs import compare
-    from specter.runspec import from_args, split_list
+    from specter.runspec.flags import from_args, split_list
 
     _threads_set(args)
     systems = split_list(args.systems, str, "--systems")
@@ -188,7 +188,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from specter.runs import run, summary
-    from specter.runspec import from_args
+    from specter.runspec.flags import from_args
 
     _threads_set(args)
     records = run(from_args(args, args.system, args.out))
@@ -202,7 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from specter.errors import SpecterError
     from specter.runs import grid, sweep
-    from specter.runspec import Arm, split_list, sweep_from_args
+    from specter.runspec import Arm
+    from specter.runspec.flags import split_list, sweep_from_args
 
     _threads_set(args)
     if args.out is None and args.memo_out is None:
@@ -526,7 +527,7 @@ def _model_commands(sub) -> None:
     p.set_defaults(func=cmd_fidelity)
 
 
-#: run, compare and sweep: their own flags; every run setting comes from `specter.runspec.add_cli_args`
+#: run, compare and sweep: their own flags; every run setting comes from `specter.runspec.flags.add_cli_args`
 _RUN_COMMANDS = {
     "run": ("run one system over a prompt set and write one JSON record per prompt", cmd_run, [
         ("--system", dict(required=True, metavar="NAME", choices=_SystemNames(),
@@ -553,7 +554,7 @@ _RUN_COMMANDS = {
 
 
 def _run_commands(sub) -> None:
-    from specter.runspec import add_cli_args
+    from specter.runspec.flags import add_cli_args
 
     for name, (help_text, func, own) in _RUN_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)

@@ -270,7 +270,7 @@ def test_every_sweepable_flag_is_an_axis_a_sweep_keeps():
 def test_a_sweep_prices_every_run_as_its_pricing_flag_says(tiny_dirs, draft):
     """`--pricing` is one value a sweep (not an axis: the tables would fold two pricings into one row)."""
     from specter.cli import build_parser
-    from specter.runspec import sweep_from_args
+    from specter.runspec.flags import sweep_from_args
 
     args = build_parser().parse_args(["sweep", "--model", tiny_dirs[ARCH], "--draft", draft, "--dataset", "code",
                                       "--hardware", "a100-40gb-pcie4", "--resident-per-layer", "2", "--systems",

@@ -6,25 +6,25 @@ of device memory) that turns itself into slots given the model's work, and its d
 K, or a governor: `auto` or `profile`). The spec checks its own data (numbers, names, files);
 `specter.runs.checks.validate` adds what needs the system registry, a profile or the model's config, before any model
 is loaded; `RunSpec.as_dict()` is the `config` of every record the run writes. The flags are declared
-on the fields (`metadata`), and `add_cli_args` builds them for each command, as vLLM's `EngineArgs.add_cli_args` does:
-in `sweep`, the fields marked sweepable take comma-separated lists (the grid's axes).
+on the fields (`metadata`); `specter.runspec.flags` builds them for each command and reads specs back from them (in
+`sweep`, the fields marked sweepable take comma-separated lists: the grid's axes). `Budget` and `Window` are in
+`specter.runspec.parts`.
 
 This module imports nothing heavy: the workflow reads its axis names to build sweep commands.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from dataclasses import field as setting  # RunSpec has a field named `field`
 from typing import Any
 
 from specter.data.prompts import DATASETS
 from specter.errors import SpecterError
+from specter.runspec.parts import GOVERNORS, PROFILE_KS, Budget, Window, budget_value
 
-GOVERNORS = ("auto", "profile", "online")
 ENGINES = ("sim", "live")
 #: engine names this suite does not have, with what to give instead
 NOT_ENGINES = {"cuda": "a GPU measures with --engine live --device cuda"}
@@ -52,65 +52,15 @@ RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hard
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
 SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "expert_bits", "prefix_tokens",
               "budget")
-#: the RunSpec fields a sweep arm may set (besides system options and a budget): none changes what the model computes
-ARM_SETTINGS = ("prefetch", "draft_kernel", "hardware", "expert_bits")
 #: the target's routed experts as stored: FP16 (16, the paper's targets) or HQQ at 2, 3 or 4 bits (Mixtral-Offloading's)
 EXPERT_BITS = (16, 2, 3, 4)
-#: the windows the `profile` governor tries (`specter.speculation.governor`); the largest bounds a governed run's window
-PROFILE_KS = (2, 4, 6, 8, 12, 16, 20, 24, 32)
 
 
-# Budgets ------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Budget:
-    """A run's device budget: `slots` per MoE layer, a `fraction` of each layer's experts (rounded, at least one
-    slot), `gb` of device memory (1e9 bytes) from which the resident part is paid first, or `same_memory` as Specter
-    needs with that many slots per layer (see `specter.offload.memory`)."""
-
-    kind: str
-    value: float
-
-    KINDS = {"gb": "device_memory_gb", "slots": "resident_per_layer", "fraction": "resident_fraction",
-             "same_memory": "same_memory_as"}
-    FLAGS = {"gb": "--device-memory-gb", "slots": "--resident-per-layer", "fraction": "--resident-fraction",
-             "same_memory": "--same-memory-as"}
-    WHOLE = ("slots", "same_memory")  # kinds counted in whole slots
-
-    @classmethod
-    def of(cls, device_memory_gb=None, resident_per_layer=None, resident_fraction=None,
-           same_memory_as=None) -> Budget:
-        """The one budget given, from the flags' values (None where not given)."""
-        given = [(k, v) for k, v in (("gb", device_memory_gb), ("slots", resident_per_layer),
-                                     ("fraction", resident_fraction), ("same_memory", same_memory_as))
-                 if v is not None]
-        if len(given) != 1:
-            raise SpecterError("give exactly one budget: --device-memory-gb X, --resident-per-layer N, "
-                               "--resident-fraction F or --same-memory-as N")
-        return cls(*given[0])
-
-    def check(self) -> None:
-        flag, v = self.FLAGS[self.kind], self.value
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise SpecterError(f"{flag} must be a finite number, got {v!r}")
-        if self.kind == "fraction" and not 0 < v <= 1:
-            raise SpecterError(f"--resident-fraction {v} must be in (0, 1] (a share of each layer's experts)")
-        if self.kind in self.WHOLE and (v != int(v) or v < 1):
-            raise SpecterError(f"{flag} {v} must be a whole number of slots, at least 1")
-        if self.kind == "gb" and v <= 0:
-            raise SpecterError(f"--device-memory-gb {v} must be positive")
-
-    def as_fields(self) -> dict[str, float | int | None]:
-        """The budget flags' values, this budget's set and the others None (the records' flat form)."""
-        value = int(self.value) if self.kind in self.WHOLE else self.value
-        return {name: (value if kind == self.kind else None) for kind, name in self.KINDS.items()}
-
-    def describe(self) -> str:
-        return {"fraction": f"{self.value:g} of experts", "slots": f"{int(self.value)} slots/layer",
-                "gb": f"{self.value} GB",
-                "same_memory": f"Specter's memory at {int(self.value)} slots/layer"}[self.kind]
+# Arms ---------------------------------------------------------------------------------------------------------------
+#: the RunSpec fields a sweep arm may set (besides system options and a budget): none changes what the model computes
+ARM_SETTINGS = ("prefetch", "draft_kernel", "hardware", "expert_bits")
 
 
-# Sweep arms ---------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Arm:
     """A named set of settings a sweep runs at every point of its grid (`specter sweep --arm`), for comparisons that
@@ -144,7 +94,7 @@ class Arm:
                 raise SpecterError(f"--arm {text!r} sets {key} twice (or two budgets)")
             if key in Budget.KINDS.values():
                 kind = next(k for k, name in Budget.KINDS.items() if name == key)
-                settings["budget"] = Budget(kind, _budget_value(kind, value))
+                settings["budget"] = Budget(kind, budget_value(kind, value))
                 settings["budget"].check()
             elif key in ARM_SETTINGS:
                 f = next(f for f in fields(RunSpec) if f.name == key)
@@ -182,45 +132,6 @@ class Arm:
 
 
 # Draft windows ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Window:
-    """The draft window K of a speculative run: an integer, a governor's name (`auto`, `profile`), or None (not
-    given)."""
-
-    value: int | str | None = None
-
-    @classmethod
-    def parse(cls, text: str | int | None) -> Window:
-        if text is None or isinstance(text, Window):
-            return text if isinstance(text, Window) else cls()
-        if isinstance(text, int) or str(text) in GOVERNORS:
-            return cls(text if isinstance(text, int) else str(text))
-        try:
-            return cls(int(text))
-        except ValueError:
-            raise SpecterError(f"--k must be an integer >= 1, auto or profile, got {text!r}") from None
-
-    @property
-    def fixed(self) -> int | None:
-        return self.value if isinstance(self.value, int) else None
-
-    @property
-    def governor(self) -> str | None:
-        return self.value if isinstance(self.value, str) else None
-
-    @property
-    def longest(self) -> int:
-        """The most proposals one window may hold: the fixed K, a governor's largest (of `PROFILE_KS`), or 0."""
-        return self.fixed or (max(PROFILE_KS) if self.governor else 0)
-
-    def check(self, system: str) -> None:
-        if isinstance(self.value, int) and self.value < 1:
-            raise SpecterError(f"--k must be at least 1 for {system!r}, got {self.value}")
-        if isinstance(self.value, str) and self.value not in GOVERNORS:
-            raise SpecterError(f"--k must be an integer >= 1 or one of {', '.join(GOVERNORS)}, got {self.value!r}")
-
-    def __str__(self) -> str:
-        return "" if self.value is None else str(self.value)
 
 
 # Flags ---------------------------------------------------------------------------------------------------------------
@@ -469,126 +380,5 @@ AXES: dict[str, str] = {"system": "--systems", **{f.name: f.metadata["flag"] for
                         **{name: Budget.FLAGS[kind] for kind, name in Budget.KINDS.items()}}
 
 
-def split_list(text: str | None, kind: Callable[[str], Any], flag: str) -> list | None:
-    """A comma-separated option value as a list of `kind` (None when the option was not given)."""
-    if text is None:
-        return None
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    try:
-        values = [kind(t) for t in items]
-    except ValueError:
-        name = getattr(kind, "__name__", "value")
-        raise SpecterError(f"{flag} {text!r}: every comma-separated value must be a {name}") from None
-    if not values:
-        raise SpecterError(f"{flag} is empty; give one or more comma-separated values")
-    return values
-
-
-def key_values(items: list[str] | None, flag: str = "--system-option") -> list[tuple[str, str]]:
-    """`--system-option NAME=VALUE` (or another flag's) items as (name, value) pairs."""
-    out = []
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SpecterError(f"{flag} {item!r} must look like NAME=VALUE")
-        out.append((key, value))
-    return out
-
-
-def add_cli_args(p: argparse.ArgumentParser, mode: str) -> None:
-    """The run settings' flags on `p`, for `mode` run, compare or sweep (in sweep, sweepable flags take lists)."""
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r}: one of {MODES}")
-    listed = mode == "sweep"
-    for f in _flag_fields():
-        m = f.metadata
-        is_list = listed and m["sweep"]
-        default = None if f.default is MISSING else f.default
-        shown = "" if default in (None, "") or default == Window() else f" (default {default})"
-        # the default stays None here: an absent flag leaves the RunSpec's own default in place
-        p.add_argument(m["flag"], dest=f.name, required=m["required"], metavar=m["metavar"],
-                       choices=None if is_list else m["choices"], type=_offering(m["choices"], m["instead"]),
-                       help=m["help"] + (" (list)" if is_list else "") + shown)
-    # one budget for a run; a sweep may give several kinds, which make one axis together
-    group = p.add_argument_group("budget") if listed else p.add_mutually_exclusive_group(required=True)
-    helps = {"gb": "device memory for the run, GB (1e9 bytes)",
-             "slots": "expert slots per MoE layer, whatever else a system keeps (the paper's same cache)",
-             "fraction": "expert slots per MoE layer as a share of its experts (rounded, at least 1)",
-             "same_memory": "the device memory Specter needs with N slots per layer (its draft charged), for every "
-                            "system (the paper's same memory; needs --draft)"}
-    for kind, flag in Budget.FLAGS.items():
-        group.add_argument(flag, dest=Budget.KINDS[kind], metavar={"gb": "GB", "fraction": "F"}.get(kind, "N"),
-                           help=helps[kind] + (" (list)" if listed else ""))
-    p.add_argument("--system-option", action="append", metavar="NAME=V1,V2" if listed else "NAME=VALUE",
-                   help="a system's own setting (e.g. depth=2 for mixtral-offloading)"
-                        + ("; a list of values, for the systems that have it" if listed else "") + "; repeatable")
-    p.add_argument("--memo", action="append", metavar="FILE",
-                   help="recorded numerics to replay (from `specter sweep --memo-out`); repeatable")
-
-
-def _offering(choices: tuple | None, instead: dict[str, str]) -> Callable[[str], str]:
-    """An argparse type that passes text through, but for a value `instead` names: that is refused with what to give
-    (before argparse's check of the choices, which would only list them)."""
-    def check(text: str) -> str:
-        if text in instead:
-            raise argparse.ArgumentTypeError(f"{text!r} is not one of its choices ({', '.join(choices or ())}): "
-                                             f"{instead[text]}")
-        return text
-    return check
-
-
-def _value(f, text):
-    """One flag's value as its field's type (None stays None: the field's default applies)."""
-    if text is None:
-        return None
-    parse = f.metadata["parse"]
-    try:
-        return parse(text)
-    except ValueError:
-        raise SpecterError(f"{f.metadata['flag']} {text!r} must be a {getattr(parse, '__name__', 'value')}") from None
-
-
-def _budget_value(kind: str, text: str):
-    whole = kind in Budget.WHOLE
-    try:
-        return int(text) if whole else float(text)
-    except ValueError:
-        raise SpecterError(f"{Budget.FLAGS[kind]} {text!r} must be a {'whole number' if whole else 'number'}") from None
-
-
-def from_args(args: argparse.Namespace, system: str, out: str = "") -> RunSpec:
-    """One run's spec from the parsed flags of `run` or `compare`."""
-    values = {f.name: _value(f, getattr(args, f.name)) for f in _flag_fields()}
-    values = {k: v for k, v in values.items() if v is not None}
-    budget = Budget.of(**{name: (None if getattr(args, name) is None else _budget_value(kind, getattr(args, name)))
-                          for kind, name in Budget.KINDS.items()})
-    return RunSpec(system=system, out=out, budget=budget, system_options=tuple(key_values(args.system_option)),
-                   memo=tuple(args.memo or ()), **values)
-
-
-def sweep_from_args(args: argparse.Namespace, systems: list[str], out: str = ""):
-    """`sweep`'s flags as (base spec, axes {field: values}, system options {name: values})."""
-    axes: dict[str, list] = {"system": systems}
-    single = {}
-    for f in _flag_fields():
-        text = getattr(args, f.name)
-        if f.metadata["sweep"] and text is not None:
-            axes[f.name] = split_list(text, f.metadata["parse"], f.metadata["flag"])
-            choices = f.metadata["choices"]
-            bad = [v for v in axes[f.name] if choices and v not in choices]
-            if bad:
-                raise SpecterError(f"{f.metadata['flag']} {bad[0]!r} is not one of {', '.join(choices)}")
-        elif text is not None:
-            single[f.name] = _value(f, text)
-    budgets = [(kind, name) for kind, name in Budget.KINDS.items() if getattr(args, name) is not None]
-    if not budgets:
-        raise SpecterError("give a budget: --device-memory-gb, --resident-per-layer, --resident-fraction or "
-                           "--same-memory-as (each takes a comma-separated list; several make one axis)")
-    axes["budget"] = [Budget(kind, v) for kind, name in budgets
-                      for v in split_list(getattr(args, name), lambda t, kind=kind: _budget_value(kind, t),
-                                          Budget.FLAGS[kind])]
-    options = {key: split_list(value, str, f"--system-option {key}") for key, value in key_values(args.system_option)}
-    axes = {name: axes[name] for name in SWEEP_AXES if name in axes}
-    base = RunSpec(system=systems[0], out=out, memo=tuple(args.memo or ()),
-                   **{**single, **{n: v[0] for n, v in axes.items() if n != "system"}})
-    return base, axes, options
+__all__ = ["ARM_SETTINGS", "AXES", "GOVERNORS", "LIMITS", "MAX_WINDOW", "PROFILE_KS", "Arm", "Budget", "RunSpec",
+           "Window", "check_positions"]
