@@ -27,7 +27,6 @@ H2D = "h2d"
 HOST = "host"
 STREAMS = (COMPUTE, H2D, HOST)
 SYNC = "sync"  # not a stream: the timeline's record of the host reading device results (its cost in the simulator)
-DISPATCH = "dispatch"  # not a stream: the host launching ops (the simulator's record of its dispatch time)
 POLICY = "policy"  # not a stream: the runtime's own host work at a MoE layer (`Engine.policy`)
 
 

@@ -14,9 +14,9 @@ On a profile whose device is the host itself (`device.synchronous`: the CPU as d
 profile-bandwidth`) every launch returns only when its op has run, as on the wall clock: nothing overlaps.
 
 `wait` moves a stream's clock to the event's time and books the gap as a stall; `synchronize` moves the host's time to
-the event's and then past `host_sync` (a span on the `sync` timeline; the host's own work is on the `dispatch` and
-`policy` timelines); a host worker waiting on a device event (`wait(HOST, ...)`) pays `host_sync` too. Nothing reads
-the wall clock, so the same schedule gives the same times on any machine.
+the event's and then past `host_sync` (a span on the `sync` timeline; the runtime's own work is on the `policy`
+timeline, the dispatch an op's launch costs is not kept apart); a host worker waiting on a device event (`wait(HOST,
+...)`) pays `host_sync` too. Nothing reads the wall clock, so the same schedule gives the same times on any machine.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from specter.timing.cost import CostModel
-from specter.timing.engine import DISPATCH, HOST, POLICY, STREAMS, SYNC, Engine, Event, Op, Span, Stall, check_stream
+from specter.timing.engine import HOST, POLICY, STREAMS, SYNC, Engine, Event, Op, Span, Stall, check_stream
 from specter.timing.hardware import HardwareProfile
 
 
@@ -47,8 +47,6 @@ class SimEngine(Engine):
         launches = max(1, op.launches)
         issued = self._host
         self._host += launches * self.profile.host_dispatch  # the host dispatches every kernel of the op
-        if self._host > issued:
-            self.timeline.spans.append(Span(DISPATCH, op.label, issued, self._host))
         seconds = self.cost.seconds(op, stream)
         if self.profile.device_synchronous:  # the device is this thread: it dispatches each kernel, then runs it
             start = max(self._ready[stream], issued)
