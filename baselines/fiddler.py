@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specter.offload.executor import Executor
+from specter.offload.work import Upstream
 from specter.systems import PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
 from specter.timing.engine import COMPUTE, H2D, HOST, Op
@@ -88,8 +89,25 @@ class FiddlerExecutor(Executor):
         return cpu_s < gpu_s
 
 
+#: Fiddler's kernels and host reads as its public code decodes a token at batch 1 (github.com/efeslab/fiddler at commit
+#: 227715bfd6e8c731b29548eab01d9919c4fe9564, `src/fiddler/mixtral.py`, with the transformers 4.36.2 its requirements
+#: pin):
+#: - attention block 68 (68 to 70): the stock modules' norms, attention, gate and residual adds (49), and its own MoE
+#:   dispatch (19: zeros, one-hot, and one `torch.where` per expert of the layer, 8 at Mixtral's 8);
+#: - one routed expert on one token, on the device 9 (the token's index 2, the stock expert MLP 6, `index_add_`); a host
+#:   expert's device side is its index and `index_add_` (3), its arithmetic the host's;
+#: - head 9 (the final norm 8, the LM head; sampling runs on the host after the logits are copied there);
+#: - host reads 18 a MoE layer: the 8 `torch.where` (562), two `.tolist()` per routed expert (603-604, 624-625: 4), and
+#:   three indexings by a Python list per routed expert, each a blocking host-to-device copy (6).
+UPSTREAM = Upstream(attention=68, expert=9, head=9, host_reads=18, sources=(
+    "efeslab/fiddler 227715bfd6e8c731b29548eab01d9919c4fe9564: src/fiddler/mixtral.py 550-637 (mixtral_forward, "
+    "the cpu_offload path)",
+    "transformers 4.36.2 (modeling_mixtral: attention, norms, the expert MLP)"))
+
+
 class Fiddler(System):
     name = "fiddler"
+    upstream = UPSTREAM
     host_compute = True
     options = {"decide": (str, "constants", "how a missing expert's side is chosen: constants (the code's 7 per "
                                             "token on the host against 70 on the device) or cost-model (the hardware "

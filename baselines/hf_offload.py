@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specter.offload.executor import Executor
+from specter.offload.work import Upstream
 from specter.systems import PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
 from specter.timing.engine import Op
@@ -58,8 +59,26 @@ class HFOffloadExecutor(Executor):
             self._expert(layer, e, n, f"{tag}.L{layer}.e{e}", staging=i)
 
 
+#: HF offloading's kernels and host reads at batch 1: the stock transformers 4.36.2 Mixtral modules (the version
+#: Fiddler's and Mixtral-Offloading's requirements pin) under accelerate's hooks (huggingface/accelerate v0.26.1,
+#: `hooks.py`), which add copies (one per weight tensor, priced as copies) and no kernels:
+#: - attention block 69 (68 to 71): norms, attention, gate and residual adds (49), and the MoE block before its
+#:   expert loop (`MixtralSparseMoeBlock.forward`, modeling_mixtral.py 712-736: softmax in float32 and the cast back,
+#:   top-k, renormalisation, zeros, one-hot, and one `torch.where` per expert of the layer);
+#: - one routed expert on one token 9 (the token's index 2, the expert MLP 6, `index_add_`; 742-753);
+#: - head 9 (the final norm 8, the LM head);
+#: - host reads 18 a MoE layer: the 8 `torch.where` (736), two `.tolist()` per routed expert (742-743) and three
+#:   indexings by a Python list per routed expert (748-749), each a blocking host-to-device copy. Counted from the
+#:   same stock block as Fiddler's dispatch, which copies it (efeslab/fiddler, above).
+UPSTREAM = Upstream(attention=69, expert=9, head=9, host_reads=18, sources=(
+    "transformers 4.36.2 modeling_mixtral.py 688-755 (MixtralSparseMoeBlock)",
+    "huggingface/accelerate v0.26.1: src/accelerate/hooks.py (AlignDevicesHook), utils/modeling.py "
+    "(set_module_tensor_to_device)"))
+
+
 class HFOffload(System):
     name = "hf-offload"
+    upstream = UPSTREAM
 
     def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:
         return HFOffloadExecutor(engine, work, cache, stats, device, cost)

@@ -35,6 +35,7 @@ import torch
 from specter.numerics.forward import TraceRecorder
 from specter.offload.executor import Executor
 from specter.offload.memory import STAGING_BUFFERS
+from specter.offload.work import Upstream
 from specter.systems import PassHooks, PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
 from specter.timing.engine import COMPUTE, H2D
@@ -151,8 +152,31 @@ class SwapExecutor(Executor):
         return staging
 
 
+#: Mixtral-Offloading's kernels and host reads as its public code decodes a token at batch 1, counted from
+#: github.com/dvmazur/mixtral-offloading at commit ce545188b804238f0b23a59fc45e6a8f8b390c40 with the HQQ commit its
+#: requirements pin (mobiusml/hqq 37502bea31f2969c6680c0c4a88ca74b3bb234a5) and transformers 4.36.1, in its notebook's
+#: configuration (4-bit attention, 2-bit experts, quantized scales and zeros):
+#: - an HQQ linear (`src/custom_layers.py` 55-92) runs 7 kernels: the 8-bit scale and zero dequantized (3 each) on every
+#:   call, then one Triton matmul;
+#: - attention block 81 (79 to 86): two RMSNorms (8 each), q/k/v/o as HQQ linears (28), rotary (12), the KV cache's cat
+#:   and repeat (4), eager attention (6), two residual adds, and the router before the expert loop (13: gate, softmax,
+#:   top-k, renormalisation, cast, one-hot, unique; 276-292);
+#: - one routed expert on one token 32 (31 to 34; 295-312): the token's index (nonzero, gather), w1, w3 and w2 as HQQ
+#:   linears (21), the activation, the product, the routing weight and `index_add_`; with FP16 experts (the Specter
+#:   artifact's configuration) its three linears are one kernel each: 14;
+#: - head 10: the final norm (8), the LM head and the cast to float (greedy: the notebook's sampling adds more);
+#: - host reads 14 a MoE layer: `unique`'s size and its `.tolist()` (292), and per routed expert the `torch.where` (297)
+#:   and two `.tolist()` (301-302): 8 reads; and per routed expert three indexings by a Python list (307-308), each a
+#:   blocking host-to-device copy of the list: 6 more.
+UPSTREAM = Upstream(attention=81, expert=32, head=10, host_reads=14, expert_unquantized=14, sources=(
+    "dvmazur/mixtral-offloading ce545188b804238f0b23a59fc45e6a8f8b390c40: src/custom_layers.py 55-92 (HQQ linear), "
+    "253-312 (the MoE block)", "mobiusml/hqq 37502bea31f2969c6680c0c4a88ca74b3bb234a5 (dequantization)",
+    "transformers 4.36.1 (modeling_mixtral: attention, norms)"))
+
+
 class MixtralOffloading(System):
     name = "mixtral-offloading"
+    upstream = UPSTREAM
     options = {"depth": (int, 0, "the paper's speculative loading: MoE layers ahead whose gate guesses the experts to "
                                  "prefetch (0: off, as the public code and the artifact run it)", (0, GUESS_DEPTH))}
     trace_recorders = (GateGuesses(),)

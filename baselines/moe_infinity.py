@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from specter.offload.cache import ExpertCache
+from specter.offload.work import Upstream
 from specter.systems import PassHooks, PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
 
@@ -160,8 +161,29 @@ def _visits(traces, layers) -> dict[tuple[int, int], int]:
     return counts
 
 
+#: MoE-Infinity's kernels and host reads as its public code decodes a token of Mixtral at batch 1
+#: (github.com/EfficientMoE/MoE-Infinity at commit d6178017933c3d39f82be99f702d8a3e4ce98f8f, with transformers 4.46.3,
+#: the last its earlier pin allowed; eager attention):
+#: - attention block 63 (62 to 65): the stock modules (45) and its own MoE block's routing (18: gate, softmax, top-k,
+#:   renormalisation, cast, one-hot, the routing mask, its count, a copy of it to the host, the inputs cloned for its
+#:   C++ runtime; `moe_infinity/models/mixtral.py` 18-118);
+#: - one routed expert on one token 27 (23 to 31): the expert MLP in its C++ runtime (5, `core/` expert_module.cpp
+#:   171-174), the tokens selected by mask there (5) and the weighting and accumulation in Python (17,
+#:   `models/mixtral.py` 96-101);
+#: - head 12 (the final norm 8, the LM head, a clone and cast, the argmax);
+#: - host reads 8 a MoE layer: the routing mask copied to the host (`distributed/expert_executor.py` 36), three mask
+#:   indexings per routed expert (`models/mixtral.py` 98-100: 6) and the wait for the C++ expert threads (`core/`
+#:   expert_dispatcher.cpp 440). Its expert predictor and prefetcher are commented out for Mixtral (`models/mixtral.py`
+#:   71-85): the `prefetch` option is the paper's mechanism, not the code's.
+UPSTREAM = Upstream(attention=63, expert=27, head=12, host_reads=8, sources=(
+    "EfficientMoE/MoE-Infinity d6178017933c3d39f82be99f702d8a3e4ce98f8f: moe_infinity/models/mixtral.py 18-118, "
+    "distributed/expert_executor.py 32-58, core/parallel/expert_dispatcher.cpp",
+    "transformers 4.46.3 (modeling_mixtral: attention, norms)"))
+
+
 class MoEInfinity(System):
     name = "moe-infinity"
+    upstream = UPSTREAM
     options = {
         "prefetch": (bool, False, "the paper's activation-aware prefetch from matched EAMs (off in the released code)"),
         "eviction": (str, "visits", "what the cache evicts: visits (the fewest in-cache visits, the code's) or "

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specter.offload.executor import Executor
+from specter.offload.work import Upstream
 from specter.systems import PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
 from specter.timing.engine import COMPUTE, H2D
@@ -39,8 +40,16 @@ class NaiveExecutor(Executor):
             self._expert(layer, e, n, f"{tag}.L{layer}.e{e}", staging=buffer[e])
 
 
+#: The naive baseline's upstream is accelerate's hooks (huggingface/accelerate, `src/accelerate/hooks.py`) on the
+#: stock transformers modules of the installed version, whose experts are one fused parameter a layer: the counted
+#: figures.
+UPSTREAM = Upstream(sources=("huggingface/accelerate v0.26.1: src/accelerate/hooks.py (AlignDevicesHook) on the "
+                             "installed transformers' stock modules",))
+
+
 class Naive(System):
     name = "naive"
+    upstream = UPSTREAM
 
     def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:
         return NaiveExecutor(engine, work, cache, stats, device, cost)

@@ -17,9 +17,10 @@ prefetch policy; K comes from `--k`.
 
 from __future__ import annotations
 
+from specter.offload.work import Upstream
 from specter.speculation.lookahead import WindowPlanner
 from specter.systems import PromptContext
-from specter.systems.specter import Specter
+from specter.systems.specter import SPECTER_ARTIFACT, Specter
 
 
 class _LayerwisePrefetch(WindowPlanner):
@@ -37,8 +38,16 @@ class _LayerwisePrefetch(WindowPlanner):
             self.ctx.executor.prefetch(layer, list(experts))
 
 
+#: No code of SP-MoE was public to the suite: its kernels and host reads are assumed to be those of the Specter
+#: artifact's runtime (the same kind of system: an eager target over an expert cache beside a fused INT4 draft).
+UPSTREAM = Upstream(attention=SPECTER_ARTIFACT.attention, expert=SPECTER_ARTIFACT.expert, head=SPECTER_ARTIFACT.head,
+                    draft_experts=SPECTER_ARTIFACT.draft_experts, host_reads=SPECTER_ARTIFACT.host_reads,
+                    added=SPECTER_ARTIFACT.added, assumption="no public code: priced as the Specter artifact's runtime")
+
+
 class SPMoE(Specter):
     name = "sp-moe"
+    upstream = UPSTREAM
     options = {"cutoff": (int, -1, "MoE layers prefetched from the draft (-1: from the latency model, 0: off)",
                           (-1, 100_000))}
 

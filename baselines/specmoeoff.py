@@ -19,9 +19,10 @@ experts while it is admitted and a demand's hits while it runs). Sampling runs s
 
 from __future__ import annotations
 
+from specter.offload.work import Upstream
 from specter.speculation.lookahead import WindowPlanner, plan_from_counts
 from specter.systems import PromptContext, PromptResult
-from specter.systems.specter import Specter
+from specter.systems.specter import SPECTER_ARTIFACT, Specter
 from specter.timing.engine import COMPUTE, H2D
 
 FRACTIONS = (0.2, 0.6)  # controller.py's default `fractions`
@@ -53,8 +54,19 @@ class _FrequencyPlans(WindowPlanner):
             engine.wait(COMPUTE, engine.record(H2D))
 
 
+#: SpecMoEOff as the Specter artifact runs it (github.com/wwwwwf/specter_asplos, `baselines/specmoeoff/`): the
+#: artifact's target and fused draft (Specter's counts), and the controller's route counting on the draft, two
+#: launches per draft MoE layer a step (`controller.py` 18-25: 9 + 2 per draft MoE layer).
+UPSTREAM = Upstream(attention=SPECTER_ARTIFACT.attention, expert=SPECTER_ARTIFACT.expert, head=SPECTER_ARTIFACT.head,
+                    draft_experts=SPECTER_ARTIFACT.draft_experts + 2, host_reads=SPECTER_ARTIFACT.host_reads,
+                    added=SPECTER_ARTIFACT.added, sources=(
+                        "wwwwwf/specter_asplos c0325dcd389f51b7c4ad793d939f8de80238b432: "
+                        "baselines/specmoeoff/controller.py 18-45, cache.py 117-141",))
+
+
 class SpecMoEOff(Specter):
     name = "specmoeoff"
+    upstream = UPSTREAM
     separate_draft = True
     takes_window = False
     options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)", (1, 1024)),

@@ -34,7 +34,7 @@ SOURCES = ("sweep", "fidelity", "memo")
 #: axes that change the numerics (which windows the draft proposes, which prompts): such an experiment records its own
 NUMERICS_AXES = ("k", "prefix_tokens")
 #: the columns that say where a time comes from; every table keeps them
-SCOPE = ("model", "cost_as", "dataset", "hardware", "simulated")
+SCOPE = ("model", "cost_as", "dataset", "hardware", "pricing", "dispatch_us", "simulated")
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "working_set", "k_sweep",
         Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"), derive="fixed_k",
-              columns=("model", "cost_as", "dataset", "hardware", "simulated", "system", "k", "slots_per_layer",
-                       "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate", "n")),
+              columns=("model", "cost_as", "dataset", "hardware", "pricing", "dispatch_us", "simulated", "system", "k",
+                       "slots_per_layer", "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate",
+                       "n")),
         Figure("working_set", "Working set of one verification vs K"),
         "Distinct experts one verification of K + 1 tokens uses per MoE layer (mean over windows and layers), "
         "against K, with the experts per layer and the device slots per layer at the main budget. Where the working "

@@ -155,6 +155,46 @@ def test_each_published_figure_beside_the_suite_s_with_its_ratio_and_reason(temp
     assert log_ratio_stats(everything)[1] == pytest.approx(math.log(2 * 3.061 / 2.918))
 
 
+def _priced_as(record: dict, pricing: str, dispatch_us: float | None) -> dict:
+    """`record` as priced `pricing` with `--dispatch-us dispatch_us` (None: the profile's own, 10 us)."""
+    record["config"]["priced_ops"] = {**record["config"]["priced_ops"], "pricing": pricing}
+    record["config"]["dispatch_us"] = dispatch_us
+    record["config"]["hardware_profile"] = {**record["config"]["hardware_profile"],
+                                            "host": {**record["config"]["hardware_profile"]["host"],
+                                                     "dispatch_us": 10 if dispatch_us is None else dispatch_us}}
+    return record
+
+
+def test_a_row_takes_its_upstream_figure_with_the_fused_one_and_each_dispatch_time_beside(template):
+    """A row's figure is its runs priced `upstream` where there are any, at the profile's own dispatch time; beside it
+    the ratio priced `fused`, and the ratio at 5, 10 and 20 us a kernel; a row whose band changes across those is not
+    diagnostic, and one that stays in its band is."""
+    from specter.report.calibration import calibration_table
+
+    mo = dict(cost_as="mixtral-8x7b", system="mixtral-offloading", hardware="a100-40gb-pcie4",
+              budget={"resident_per_layer": 4}, config={"expert_bits": 2})
+    a100 = 1000 / 3.061  # the paper's full-algorithm row: ratio 1 at this TPOT
+    records = [
+        _priced_as(_record(template, a100 / 2, settings={"depth": 1}, **mo), "fused", None),  # 2x the paper's speed
+        _priced_as(_record(template, a100, settings={"depth": 1}, **mo), "upstream", None),
+        _priced_as(_record(template, a100 / 1.1, settings={"depth": 1}, **mo), "upstream", 5),
+        _priced_as(_record(template, a100 * 1.5, settings={"depth": 1}, **mo), "upstream", 20),
+        _priced_as(_record(template, a100, settings={"depth": 0}, **mo), "fused", None),
+        _priced_as(_record(template, a100, settings={"depth": 0}, **mo), "fused", 5),
+        _priced_as(_record(template, a100 * 1.01, settings={"depth": 0}, **mo), "fused", 20),
+    ]
+    table = calibration_table(records)
+    full = _row(table, "mo-tab2-a100-full")
+    assert full["pricing"] == "upstream" and full["suite_over_published"] == pytest.approx(1.0)
+    assert full["fused_over_published"] == pytest.approx(2.0)
+    assert (full["at_5us"], full["at_10us"], full["at_20us"]) == pytest.approx((1.1, 1.0, 1 / 1.5))
+    assert full["diagnostic"] == False  # noqa: E712  (in the band at 5 and 10 us, below it at 20)
+    off = _row(table, "mo-tab2-a100-no-preload")  # only fused runs: the row is priced fused, in its band throughout
+    assert off["pricing"] == "fused" and off["fused_over_published"] == pytest.approx(off["suite_over_published"])
+    assert off["diagnostic"] == True  # noqa: E712
+    assert pd_missing(_row(table, "mo-tab2-t4-full")["diagnostic"])  # no runs at all: nothing to say
+
+
 def test_a_row_marked_not_comparable_must_say_why(monkeypatch):
     import yaml
 

@@ -192,9 +192,62 @@ def test_a_run_priced_counted_takes_the_kernels_of_the_priced_architecture_s_own
     assert priced["pricing"] == "counted" and fused.config["priced_ops"]["pricing"] == "fused"
     assert priced["kernels"]["attention"] == ops.attention and priced["kernels"]["expert"] == ops.expert
     assert "tiny instance of mixtral-8x7b's transformers class" in priced["kernels_source"]
-    assert fused.config["priced_ops"]["kernels"] == {"attention": 8, "expert": 3, "head": 2, "draft_experts": 1}
+    assert fused.config["priced_ops"]["kernels"] == {"attention": 8, "expert": 3, "head": 2, "draft_experts": 1,
+                                                     "host_reads": None}
     assert counted.output_token_ids == fused.output_token_ids
     assert counted.tpot_ms > fused.tpot_ms and counted.tpot_ms >= counted.lower_bound_tpot_ms
+
+
+def test_a_run_priced_upstream_takes_each_system_s_declared_kernels_and_host_reads(tiny_dirs, mixtral_draft, tmp_path):
+    """`--pricing upstream`: Mixtral-Offloading's ops stand for the kernels its upstream code runs (HQQ linears: 32 a
+    routed expert at 2-bit experts, 14 at FP16) and the host reads the device 14 times a MoE layer, as its file
+    declares; a system of the suite's own (on-demand) takes the counted figures; the records say which, with their
+    sources, and the same tokens come out at any pricing."""
+    from baselines.mixtral_offloading import UPSTREAM
+
+    session = Session()
+    counted, = run(_priced(tiny_dirs, mixtral_draft, tmp_path, "mixtral-offloading", num_prompts=1,
+                           pricing="counted"), session, progress=False)
+    fp16, = run(_priced(tiny_dirs, mixtral_draft, tmp_path, "mixtral-offloading", num_prompts=1,
+                        pricing="upstream"), session, progress=False)
+    hqq, = run(_priced(tiny_dirs, mixtral_draft, tmp_path, "mixtral-offloading", num_prompts=1, pricing="upstream",
+                       expert_bits=2), session, progress=False)
+    own, = run(_priced(tiny_dirs, mixtral_draft, tmp_path, "on-demand", num_prompts=1, pricing="upstream"), session,
+               progress=False)
+    kernels = fp16.config["priced_ops"]["kernels"]
+    assert fp16.config["priced_ops"]["pricing"] == "upstream"
+    assert (kernels["attention"], kernels["expert"], kernels["head"], kernels["host_reads"]) == (
+        UPSTREAM.attention, UPSTREAM.expert_unquantized, UPSTREAM.head, UPSTREAM.host_reads)
+    assert hqq.config["priced_ops"]["kernels"]["expert"] == UPSTREAM.expert == 32
+    assert "dvmazur/mixtral-offloading" in fp16.config["priced_ops"]["kernels_source"]
+    assert own.config["priced_ops"]["kernels"] == {**counted.config["priced_ops"]["kernels"]}
+    assert "on-demand is the suite's own" in own.config["priced_ops"]["kernels_source"]
+    assert fp16.output_token_ids == counted.output_token_ids == own.output_token_ids
+    assert fp16.tpot_ms >= fp16.lower_bound_tpot_ms
+
+
+def test_an_upstream_system_s_host_reads_each_wait_then_sync_at_every_moe_layer(tiny_dirs, mixtral_draft, tmp_path):
+    """The executor makes the host reads a system's upstream code makes: each MoE layer of a pass syncs the host
+    `host_reads` times on the simulated timeline (the routing's one read where none is declared)."""
+    from dataclasses import replace
+
+    from specter.offload.hooks import TransferStats
+    from specter.runs.execute import prepare
+    from specter.timing.engine import SYNC
+    from specter.timing.sim import SimEngine
+
+    prepared = prepare(_priced(tiny_dirs, mixtral_draft, tmp_path, "on-demand", num_prompts=1), Session())
+    work = prepared.work
+    syncs = {}
+    for reads in (None, 0, 5):
+        engine = SimEngine(prepared.profile)
+        engine.start()
+        executor = prepared.system.make_executor(engine, replace(work, kernels=replace(work.kernels, host_reads=reads)),
+                                                 prepared.system.make_cache(work, prepared.slots), TransferStats())
+        layer = work.moe_layers[0]
+        executor.layer(layer, [tuple(range(work.top_k))], 4, "t")
+        syncs[reads] = sum(1 for span in engine.timeline.spans if span.stream == SYNC)
+    assert syncs[0] < syncs[None] and syncs[5] - syncs[0] == 5 and syncs[None] - syncs[0] == 1
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "phi-3.5-moe", "deepseek-v2-lite", "qwen1.5-moe-a2.7b"])

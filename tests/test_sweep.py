@@ -267,14 +267,27 @@ def test_every_sweepable_flag_is_an_axis_a_sweep_keeps():
     assert {f.name for f in _flag_fields() if f.metadata["sweep"]} <= set(SWEEP_AXES)
 
 
-def test_a_sweep_prices_every_run_as_its_pricing_flag_says(tiny_dirs, draft):
-    """`--pricing` is one value a sweep (not an axis: the tables would fold two pricings into one row)."""
+def test_a_sweep_over_pricings_and_dispatch_keeps_each_apart_in_its_tables(tiny_dirs, draft, tmp_path):
+    """`--pricing` and `--dispatch-us` are axes: every run is priced as its point says, the record carries the
+    pricing and the profile as run, and a table keeps each pricing and dispatch time in rows of its own."""
     from specter.cli import build_parser
+    from specter.report.tables import experiment_table
     from specter.runspec.flags import sweep_from_args
 
+    out = tmp_path / "runs.jsonl"
     args = build_parser().parse_args(["sweep", "--model", tiny_dirs[ARCH], "--draft", draft, "--dataset", "code",
                                       "--hardware", "a100-40gb-pcie4", "--resident-per-layer", "2", "--systems",
-                                      "on-demand,specter", "--pricing", "counted"])
-    base, axes, options = sweep_from_args(args, ["on-demand", "specter"])
-    assert "pricing" not in axes
-    assert [s.resolved_pricing for s in grid(base, axes, options)] == ["counted", "counted"]
+                                      "on-demand", "--pricing", "fused,upstream", "--dispatch-us", "profile,20",
+                                      "--num-prompts", "1", "--max-new-tokens", "4", "--out", str(out)])
+    base, axes, options = sweep_from_args(args, ["on-demand"])
+    specs = grid(base, axes, options)
+    assert [(s.dispatch_us, s.resolved_pricing) for s in specs] == [
+        (None, "fused"), (None, "upstream"), (20.0, "fused"), (20.0, "upstream")]
+    records = [r.as_dict() for s in specs for r in execute(s, progress=False)]
+    assert [r["config"]["priced_ops"]["pricing"] for r in records] == ["fused", "upstream"] * 2
+    assert [r["config"]["hardware_profile"]["host"]["dispatch_us"] for r in records] == [10, 10, 20, 20]
+    table = experiment_table("budget", records)
+    assert sorted(zip(table["pricing"], table["dispatch_us"])) == [("fused", 10), ("fused", 20), ("upstream", 10),
+                                                                   ("upstream", 20)]
+    slower = table.set_index(["pricing", "dispatch_us"])["tpot_ms"]
+    assert slower[("fused", 20)] > slower[("fused", 10)]

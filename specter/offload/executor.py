@@ -216,7 +216,8 @@ class Executor:
         if layer not in self.work.moe_layers:
             return
         self.routed = Forecast(self.engine.record(COMPUTE), f"{tag}.L{layer}.attn")  # the router ran in that block
-        if self.host_reads_routes:
+        reads = self.work.kernels.host_reads  # an upstream system's declared reads, else the routing's where read
+        for _ in range(int(self.host_reads_routes) if reads is None else reads):
             self.engine.synchronize(self.routed.event)
         self.engine.policy(f"{tag}.L{layer}.policy")  # the runtime's own work: choosing copies, updating the cache
         for hook in self.hooks:

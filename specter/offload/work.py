@@ -14,7 +14,9 @@ These kernel counts (`Kernels`) and the attention FLOP formula are modelling cho
 runtime of fused kernels (`--pricing fused`). Priced `counted` (a live run's simulated twin, by default), each op stands
 for the kernels the model's own transformers modules dispatch, counted (`specter.numerics.opcount`) on the model, or on
 a tiny instance of the priced architecture's class; a live twin's weights are priced at the dtype they decode in
-(`weight_bytes`). Each kernel also costs the host its dispatch (`specter.timing.sim`). KV per token and layer is K and V
+(`weight_bytes`). Priced `upstream`, each op stands for the kernels the system's own public code runs per part and the
+host reads it makes per MoE layer, as the system's file declares them (`Upstream`). Each kernel also costs the host its
+dispatch (`specter.timing.sim`). KV per token and layer is K and V
 of every KV head, or, for multi-head latent attention (DeepSeek's MLA), the compressed latent and the rotary key that
 DeepSeek's own inference caches (kv_lora_rank + qk_rope_head_dim values).
 """
@@ -35,13 +37,61 @@ MODELLED = "modelled: fused kernels (specter.offload.work)"
 @dataclass(frozen=True)
 class Kernels:
     """Kernels per op: a decoder layer's attention block, one routed expert, the head, and one MoE layer's draft experts
-    as the fused INT4 kernel runs them; `source` says where the counts come from."""
+    as the fused INT4 kernel runs them; `host_reads`: the host's blocking reads of device values per target MoE layer
+    (None: the executor's own, one read of the routing where the system reads it); `pricing` names the pricing
+    (`PRICINGS`) and `source` says where the counts come from."""
 
     attention: int = ATTN_KERNELS
     expert: int = EXPERT_KERNELS
     head: int = HEAD_KERNELS
     draft_experts: int = 1
     source: str = MODELLED
+    pricing: str = "fused"
+    host_reads: int | None = None
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A system's kernels and host reads per part as its public code makes them (`--pricing upstream`), declared in
+    the system's own file from the upstream files and lines in `sources`. A part left None runs the priced
+    architecture's stock transformers modules in the upstream code too: the counted figure stands for it. `host_reads`
+    are the blocking reads of device values per target MoE layer (None: the executor's own). `assumption` is set
+    where no code is public and the figures are the suite's assumption, saying which. The counts are those of the
+    architecture the code was read at (Mixtral-8x7B for the peers, DeepSeek-V2-Lite for the Specter artifact), applied
+    unchanged at the others but for `added`. The default declaration is the suite's own implementation, counted
+    (`resident`, `on-demand`)."""
+
+    attention: int | None = None
+    expert: int | None = None
+    head: int | None = None
+    draft_experts: int | None = None
+    host_reads: int | None = None
+    sources: tuple[str, ...] = ()
+    assumption: str = ""
+    expert_unquantized: int | None = None  # `expert` where the experts are not quantized (--expert-bits 16), if other
+    #: (architecture, kernels, host reads) the upstream code adds to each attention block where it prices that
+    #: architecture (model code of its own for it, e.g. a rotary cache rebuilt in every layer)
+    added: tuple[tuple[str, int, int], ...] = ()
+
+    def kernels(self, counted: Kernels, system: str, quantized_experts: bool = False,
+                architecture: str | None = None) -> Kernels:
+        """The kernels each op stands for under this declaration, from `counted` (the stock modules' counts) where a
+        part runs them; `quantized_experts`: the target's experts are stored quantized (`--expert-bits` below 16);
+        `architecture`: the one the run is priced at (`--cost-as`), for what `added` says of it."""
+        if not self.sources and not self.assumption:
+            return Kernels(counted.attention, counted.expert, counted.head, counted.draft_experts,
+                           f"upstream: {system} is the suite's own; {counted.source}", "upstream", counted.host_reads)
+        where = f"as its code runs ({'; '.join(self.sources)})" if self.sources else "with no public code"
+        expert = self.expert if quantized_experts or self.expert_unquantized is None else self.expert_unquantized
+        more, reads = next(((k, r) for name, k, r in self.added if name == architecture), (0, 0))
+        host_reads = self.host_reads + reads if self.host_reads is not None else None
+        return Kernels(attention=(self.attention or counted.attention) + more, expert=expert or counted.expert,
+                       head=self.head or counted.head, draft_experts=self.draft_experts or counted.draft_experts,
+                       source=f"upstream: {system} {where}"
+                              + (f"; ASSUMED: {self.assumption}" if self.assumption else "")
+                              + ("; the other parts " + counted.source if None in (self.attention, self.expert,
+                                                                                  self.head) else ""),
+                       pricing="upstream", host_reads=host_reads)
 
 
 @dataclass(frozen=True)
@@ -107,9 +157,9 @@ class ModelWork:
     def pricing(self) -> dict:
         """What the records say of how this work is priced: bytes a weight, and kernels per op with their source."""
         k = self.kernels
-        return {"pricing": "counted" if k.source.startswith("counted") else "fused",
-                "weight_bytes": self.weight_bytes, "kernels": {"attention": k.attention, "expert": k.expert,
-                                                               "head": k.head, "draft_experts": k.draft_experts},
+        return {"pricing": k.pricing, "weight_bytes": self.weight_bytes,
+                "kernels": {"attention": k.attention, "expert": k.expert, "head": k.head,
+                            "draft_experts": k.draft_experts, "host_reads": k.host_reads},
                 "kernels_source": k.source}
 
     # ops -----------------------------------------------------------------------------------------------------------

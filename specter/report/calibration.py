@@ -28,7 +28,7 @@ METRICS = ("tpot_ms", "s_per_token", "tokens_per_s", "speedup_of_specter", *HIT_
 #: the settings that tell one run from another in the frame (with the prompt, one record)
 RUN_KEYS = ("model", "cost_as", "dataset", "hardware", "system", "k", "budget_kind", "budget_value", "prefetch",
             "draft_kernel", "prefix_tokens", "serialize_demand", "noise", "draft_kv", "temperature", "expert_bits",
-            "settings", "prompt_index", "repeat")
+            "settings", "pricing", "dispatch_us", "prompt_index", "repeat")
 _BUDGETS = {"resident_per_layer": "slots", "same_memory_as": "same_memory", "device_memory_gb": "gb",
             "resident_fraction": "fraction"}
 
@@ -74,18 +74,10 @@ def frame(records: list[dict]) -> pd.DataFrame:
     for part in BREAKDOWN:
         df[f"part:{part}"] = [(r["extra"].get("breakdown_ms") or {}).get(part, 0.0) / n
                               for r, n in zip(records, tokens)]
+    df["dispatch_set"] = [(r["config"] or {}).get("dispatch_us") for r in records]  # --dispatch-us, or None
     df["h2d_mb_per_token"] = [(r["h2d_bytes_demand"] + r["h2d_bytes_prefetch"]) / 1e6 / n
                               for r, n in zip(records, tokens)]
-    df["pricing"] = [pricing(r) for r in records]
     return df
-
-
-def pricing(record: dict) -> str:
-    """How a record's ops were priced, in a word: `counted` (the kernels a model's own modules dispatch) or `fused`
-    (the modelled runtime of fused kernels, `specter.offload.work.Kernels`)."""
-    priced = (record.get("config") or {}).get("priced_ops") or {}
-    return priced.get("pricing") or ("counted" if str(priced.get("kernels_source", "")).startswith("counted")
-                                     else "fused")
 
 
 def _runs(df: pd.DataFrame, row: dict, default_hardware: str, system: str | None = None,
@@ -161,37 +153,67 @@ def _reason(row: dict, runs: pd.DataFrame, reference: pd.DataFrame | None, ratio
     return "; ".join(parts + departures)
 
 
+#: the pricings a row's figure is taken from, the first with runs (`upstream` wherever a published figure is compared)
+PREFERRED_PRICINGS = ("upstream", "counted", "fused")
+#: the host's dispatch times (us a kernel) every row is also given at, where its runs were swept over them
+DISPATCH_US = (5, 10, 20)
+
+
+def _figure(df: pd.DataFrame, row: dict, default_hw: str):
+    """(the suite's value, its runs, Specter's reference runs for a speedup, why there is none) for `row` in `df`."""
+    suite, reference, why = None, None, ""
+    runs = _runs(df, row, default_hw)
+    if runs.empty:
+        why = f"not run: no records of {row['system']} at this configuration ({_describe(row, default_hw)})"
+    elif row["metric"] == "speedup_of_specter":
+        specter_budget = {"resident_per_layer": next(iter(row["budget"].values()))}
+        reference = _runs(df, {**row, "k": None, "prefetch": "adaptive"}, default_hw, "specter", specter_budget)
+        if reference.empty:
+            why = f"not run: no records of specter at {_describe(row, default_hw)}"
+        else:
+            suite = float(runs["tpot_ms"].mean()) / float(reference["tpot_ms"].mean())
+    else:
+        suite = _value(runs, row["metric"])
+    return suite, runs, reference, why
+
+
+def _band(ratio: float | None) -> str | None:
+    return None if ratio is None else "below" if ratio < BAND[0] else "above" if ratio > BAND[1] else "inside"
+
+
 def calibration_table(records: list[dict]) -> pd.DataFrame:
-    """One row per published figure of every paper's file: the suite's value from `records`, the ratio, the reason
-    (required outside `BAND`)."""
+    """One row per published figure of every paper's file: the suite's value from `records` (priced as the first of
+    `PREFERRED_PRICINGS` with runs, at the profile's own dispatch time), the ratio, the reason (required outside
+    `BAND`); beside it the ratio priced `fused` (the modelled runtime) and, under the row's pricing, at each of
+    `DISPATCH_US` (from runs swept over `--dispatch-us`, or run on a profile of that figure); `diagnostic` is False
+    where the ratio's band (below, inside, above) changes across them."""
     df = frame(records)
     out = []
     for data in papers():
         default_hw = data["hardware"]
         for row in data["rows"]:
-            suite, runs, reference, why = None, df.iloc[0:0], None, ""
+            suite, runs, reference, why, priced = None, df.iloc[0:0], None, "", ""
+            by_dispatch, fused = {}, None
             if row["system"] is None:
                 why = "not run: " + row.get("note", "no system of the suite runs this configuration")
             else:
-                runs = _runs(df, row, default_hw)
+                own = df[df["dispatch_set"].isna()]
+                for priced in PREFERRED_PRICINGS:
+                    suite, runs, reference, why = _figure(own[own["pricing"] == priced], row, default_hw)
+                    if not runs.empty:
+                        break
                 if runs.empty:
-                    why = (f"not run: no records of {row['system']} at this configuration "
-                           f"({_describe(row, default_hw)})")
-                elif row["metric"] == "speedup_of_specter":
-                    specter_budget = {"resident_per_layer": next(iter(row["budget"].values()))}
-                    reference = _runs(df, {**row, "k": None, "prefetch": "adaptive"}, default_hw, "specter",
-                                      specter_budget)
-                    if reference.empty:
-                        why = f"not run: no records of specter at {_describe(row, default_hw)}"
-                    else:
-                        suite = float(runs["tpot_ms"].mean()) / float(reference["tpot_ms"].mean())
-                else:
-                    suite = _value(runs, row["metric"])
+                    suite, runs, reference, why = _figure(own, row, default_hw)
+                fused = _figure(own[own["pricing"] == "fused"], row, default_hw)[0]
+                for us in DISPATCH_US:
+                    at = _figure(df[(df["pricing"] == priced) & (df["dispatch_us"] == us)], row, default_hw)[0]
+                    by_dispatch[us] = at / row["value"] if at is not None else None
             ratio = suite / row["value"] if suite is not None else None
             inside = ratio is not None and BAND[0] <= ratio <= BAND[1]
             if ratio is not None and not inside:
                 why = _reason(row, runs, reference, ratio, list(data.get("departures") or []))
             comparable = row.get("comparable", True) is not False
+            swept = list(by_dispatch.values())
             out.append(dict(
                 paper=data["paper"], id=row["id"], where=row["where"], page=row.get("page"),
                 architecture=row["architecture"], hardware=row.get("hardware", default_hw),
@@ -199,8 +221,11 @@ def calibration_table(records: list[dict]) -> pd.DataFrame:
                 published=row["value"], suite=suite, suite_over_published=ratio,
                 in_band=inside if ratio is not None else None,
                 reason=why, comparable=comparable, comparability=row.get("comparability", ""),
-                pricing=", ".join(sorted(runs["pricing"].unique())) if len(runs) else "", prompts=len(runs),
-                proxy=", ".join(sorted(runs["model"].unique())),
+                pricing=", ".join(sorted(runs["pricing"].unique())) if len(runs) else "",
+                fused_over_published=fused / row["value"] if fused is not None else None,
+                **{f"at_{us}us": by_dispatch.get(us) for us in DISPATCH_US},
+                diagnostic=len({_band(r) for r in swept}) == 1 if swept and None not in swept else None,
+                prompts=len(runs), proxy=", ".join(sorted(runs["model"].unique())),
                 simulated=bool(runs["simulated"].all()) if len(runs) else None, note=row.get("note", ""),
                 source=data["source"]))
     table = pd.DataFrame(out)

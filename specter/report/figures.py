@@ -18,6 +18,7 @@ import seaborn as sns  # noqa: E402
 
 from specter.errors import SpecterError  # noqa: E402
 from specter.report.tables import timing_note  # noqa: E402
+from specter.runspec import PRICINGS  # noqa: E402
 
 #: the order systems appear in, in every figure (Specter's bars are marked)
 SYSTEM_ORDER = ("resident", "specter", "specter-oracle", "sp-moe", "specmoeoff", "on-demand", "mixtral-offloading",
@@ -75,20 +76,27 @@ def _panels(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: b
     panel's title names what priced its runs, its prompt set and, where all its runs share one, the hardware profile
     (the cases of one figure can run on different profiles; the figure's title says simulated or measured)."""
     df = df.assign(cost_as=df["cost_as"].fillna("")) if "cost_as" in df else df.assign(cost_as="")
-    keys = sorted(df[["model", "cost_as", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
+    # a table of several pricings (`--pricing` as an axis) gets a panel per pricing, in `PRICINGS`' order
+    several = "pricing" in df and df["pricing"].nunique() > 1
+    df = df.assign(pricing=df["pricing"].fillna("") if several else "")
+    rank = {p: i for i, p in enumerate(PRICINGS)}
+    keys = sorted(df[["model", "cost_as", "dataset", "pricing"]].drop_duplicates().itertuples(index=False, name=None),
+                  key=lambda k: (k[0], k[1], k[2], rank.get(k[3], len(rank)), k[3]))
     if not keys:
         raise SpecterError("the table is empty: nothing to draw")
     ncols = min(columns, len(keys))
     nrows = -(-len(keys) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, sharey=sharey)
     out = []
-    for ax, (model, cost_as, dataset) in zip(axes.flat, keys):
-        sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)]
+    for ax, (model, cost_as, dataset, pricing) in zip(axes.flat, keys):
+        sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)
+                 & (df["pricing"] == pricing)]
         # wrapped to the panel's width (about 11 characters an inch at the panels' font size)
         hardware = sorted(sub["hardware"].dropna().astype(str).unique()) if "hardware" in sub else []
         on = f", on {hardware[0]}" if len(hardware) == 1 else ""
         prompts = f", {dataset} prompts" if dataset else ""  # '': a panel over every prompt set
-        out.append((ax, sub, textwrap.fill(f"{_shapes(model, cost_as)}{prompts}{on}", int(width * 11))))
+        priced = f", priced {pricing}" if pricing else ""
+        out.append((ax, sub, textwrap.fill(f"{_shapes(model, cost_as)}{prompts}{on}{priced}", int(width * 11))))
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     return fig, out

@@ -38,8 +38,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         cfg = r["config"]
         options = dict(cfg.get("system_options") or [])
         rows.append(dict(
-            model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
-            hardware=r["hardware"], simulated=r["simulated"], system=r["system"], k=r["k"],
+            **scope(r), system=r["system"], k=r["k"],
             link=((cfg.get("hardware_profile") or {}).get("link") or {}).get("name", ""),
             link_gbps=((cfg.get("hardware_profile") or {}).get("link") or {}).get("h2d_pinned_gbps"),
             budget_kind=next((kind for kind, name in Budget.KINDS.items() if cfg.get(name) is not None), ""),
@@ -58,3 +57,22 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             h2d_bytes_prefetch=r["h2d_bytes_prefetch"], live_forwards=r.get("extra", {}).get("live_forwards", 0),
         ))
     return pd.DataFrame(rows)
+
+
+def pricing(record: dict) -> str:
+    """How a record's ops were priced, in a word (`specter.runspec.PRICINGS`): `fused` (the modelled runtime of fused
+    kernels), `counted` (the kernels a model's own modules dispatch) or `upstream` (each system's as its code runs)."""
+    priced = (record.get("config") or {}).get("priced_ops") or {}
+    return priced.get("pricing") or ("counted" if str(priced.get("kernels_source", "")).startswith("counted")
+                                     else "fused")
+
+
+def scope(record: dict) -> dict:
+    """What a record was run on and how it was priced (`specter.experiments.SCOPE`): its model's name (the checkpoint
+    directory's), the architecture pricing it, its prompt set, its hardware profile, its pricing, the host's
+    dispatch time per kernel it was priced at (us, from the profile as run) and whether it was simulated."""
+    cfg = record.get("config") or {}
+    return dict(model=Path(record["model"]).name, cost_as=record.get("cost_as") or "",
+                dataset=Path(str(record["dataset"])).stem, hardware=record["hardware"], pricing=pricing(record),
+                dispatch_us=((cfg.get("hardware_profile") or {}).get("host") or {}).get("dispatch_us"),
+                simulated=record["simulated"])

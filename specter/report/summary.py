@@ -27,6 +27,7 @@ import pandas as pd
 
 from specter.errors import SpecterError
 from specter.experiments import GOVERNORS
+from specter.runspec import PRICINGS
 
 #: the order systems are listed in (the registry's order, Specter last); systems not named here follow, sorted
 SYSTEM_ORDER = ("resident", "on-demand", "naive", "hf-offload", "mixtral-offloading", "moe-infinity", "fiddler",
@@ -148,11 +149,13 @@ def _main(df: pd.DataFrame) -> list[str]:
            "TPOT is the mean over prompts (ms; the paper reports means); `LB` its run's lower bound; `TPOT / LB` how "
            "far above the bound it runs; `over Specter` its TPOT over Specter's in the same comparison (above 1: "
            "Specter is faster).", ""]
-    scope = ["model", "cost_as", "dataset", "hardware", "memory"]
+    df = df.assign(pricing=df["pricing"].fillna("fused") if "pricing" in df else "fused")
+    scope = ["model", "cost_as", "dataset", "hardware", "pricing", "memory"]
     for key, group in df.groupby(scope, dropna=False, sort=True):
         row = dict(zip(scope, key))
         sim = "simulated" if bool(group["simulated"].all()) else "measured"
-        out += [f"### {_where(row)}, {row['dataset']}, {row['memory']} ({sim} on {row['hardware']})", ""]
+        out += [f"### {_where(row)}, {row['dataset']}, {row['memory']} ({sim} on {row['hardware']}, priced "
+                f"{row['pricing']})", ""]
         rows = []
         for _, r in sorted(group.iterrows(), key=lambda kv: _system_key(kv[1]["system"])):
             ratio = r["tpot_ms"] / r["lower_bound_tpot_ms"] if r["lower_bound_tpot_ms"] else float("nan")
@@ -160,7 +163,8 @@ def _main(df: pd.DataFrame) -> list[str]:
                          fmt_ms(r["tpot_ms"]), fmt_ms(r["lower_bound_tpot_ms"]), _num(ratio, 2),
                          _num(r.get("hit_rate"), 3), _num(r.get("speedup_of_specter"), 2)])
         out += _markdown(rows, ["system", "slots", "K", "TPOT", "LB", "TPOT / LB", "hit rate", "over Specter"])
-        case = df[(df["model"] == row["model"]) & (df["cost_as"] == row["cost_as"]) & (df["dataset"] == row["dataset"])]
+        case = df[(df["model"] == row["model"]) & (df["cost_as"] == row["cost_as"]) & (df["dataset"] == row["dataset"])
+                  & (df["pricing"] == row["pricing"])]
         absent = sorted(set(case["system"]) - set(group["system"]), key=_system_key)
         if absent:  # a run that does not fit its budget writes no record (its log says why)
             out += [f"No record (does not fit this comparison's device memory): {', '.join(absent)}.", ""]
@@ -275,9 +279,10 @@ ABSENT = "-"
 COMPARISONS = ("same slots", "same memory")
 
 
-def _case_label(model: str, cost_as: str, hardware: str, simulated: bool) -> str:
+def _case_label(model: str, cost_as: str, hardware: str, simulated: bool, pricing: str = "") -> str:
     where = cost_as if cost_as else f"{model} (own shapes)"
-    return f"{where} on {hardware}, {'simulated' if simulated else 'measured'}"
+    priced = f", {pricing}" if pricing else ""
+    return f"{where} on {hardware}, {'simulated' if simulated else 'measured'}{priced}"
 
 
 def readme_table(path: str | Path) -> str:
@@ -297,8 +302,12 @@ def readme_table(path: str | Path) -> str:
         raise SpecterError(f"{path} holds no rows; run the workflow (snakemake --cores all) first")
     df = df.assign(cost_as=df["cost_as"].fillna("").astype(str) if "cost_as" in df else "",
                    memory=df["memory"].fillna("same slots").astype(str) if "memory" in df else "same slots",
-                   simulated=df["simulated"].astype(str) == "True")
-    key = ["memory", "system", "model", "cost_as", "hardware", "simulated", "dataset"]
+                   simulated=df["simulated"].astype(str) == "True",
+                   pricing=df["pricing"].fillna("fused").astype(str) if "pricing" in df else "fused")
+    several = df["pricing"].nunique() > 1  # a column per case and pricing, side by side
+    if not several:
+        df = df.assign(pricing="")
+    key = ["memory", "system", "model", "cost_as", "hardware", "simulated", "pricing", "dataset"]
     twice = df[df.duplicated(key, keep=False)]
     if not twice.empty:
         r = twice.iloc[0]
@@ -306,7 +315,9 @@ def readme_table(path: str | Path) -> str:
                            f"({r['memory']}) on {r['model']} {r['dataset']}; the README's table takes one per system, "
                            "comparison, case and prompt set, as `main`'s table gives it")
     datasets = sorted(df["dataset"].astype(str).unique())
-    cases = sorted({tuple(c) for c in df[["model", "cost_as", "hardware", "simulated"]].itertuples(index=False)})
+    rank = {p: i for i, p in enumerate(PRICINGS)}
+    cases = sorted({tuple(c) for c in df[["model", "cost_as", "hardware", "simulated", "pricing"]].itertuples(
+        index=False)}, key=lambda c: (*c[:4], rank.get(c[4], len(rank)), c[4]))
     comparisons = [m for m in COMPARISONS if m in set(df["memory"])] + sorted(set(df["memory"]) - set(COMPARISONS))
     cells = {tuple(r[k] for k in key): r for _, r in df.iterrows()}
     rows = []
@@ -329,6 +340,11 @@ def readme_table(path: str | Path) -> str:
              "every system at Specter's expert slots per layer; same memory: every system in the device memory "
              f"Specter needs there, its draft charged. {ABSENT}: no record in the table (a run that does not fit its "
              "memory writes none)."]
+    if several:
+        lines.append("Each case is priced two ways, side by side: fused (a modelled runtime of fused kernels, the same "
+                     "for every system: a mechanism alone) and upstream (each system at the kernels and host reads its "
+                     "own public code makes, declared in its file with the upstream files and lines; counted for the "
+                     "suite's own systems); each ratio is over Specter's at the same pricing.")
     if df["system"].astype(str).str.contains(" (K ", regex=False).any():
         lines.append("A row `<system> (K <governor>)` is that system at the K its governor chose (the K each case "
                      "fixes otherwise), over Specter's at the case's fixed K.")

@@ -17,7 +17,7 @@ import pandas as pd
 from specter import experiments
 from specter.errors import SpecterError
 from specter.io import atomic_write
-from specter.report.frames import COUNTS, METRICS, read_records, records_frame
+from specter.report.frames import COUNTS, METRICS, read_records, records_frame, scope
 
 #: the table kinds an experiment's registry entry can name
 KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "sim_vs_measured", "fidelity")
@@ -186,9 +186,7 @@ def breakdown_table(records: list[dict]) -> pd.DataFrame:
         if not isinstance(parts, dict) or tokens < 2:
             continue
         cfg = r["config"]
-        rows.append(dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "",
-                         dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"], simulated=r["simulated"],
-                         memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
+        rows.append(dict(**scope(r), memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
                          system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
                          slots_per_layer=r["slots_per_layer"], tpot_ms=r["tpot_ms"],
                          **{p: float(parts.get(p, 0.0)) / (tokens - 1) for p in BREAKDOWN}))
@@ -220,8 +218,7 @@ def sim_vs_measured_table(records: list[dict]) -> pd.DataFrame:
                 or not isinstance(extra.get("live"), dict) or tokens < 2):
             continue
         cfg = r["config"]
-        base = dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "", dataset=Path(str(r["dataset"])).stem,
-                    hardware=r["hardware"], simulated=False, simulated_on=extra.get("simulated_on", ""),
+        base = dict(**scope(r), simulated_on=extra.get("simulated_on", ""),
                     measured_on=(cfg.get("device") or {}).get("measured_on", ""),
                     system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
                     slots_per_layer=r["slots_per_layer"],
@@ -264,9 +261,7 @@ def memory_table(records: list[dict]) -> pd.DataFrame:
         if not isinstance(plan, dict):
             continue
         gb = {part.removesuffix("_bytes") + "_gb": plan[part] / 1e9 for part in MEMORY_PARTS}
-        rows.append(dict(model=Path(r["model"]).name, cost_as=r.get("cost_as") or "",
-                         dataset=Path(str(r["dataset"])).stem, hardware=r["hardware"], simulated=r["simulated"],
-                         memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
+        rows.append(dict(**scope(r), memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
                          system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
                          slots_per_layer=plan["slots_per_layer"], **gb,
                          total_gb=(plan["resident_bytes"] + plan["expert_slot_bytes"]) / 1e9,

@@ -5,6 +5,7 @@ are checked; `execute`, `sweep` and `compare` call it for every spec before anyt
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from specter.errors import SpecterError
@@ -26,6 +27,8 @@ def validate(spec: RunSpec, structures: dict | None = None):
     if spec.engine == "live":
         _check_live(spec, system)
     profile = load_profile(spec.hardware)
+    if spec.dispatch_us is not None:
+        profile = replace(profile, host_dispatch=spec.dispatch_us * 1e-6)
     check_positions(read_model_config(spec.model), {"--prefix-tokens": spec.prefix_tokens,
                                                     "--max-new-tokens": spec.max_new_tokens,
                                                     "a window of": spec.k.longest})
@@ -48,6 +51,10 @@ def _check_live(spec: RunSpec, system) -> None:
         if not torch.cuda.is_available():
             raise SpecterError("--device cuda: torch sees no CUDA device on this machine; use --device cpu (the CPU "
                                "as device) or run on a machine with a GPU")
+    if spec.pricing == "upstream":
+        raise SpecterError("--pricing upstream prices each system as its upstream code runs; the live engine runs "
+                           "the suite's own code, so its twin is priced counted (the default) or fused: drop "
+                           "--pricing upstream, or use --engine sim")
     if spec.expert_bits != 16:
         raise SpecterError(f"--expert-bits {spec.expert_bits} prices quantized experts; the live engine copies and "
                            "computes this model's own experts, so use --engine sim (or drop --expert-bits)")

@@ -106,9 +106,12 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     priced_at = None
     if spec.cost_as is not None:
         work, service, draft_bytes, priced_at = _priced_at(spec, session, work, service, draft)
-    if spec.resolved_pricing == "counted":
+    if spec.resolved_pricing in ("counted", "upstream"):  # upstream: the counted figure where the stock modules run
         architecture = session.architecture(spec.cost_as)[0] if spec.cost_as is not None else None
-        work = replace(work, kernels=on_live.counted_kernels(spec, target, draft, session.counted, architecture))
+        counted = on_live.counted_kernels(spec, target, draft, session.counted, architecture)
+        work = replace(work, kernels=counted if spec.resolved_pricing == "counted" else
+                       system.upstream.kernels(counted, system.name, spec.expert_bits != 16,
+                                               architecture.name if architecture is not None else None))
     work, storage = _expert_storage(spec, work)
     cost = CostModel(profile)
     k_setting, k_source = _k_setting(spec, system)

@@ -52,7 +52,7 @@ def counted_kernels(spec, target, draft, counted: dict, architecture=None):
         source = ops.source if architecture is None else ops.source.replace(
             "this model's transformers modules", f"a tiny instance of {architecture.name}'s transformers class")
         counted[key] = Kernels(attention=ops.attention, expert=ops.expert, head=ops.head,
-                               draft_experts=draft_ops or 1, source=source)
+                               draft_experts=draft_ops or 1, source=source, pricing="counted")
     return counted[key]
 
 

@@ -44,14 +44,14 @@ LIVE_DRAFT_KERNELS = ("fused", "packed")
 #: suite's cache, paged in as copies read them), or auto (disk where the checkpoint exceeds the memory available)
 HOST_STORES = ("auto", "memory", "disk")
 DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and the draft's forwards
-PRICINGS = ("fused", "counted")  # the kernels each op is priced at (`--pricing`)
+PRICINGS = ("fused", "counted", "upstream")  # the kernels each op is priced at (`--pricing`)
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.records.run_fields`)
 RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
                            "device", "numerics", "cost", "k_source", "expert_storage"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
-SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "expert_bits", "prefix_tokens",
-              "budget")
+SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "dispatch_us", "pricing",
+              "expert_bits", "prefix_tokens", "budget")
 #: the target's routed experts as stored: FP16 (16, the paper's targets) or HQQ at 2, 3 or 4 bits (Mixtral-Offloading's)
 EXPERT_BITS = (16, 2, 3, 4)
 
@@ -135,6 +135,11 @@ class Arm:
 
 
 # Flags ---------------------------------------------------------------------------------------------------------------
+def _dispatch_us(text: str) -> float | None:
+    """`--dispatch-us`: microseconds, or `profile` (the hardware profile's own figure)."""
+    return None if text.strip().lower() in ("profile", "none", "null") else float(text)
+
+
 def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: bool = False, sweep: bool = False,
           choices: tuple | None = None, metavar: str | None = None, instead: dict[str, str] | None = None) -> dict:
     """Field metadata: how the field appears on the command line (`instead`: values a user may try that are not
@@ -247,12 +252,18 @@ class RunSpec:
                      "layer, top-k)", metavar="NAME|FILE"))
     pricing: str | None = setting(default=None, metadata=_flag(
         "--pricing", "the kernels each op is priced at: fused (a modelled runtime of fused kernels: 8 an attention "
-                     "block, 3 a routed expert, 2 for the head; a mechanism alone) or counted (the kernels the model's "
+                     "block, 3 a routed expert, 2 for the head; a mechanism alone), counted (the kernels the model's "
                      "own transformers modules dispatch per part of a decode step, counted on the model itself, or "
                      "with --cost-as on a tiny instance of the priced architecture's class at 2 bytes a weight; the "
-                     "draft's experts as the live engine runs them); default: fused "
-                     "for --engine sim, counted for a live run's twin; records say which (config.priced_ops)",
-        choices=PRICINGS))
+                     "draft's experts as the live engine runs them) or upstream (each system's kernels and host reads "
+                     "as its public code makes them, declared in its file with the upstream files and lines; the "
+                     "counted figure for the parts that run the stock modules; for --engine sim); default: fused "
+                     "for --engine sim, counted for a live run's twin; records say which (config.cost.priced_ops)",
+        sweep=True, choices=PRICINGS))
+    dispatch_us: float | None = setting(default=None, metadata=_flag(
+        "--dispatch-us", "the host's time per dispatched kernel in us, in place of the hardware profile's "
+                         "host.dispatch_us (profile: the profile's own); records carry the profile as run",
+        _dispatch_us, sweep=True, metavar="US|profile"))
     system_options: tuple[tuple[str, str], ...] = ()
     arm: str = ""  # the sweep arm this run belongs to (`specter sweep --arm`), or empty
     warmup_prompts: int = setting(default=8, metadata=_flag(
@@ -312,6 +323,11 @@ class RunSpec:
         if isinstance(self.expert_bits, bool) or self.expert_bits not in EXPERT_BITS:
             raise SpecterError(f"--expert-bits must be one of {', '.join(map(str, EXPERT_BITS))} (16: FP16 experts), "
                                f"got {self.expert_bits!r}")
+        d = self.dispatch_us
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d)
+                              or not 0 <= d <= 1e6):
+            raise SpecterError(f"--dispatch-us must be a finite number of microseconds from 0 to 1e6 (or profile), "
+                               f"got {d!r}")
         if self.k.fixed is not None and self.k.fixed > MAX_WINDOW:
             raise SpecterError(f"--k {self.k.fixed} is more than {MAX_WINDOW} proposals a window; give a smaller K")
 

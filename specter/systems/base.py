@@ -22,7 +22,7 @@ from specter.numerics.forward import ForwardService, PromptTrace, TraceRecorder
 from specter.offload.cache import ExpertCache
 from specter.offload.executor import Executor
 from specter.offload.hooks import PassHooks, TransferStats
-from specter.offload.work import ModelWork
+from specter.offload.work import ModelWork, Upstream
 from specter.runspec import RunSpec
 from specter.timing.cost import CostModel
 from specter.timing.engine import Engine
@@ -160,6 +160,8 @@ class System:
     fixed_slots: Callable[[ModelWork], int] | None = None
     #: extra numerics of the target's decode this system reads from `ctx.trace.extras`
     trace_recorders: tuple[TraceRecorder, ...] = ()
+    #: the kernels and host reads its upstream code makes per part (`--pricing upstream`); default: the suite's own
+    upstream: Upstream = Upstream()
     options: dict[str, tuple] = {}
 
     def __init__(self, **options) -> None:

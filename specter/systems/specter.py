@@ -14,13 +14,35 @@ the device holds a second KV (fewer slots at a memory budget) and every cycle pa
 
 from __future__ import annotations
 
+from specter.offload.work import Upstream
 from specter.speculation.lookahead import Planner, PlannerState
 from specter.systems.base import PromptContext, PromptResult, System
 from specter.systems.decode import decode_speculatively
 
+#: Specter's kernels and host reads as its artifact decodes DeepSeek-V2-Lite at batch 1
+#: (github.com/wwwwwf/specter_asplos at commit 1cded55cbca9913e280e0da05f36708bcabfcbb1; its own DeepSeek model code in
+#: `models/`, no CUDA graphs, every op eager):
+#: - attention block 80 (78 to 81): the target's eager attention, norms, gate (6) and the MoE wrapper's routing
+#:   (`streamlined_execution_engine/expert_reorder.py` 366-398: zeros, grouping, the counts of each expert) and shared
+#:   experts (5); on DeepSeek-V2-Lite the inherited yarn rotary cache is rebuilt in every layer on every forward that
+#:   grows the sequence: 24 launches more (one a pageable copy) and one host read (`added`);
+#: - one routed expert 12 (426-480: the positions, the gather, three FP16 linears and the activation, the weight, the
+#:   cast, `index_add_`), once per distinct expert a pass reaches;
+#: - head 11 (the final norm 8, the LM head, a cast, the argmax; the per-position logit processing of
+#:   `speculative_inference_controller/model_wrapper.py` 75-78 is left out);
+#: - the draft's experts of one MoE layer 9, one fused path for all its routed experts (`kernels/`: the alignment 3, two
+#:   Marlin GEMMs, the activation 2, the weight, the sum);
+#: - host reads 1 a target MoE layer: the expert counts read to the host (`expert_reorder.py` 398).
+SPECTER_ARTIFACT = Upstream(attention=80, expert=12, head=11, draft_experts=9, host_reads=1,
+                            added=(("deepseek-v2-lite", 24, 1),), sources=(
+                                "wwwwwf/specter_asplos 1cded55cbca9913e280e0da05f36708bcabfcbb1: "
+                                "streamlined_execution_engine/expert_reorder.py 366-480, kernels/ (the fused Marlin "
+                                "MoE path), models/target/modeling_deepseek.py",))
+
 
 class Specter(System):
     name = "specter"
+    upstream = SPECTER_ARTIFACT
     speculative = True
     options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute issued before it "
                                                  "(no hot-first overlap)"),
