@@ -35,25 +35,46 @@ def _main_table(path) -> None:
 
 
 EXPECTED = """\
-TPOT in ms (simulated; mean over prompts, per prompt set: humaneval / mtbench) and, in brackets, each system's TPOT over
+TPOT in ms (simulated; mean over prompts, per prompt set: humaneval/mtbench) and, in brackets, each system's TPOT over
 Specter's in the same comparison (above 1: Specter is faster). Same slots: every system at Specter's expert slots per
 layer; same memory: every system in the device memory Specter needs there, its draft charged. -: no record in the table
 (a run that does not fit its memory writes none).
 
-| comparison | system | smollm2-moe (own shapes) on a100-40gb-pcie4, simulated | Phi-3.5-MoE on a100-40gb-pcie4, simulated |
-| --- | --- | --- | --- |
-| same slots | resident | 2.248 / - (0.88 / -) | - |
-| same slots | on-demand | - | 271.6 / 287.5 (1.88 / 2.42) |
-| same slots | specter | 2.547 / - (1.00 / -) | 144.8 / 118.6 (1.00 / 1.00) |
-| same memory | on-demand | - | 123.1 / - (0.85 / -) |
+|comparison|system|smollm2-moe (own shapes)|Phi-3.5-MoE|
+|---|---|---|---|
+|same slots|resident|2.248/- (0.88/-)|-|
+|same slots|on-demand|-|271.6/287.5 (1.88/2.42)|
+|same slots|specter|2.547/- (1.00/-)|144.8/118.6 (1.00/1.00)|
+|same memory|on-demand|-|123.1/- (0.85/-)|
 
-Phi-3.5-MoE: the proxy smollm2-moe-16x2's tokens and routes, priced at Phi-3.5-MoE's shapes.
-"""  # noqa: E501 (the table's header line is as long as the table makes it)
+Phi-3.5-MoE: the proxy smollm2-moe-16x2's tokens and routes, priced at Phi-3.5-MoE's shapes on a100-40gb-pcie4,
+simulated; smollm2-moe (own shapes): its own tokens, routes and shapes on a100-40gb-pcie4, simulated.
+"""
 
 
 def test_the_readme_table_lists_every_system_by_case_with_its_ratio_to_specter_and_its_profile(tmp_path):
     _main_table(tmp_path / "main.csv")
     assert readme_table(tmp_path / "main.csv") == EXPECTED
+
+
+def test_two_pricings_stand_side_by_side_each_over_specter_at_its_own(tmp_path):
+    """A `main` table of two pricings (fused and upstream) gives each case a column per pricing, fused first, each
+    ratio over Specter's at the same pricing; the lead says what each pricing is."""
+    _main_table(tmp_path / "fused.csv")
+    fused = pd.read_csv(tmp_path / "fused.csv").assign(pricing="fused")
+    upstream = fused.assign(pricing="upstream", tpot_ms=fused["tpot_ms"] * 2)
+    upstream.loc[upstream["system"] == "on-demand", "speedup_of_specter"] *= 0.5  # on-demand cheaper under upstream
+    upstream.loc[upstream["system"] == "on-demand", "tpot_ms"] *= 0.5
+    pd.concat([upstream, fused]).to_csv(tmp_path / "main.csv", index=False)
+    text = readme_table(tmp_path / "main.csv")
+    assert ("|comparison|system|smollm2-moe (own shapes), fused|smollm2-moe (own shapes), upstream|Phi-3.5-MoE, fused|"
+            "Phi-3.5-MoE, upstream|") in text
+    assert "|same slots|on-demand|-|-|271.6/287.5 (1.88/2.42)|271.6/287.5 (0.94/1.21)|" in text
+    assert ("|same slots|specter|2.547/- (1.00/-)|5.094/- (1.00/-)|144.8/118.6 (1.00/1.00)|289.6/237.2 (1.00/1.00)|"
+            in text)
+    lead = " ".join(text.split())
+    assert "fused (a modelled runtime of fused kernels" in lead and "upstream (each system" in lead
+    assert max(len(line) for line in text.splitlines()) <= 200
 
 
 def test_the_command_prints_it_from_a_file_or_from_a_results_tree(tmp_path, capsys):
@@ -107,7 +128,7 @@ def test_a_governors_run_is_a_row_of_its_own_compared_with_the_fixed_k(tiny_dirs
     assert governed["k"] == 2 and governed["speedup_of_specter"] == pytest.approx(0.8)
     assert "specter (K auto)" in set(memory_table(records)["system"])
     write_table(table, tmp_path / "main.csv")
-    assert "| same slots | specter (K auto) |" in readme_table(tmp_path / "main.csv")
+    assert "|same slots|specter (K auto)|" in readme_table(tmp_path / "main.csv")
 
 
 def test_two_rows_for_one_cell_are_refused(tmp_path, capsys):
@@ -137,9 +158,10 @@ def test_the_readme_table_reads_what_specter_aggregate_main_writes(tiny_dirs, tm
     write_table(experiment_table("main", records), tmp_path / "main.csv")
     text = readme_table(tmp_path / "main.csv")
     model = Path(tiny_dirs["olmoe"]).name
-    assert f"| comparison | system | {model} (own shapes) on a100-40gb-pcie4, simulated |" in text
-    rows = [line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| same")]
-    assert rows == [["| same slots", "on-demand"], ["| same slots", "specter"], ["| same memory", "on-demand"],
-                    ["| same memory", "specter"]]
-    specter = [line for line in text.splitlines() if line.startswith("| same") and "| specter |" in line]
-    assert len(specter) == 2 and all(line.endswith("(1.00) |") for line in specter), specter
+    assert f"|comparison|system|{model} (own shapes)|" in text
+    assert f"{model} (own shapes): its own tokens, routes and shapes on a100-40gb-pcie4, simulated." in text
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("|same")]
+    assert rows == [["same slots", "on-demand"], ["same slots", "specter"], ["same memory", "on-demand"],
+                    ["same memory", "specter"]]
+    specter = [line for line in text.splitlines() if line.startswith("|same") and "|specter|" in line]
+    assert len(specter) == 2 and all(line.endswith("(1.00)|") for line in specter), specter

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -254,6 +256,32 @@ def test_profile_bandwidth_cpu_writes_a_profile_hardware_accepts(tmp_path):
     shown = subprocess.run([sys.executable, "-m", "specter", "hardware", str(tmp_path / "profile.yaml")],
                            capture_output=True, text=True)
     assert shown.returncode == 0 and shown.stdout.startswith("measured-cpu:"), shown.stderr
+
+
+def test_dispatch_is_timed_on_the_class_and_widths_of_the_model_a_live_run_decodes(tiny_dirs, tmp_path):
+    """`profile-bandwidth --dispatch-model DIR` times the host's dispatch on two decoder layers of the checkpoint's own
+    class and widths (its config alone), its experts run eagerly as the suite loads them, and says so in the profile's
+    sources; a directory with no model is refused in one line before anything is measured."""
+    from specter.timing.dispatch import KernelCounter, decoder_moe
+
+    model = decoder_moe("cpu", tiny_dirs["olmoe"])
+    assert type(model).__name__ == "OlmoeForCausalLM" and model.config.num_hidden_layers == 2
+    assert model.config.hidden_size == json.loads((Path(tiny_dirs["olmoe"]) / "config.json").read_text())[
+        "hidden_size"] and model.config._experts_implementation == "eager"
+    counter = KernelCounter()
+    with counter, torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2]]))
+    assert sum(counter.kernels.values()) > 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "specter", "profile-bandwidth", "--out", str(tmp_path / "p"), "--device", "cpu",
+         "--max-bytes", str(1 << 20), "--dispatch-model", tiny_dirs["olmoe"]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    sources = yaml.safe_load((tmp_path / "p" / "profile.yaml").read_text())["sources"]["host.dispatch_us"]
+    assert f"2 decoder layers of {Path(tiny_dirs['olmoe']).name}'s class and shapes" in sources
+    bad = subprocess.run([sys.executable, "-m", "specter", "profile-bandwidth", "--out", str(tmp_path / "q"),
+                          "--device", "cpu", "--dispatch-model", str(tmp_path / "nothing")],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "does not exist" in bad.stderr and not (tmp_path / "q" / "profile.yaml").exists()
 
 
 def _rows(times_ms: dict[int, float], spread: float = 1.1):

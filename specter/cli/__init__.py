@@ -261,6 +261,9 @@ def _hardware_commands(sub) -> None:
     p.add_argument("--repeats", type=_count(10, 100_000), default=10,
                    help="timed repeats per size, median taken (>= 10)")
     p.add_argument("--name", default=None, help="profile name (default: measured-<device>)")
+    p.add_argument("--dispatch-model", default=None, metavar="DIR",
+                   help="time the host's dispatch per kernel on two decoder layers of this checkpoint's class and "
+                        "widths (its config alone; default: the default proxy's), the model a live run decodes")
     _threads(p)
     p.set_defaults(func=cmd_profile_bandwidth)
 

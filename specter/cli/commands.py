@@ -99,9 +99,13 @@ def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
     from specter.timing.profiler import default_sizes, profile_bandwidth
 
     _threads_set(args)  # the CPU's figures (its matmul, its copies) are those of the threads the runs will use
+    if args.dispatch_model is not None:
+        from specter.models.loading import read_model_config
+
+        read_model_config(args.dispatch_model)  # a checkpoint's config, or one line saying what is wrong
     csv_path, yaml_path = profile_bandwidth(
         args.out, device=args.device, sizes=default_sizes(args.max_bytes), repeats=args.repeats, name=args.name,
-        policy=lambda repeats, warmup: policy_seconds(repeats, warmup),
+        policy=lambda repeats, warmup: policy_seconds(repeats, warmup), dispatch_model=args.dispatch_model,
     )
     print(profile_summary(load_profile(yaml_path)))
     print(f"wrote {csv_path} and {yaml_path} (pass it as --hardware {yaml_path})")

@@ -66,9 +66,12 @@ def fmt_ms(x) -> str:
     return f"{float(x):.4g}"
 
 
-def _markdown(rows: list[list[str]], header: list[str]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+def _markdown(rows: list[list[str]], header: list[str], tight: bool = False) -> list[str]:
+    """A markdown table; `tight`: no padding around the cells (a wide table within the README's line length)."""
+    bar, rule = ("|", "---|") if tight else (" | ", " --- |")
+    edge = "|" if tight else "| "
+    out = [edge + bar.join(header) + edge[::-1], "|" + rule * len(header)]
+    out += [edge + bar.join(str(c) for c in row) + edge[::-1] for row in rows]
     return out + [""]
 
 
@@ -280,9 +283,19 @@ COMPARISONS = ("same slots", "same memory")
 
 
 def _case_label(model: str, cost_as: str, hardware: str, simulated: bool, pricing: str = "") -> str:
+    """A column's header: what priced its runs (and its pricing, where the table has several); its hardware and
+    whether it was simulated are in the table's legend (`_case_legend`)."""
     where = cost_as if cost_as else f"{model} (own shapes)"
-    priced = f", {pricing}" if pricing else ""
-    return f"{where} on {hardware}, {'simulated' if simulated else 'measured'}{priced}"
+    return f"{where}, {pricing}" if pricing else where
+
+
+def _case_legend(model: str, cost_as: str, hardware: str, simulated: bool) -> str:
+    """What a case's columns hold: whose tokens and routes, priced at which shapes, on which profile, simulated or
+    measured."""
+    timed = "simulated" if simulated else "measured"
+    if cost_as:
+        return f"{cost_as}: the proxy {model}'s tokens and routes, priced at {cost_as}'s shapes on {hardware}, {timed}"
+    return f"{model} (own shapes): its own tokens, routes and shapes on {hardware}, {timed}"
 
 
 def readme_table(path: str | Path) -> str:
@@ -329,13 +342,13 @@ def readme_table(path: str | Path) -> str:
                 if all(r is None for r in found):
                     row.append(ABSENT)
                     continue
-                tpot = " / ".join(ABSENT if r is None else fmt_ms(r["tpot_ms"]) for r in found)
-                ratio = " / ".join(ABSENT if r is None or pd.isna(r["speedup_of_specter"]) else
-                                   _num(r["speedup_of_specter"], 2) for r in found)
+                tpot = "/".join(ABSENT if r is None else fmt_ms(r["tpot_ms"]) for r in found)
+                ratio = "/".join(ABSENT if r is None or pd.isna(r["speedup_of_specter"]) else
+                                 _num(r["speedup_of_specter"], 2) for r in found)
                 row.append(f"{tpot} ({ratio})")
             rows.append(row)
     simulated = "simulated" if all(c[3] for c in cases) else "simulated or measured, as each column says"
-    lines = [f"TPOT in ms ({simulated}; mean over prompts, per prompt set: {' / '.join(datasets)}) and, in brackets, "
+    lines = [f"TPOT in ms ({simulated}; mean over prompts, per prompt set: {'/'.join(datasets)}) and, in brackets, "
              "each system's TPOT over Specter's in the same comparison (above 1: Specter is faster). Same slots: "
              "every system at Specter's expert slots per layer; same memory: every system in the device memory "
              f"Specter needs there, its draft charged. {ABSENT}: no record in the table (a run that does not fit its "
@@ -349,8 +362,7 @@ def readme_table(path: str | Path) -> str:
         lines.append("A row `<system> (K <governor>)` is that system at the K its governor chose (the K each case "
                      "fixes otherwise), over Specter's at the case's fixed K.")
     lines = [*textwrap.wrap(" ".join(lines), 120), ""]
-    lines += _markdown(rows, ["comparison", "system", *(_case_label(*c) for c in cases)])
-    proxies = [f"{c[1]}: the proxy {c[0]}'s tokens and routes, priced at {c[1]}'s shapes" for c in cases if c[1]]
-    if proxies:
-        lines += textwrap.wrap(f"{'; '.join(sorted(set(proxies)))}.", 120)
+    lines += _markdown(rows, ["comparison", "system", *(_case_label(*c) for c in cases)], tight=True)
+    legend = sorted({_case_legend(*c[:4]) for c in cases})
+    lines += textwrap.wrap(f"{'; '.join(legend)}.", 120)
     return "\n".join(lines).rstrip() + "\n"

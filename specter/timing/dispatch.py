@@ -42,26 +42,46 @@ class KernelCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def decoder_moe(device: str = "cpu"):
-    """A stock transformers MoE model of two decoder layers at the default proxy's shapes (SmolLM2-135M's attention,
-    hidden 576, 9 heads, 3 KV heads; 8 routed experts of 128, top 2, beside a gated shared expert of 512: Qwen2-MoE,
-    the default proxy's class) and a vocabulary of 256, seeded. On a GPU its arithmetic is negligible beside its
+def decoder_moe(device: str = "cpu", model_dir: str | None = None):
+    """A stock transformers MoE model of two decoder layers, seeded, its experts run eagerly as the suite loads every
+    checkpoint: by default at the default proxy's shapes (SmolLM2-135M's attention, hidden 576, 9 heads, 3 KV heads;
+    8 routed experts of 128, top 2, beside a gated shared expert of 512: Qwen2-MoE, the default proxy's class) with a
+    vocabulary of 256; with `model_dir`, the checkpoint's own class and widths (its config, cut to its first two
+    decoder layers and a vocabulary of 256; no weights read). On a GPU its arithmetic is negligible beside its
     dispatch; on the CPU as device an op's fixed cost depends on its size (threads start only above a grain size), so
-    the layer is a real one's size and the step's reads at the profile's memory bandwidth are taken out."""
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    the layers are a real model's size and the step's reads at the profile's memory bandwidth are taken out."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2MoeConfig
 
-    config = Qwen2MoeConfig(vocab_size=256, hidden_size=576, intermediate_size=1536, moe_intermediate_size=128,
-                            shared_expert_intermediate_size=512, num_hidden_layers=2, num_attention_heads=9,
-                            num_key_value_heads=3, num_experts=8, num_experts_per_tok=2, max_position_embeddings=64)
+    if model_dir is None:
+        config = Qwen2MoeConfig(vocab_size=256, hidden_size=576, intermediate_size=1536, moe_intermediate_size=128,
+                                shared_expert_intermediate_size=512, num_hidden_layers=2, num_attention_heads=9,
+                                num_key_value_heads=3, num_experts=8, num_experts_per_tok=2,
+                                max_position_embeddings=64)
+    else:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        config.num_hidden_layers, config.vocab_size = 2, 256
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # ids past the cut vocabulary
+            if isinstance(getattr(config, name, None), int) and getattr(config, name) >= config.vocab_size:
+                setattr(config, name, None)
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:2]
+    config._experts_implementation = "eager"
     torch.manual_seed(0)
-    return Qwen2MoeForCausalLM(config).eval().to(device)
+    return AutoModelForCausalLM.from_config(config).eval().to(device)
+
+
+def _experts(config) -> tuple[int, int]:
+    """(routed experts per layer, experts per token) of a MoE config, by whichever names its class gives them."""
+    total = next(getattr(config, n) for n in ("num_experts", "num_local_experts", "n_routed_experts")
+                 if getattr(config, n, None))
+    return total, config.num_experts_per_tok
 
 
 def step_bytes(model) -> int:
     """Bytes of weights one decode step reads: every parameter but the embedding table (one row of it is read), the
     routed experts at the share of them a token reaches."""
-    config = model.config
-    share = config.num_experts_per_tok / config.num_experts
+    total, per_token = _experts(model.config)
+    share = per_token / total
     total = 0.0
     for name, p in model.named_parameters():
         if "embed_tokens" in name:
@@ -72,14 +92,14 @@ def step_bytes(model) -> int:
 
 
 def dispatch_seconds(device: str = "cpu", repeats: int = 10, warmup: int = 3,
-                     memory_bandwidth: float | None = None) -> tuple[float, int, int]:
+                     memory_bandwidth: float | None = None, model_dir: str | None = None) -> tuple[float, int, int]:
     """(host seconds per dispatched kernel, kernels a step, host reads a step): the median over `repeats` of one
-    greedy decode step of `decoder_moe` (after `PREFIX_TOKENS` positions, the step's own cache each time), less its
-    weights' reads at `memory_bandwidth` (bytes/s; None: nothing taken out), over the kernels it dispatches (counted
-    once, outside the timed steps)."""
+    greedy decode step of `decoder_moe` (of `model_dir`'s class and widths, where given; after `PREFIX_TOKENS`
+    positions, the step's own cache each time), less its weights' reads at `memory_bandwidth` (bytes/s; None: nothing
+    taken out), over the kernels it dispatches (counted once, outside the timed steps)."""
     from transformers import DynamicCache
 
-    model = decoder_moe(device)
+    model = decoder_moe(device, model_dir)
     prefix = torch.arange(1, PREFIX_TOKENS + 1, device=device)[None]
     step = torch.tensor([[PREFIX_TOKENS + 1]], device=device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)

@@ -7,8 +7,8 @@ preallocated memory (copies rotating through 256 MiB, so that they read and writ
 in for the link, and the CPU for the device (its memory bandwidth, the rate a one-token product reads a 256 MiB weight);
 the profile says so in its description. The host section (the CPU that runs Fiddler's experts) is measured the same way
 on both, and with it the host's time per dispatched op (`host.dispatch_us`: one eager decode step of a stock two-layer
-MoE model at the default proxy's widths, less its weights' reads, over the kernels it dispatches,
-`specter.timing.dispatch`, on the device the profile describes). Without CUDA the profile's device is the host itself
+MoE model at the default proxy's widths, or of `--dispatch-model`'s class and widths, less its weights' reads, over the
+kernels it dispatches, `specter.timing.dispatch`, on the device the profile describes). Without CUDA the profile's device is the host itself
 (`device.synchronous`), so an op's fixed cost is that dispatch time and the device charges no launch overhead.
 
 The profiler checks its figures before it writes them: copies of at least `BANDWIDTH_BOUND_BYTES` whose repeats spread
@@ -146,10 +146,13 @@ def _cuda_timer(fn: Callable[[], None]) -> float:
 
 def profile_bandwidth(out_dir: str | Path, device: str = "auto", sizes: list[int] | None = None,
                       repeats: int = 10, warmup: int = 3, name: str | None = None,
-                      policy: Callable[[int, int], float] | None = None) -> tuple[Path, Path]:
+                      policy: Callable[[int, int], float] | None = None,
+                      dispatch_model: str | None = None) -> tuple[Path, Path]:
     """Measure and write `bandwidth.csv` and `profile.yaml` into `out_dir`; returns their paths. `policy(repeats,
     warmup)` measures the runtime's own host seconds per MoE layer (`specter.offload.policy.policy_seconds`, which
-    this layer cannot import); without it the profile says 0, unmeasured."""
+    this layer cannot import); without it the profile says 0, unmeasured. `dispatch_model`: a checkpoint whose class
+    and widths the dispatch time is measured at (`specter.timing.dispatch.decoder_moe`; default: the default
+    proxy's)."""
     if repeats < 10:
         raise SpecterError(f"--repeats must be at least 10 for a stable median, got {repeats}")
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
@@ -159,9 +162,9 @@ def profile_bandwidth(out_dir: str | Path, device: str = "auto", sizes: list[int
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if use_cuda:
-        rows, profile = _profile_cuda(sizes, repeats, warmup, name)
+        rows, profile = _profile_cuda(sizes, repeats, warmup, name, dispatch_model)
     else:
-        rows, profile = _profile_cpu(sizes, repeats, warmup, name)
+        rows, profile = _profile_cpu(sizes, repeats, warmup, name, dispatch_model)
     profile["host"]["policy_us"] = round(policy(repeats, warmup) * 1e6, 3) if policy is not None else 0.0
     profile["sources"]["host.policy_us"] = (
         "the suite's executor at each MoE layer of one-token passes over seeded random routes (half of each layer's "
@@ -240,24 +243,28 @@ def _host_gemv_read_gbps(repeats: int, warmup: int) -> float:
     return n * n * 4 / t / 1e9
 
 
-def _host_sources(device: str, kernels: int) -> dict[str, str]:
+def _host_sources(device: str, kernels: int, dispatch_model: str | None = None) -> dict[str, str]:
     """Where the host section's figures (and, without CUDA, the device's) come from."""
     bandwidth = "the device's" if device == "cuda" else "host.memory_bandwidth_gbps"
+    model = ("a stock Qwen2-MoE of 2 decoder layers at the default proxy's shapes" if dispatch_model is None else
+             f"2 decoder layers of {Path(dispatch_model).name}'s class and shapes")
     return {"host": f"peak: a float32 {HOST_MATMUL} x {HOST_MATMUL} matmul; memory bandwidth: one token through a "
                     f"float32 {COLD_BYTES >> 20} MiB linear (bytes read over time); launch overhead: an in-place add "
                     "on one element, per op over batches of 100",
-            "host.dispatch_us": f"one greedy decode step of a stock Qwen2-MoE of 2 decoder layers at the default "
-                                f"proxy's shapes (transformers' modules) on {device}, its wall time less its weights' "
+            "host.dispatch_us": f"one greedy decode step of {model} (transformers' modules, experts run eagerly) on "
+                                f"{device}, its wall time less its weights' "
                                 f"reads at {bandwidth} memory bandwidth, over the {kernels} kernels it dispatches "
                                 "(specter.timing.dispatch)"}
 
 
-def _host_section(repeats: int, warmup: int, device: str, memory_bandwidth: float | None = None) -> tuple[dict, int]:
+def _host_section(repeats: int, warmup: int, device: str, memory_bandwidth: float | None = None,
+                  dispatch_model: str | None = None) -> tuple[dict, int]:
     """The host section, and the kernels of the decode step its dispatch figure was timed on (its weights read at
     `memory_bandwidth`, bytes/s: the device's; None: the host's own, measured here)."""
     host_read = _host_gemv_read_gbps(repeats, warmup)
     # a decode step's time varies more than one op's: three times the repeats
-    dispatch_s, kernels, _ = dispatch_seconds(device, 3 * repeats, warmup, memory_bandwidth or host_read * 1e9)
+    dispatch_s, kernels, _ = dispatch_seconds(device, 3 * repeats, warmup, memory_bandwidth or host_read * 1e9,
+                                              dispatch_model)
     return {
         "name": f"this machine's CPU ({torch.get_num_threads()} threads)",
         "peak_tflops": round(_host_matmul_tflops(repeats, warmup), 6),
@@ -267,9 +274,9 @@ def _host_section(repeats: int, warmup: int, device: str, memory_bandwidth: floa
     }, kernels
 
 
-def _profile_cpu(sizes, repeats, warmup, name):
+def _profile_cpu(sizes, repeats, warmup, name, dispatch_model=None):
     rows = _measured_rows(partial(_host_copy_rows, sizes, repeats, warmup))
-    host, kernels = _host_section(repeats, warmup, "cpu")
+    host, kernels = _host_section(repeats, warmup, "cpu", dispatch_model=dispatch_model)
     largest = rows[-1].gbps
     profile = {
         "name": name or "measured-cpu",
@@ -287,7 +294,8 @@ def _profile_cpu(sizes, repeats, warmup, name):
         "host": host,
         "sources": {"all": f"measured by specter profile-bandwidth on {time.strftime('%Y-%m-%d')}, each figure the "
                            f"median of {repeats} after {warmup} warm-up",
-                    **_host_sources("cpu", kernels), "device": "this CPU as the device: measured as `host` says",
+                    **_host_sources("cpu", kernels, dispatch_model),
+                    "device": "this CPU as the device: measured as `host` says",
                     "device.launch_overhead_us": "0: the CPU as device runs each op on the thread that dispatches it, "
                                                  "so an op's fixed cost is host.dispatch_us, not charged twice",
                     "link": f"host copies of each size from and into {COLD_BYTES >> 20} MiB of memory in rotation "
@@ -307,7 +315,7 @@ def _total_memory_gb() -> float:
         return 1.0
 
 
-def _profile_cuda(sizes, repeats, warmup, name):
+def _profile_cuda(sizes, repeats, warmup, name, dispatch_model=None):
     dev = torch.device("cuda")
 
     def link_rows() -> list[CopyRow]:
@@ -340,7 +348,7 @@ def _profile_cuda(sizes, repeats, warmup, name):
     pinned = {r.size_bytes: r for r in rows if r.memory == "pinned"}
     pageable = {r.size_bytes: r for r in rows if r.memory == "pageable"}
     host_rows = _host_copy_rows([s for s in sizes if s <= 1 << 28], repeats, warmup)
-    host, kernels = _host_section(repeats, warmup, "cuda", 2 * big / d2d_s)
+    host, kernels = _host_section(repeats, warmup, "cuda", 2 * big / d2d_s, dispatch_model)
     props = torch.cuda.get_device_properties(dev)
     largest = max(sizes)
     profile = {
@@ -362,6 +370,6 @@ def _profile_cuda(sizes, repeats, warmup, name):
                            "(read + write); launch overhead: an in-place add on one element, per launch over batches "
                            "of 100 (CUDA events); host sync: the host reading one device value (`item`); link: "
                            "pinned and pageable copies of each size; latency: the smallest pinned copy's time",
-                    **_host_sources("cuda", kernels)},
+                    **_host_sources("cuda", kernels, dispatch_model)},
     }
     return rows + host_rows, profile

@@ -130,6 +130,21 @@ LIVE_DEVICE = HW.get("device", "cpu")
 LIVE_PROFILE = f"results/profile/{LIVE_DEVICE}/profile.yaml"
 
 
+def live_model():
+    """The model the live runs decode (the first case of the first measured experiment the config runs), on whose
+    class and widths the live device's profile times the host's dispatch per kernel; None where nothing decodes
+    live."""
+    for name, entry in ENTRY.items():
+        if name in REGISTRY and REGISTRY[name].measured and entry.get("systems"):
+            return case_model((entry.get("cases") or list(CASES))[0])
+    return None
+
+
+def dispatch_model(wc):
+    """The live device's profile times dispatch on the model its live runs decode (`live_model`)."""
+    return [] if wc.profiled == "measured" or live_model() is None else [model_dir(live_model())]
+
+
 def sweep_profiles(wc):
     """The measured profiles a sweep reads: this machine's where it varies `hardware`, the live device's where it
     decodes live."""
