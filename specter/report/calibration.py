@@ -75,6 +75,8 @@ def frame(records: list[dict]) -> pd.DataFrame:
         df[f"part:{part}"] = [(r["extra"].get("breakdown_ms") or {}).get(part, 0.0) / n
                               for r, n in zip(records, tokens)]
     df["dispatch_set"] = [(r["config"] or {}).get("dispatch_us") for r in records]  # --dispatch-us, or None
+    df["kernels"] = [json.dumps(((r["config"] or {}).get("priced_ops") or {}).get("kernels") or {}, sort_keys=True)
+                     for r in records]
     df["h2d_mb_per_token"] = [(r["h2d_bytes_demand"] + r["h2d_bytes_prefetch"]) / 1e6 / n
                               for r, n in zip(records, tokens)]
     return df
@@ -125,6 +127,19 @@ def _where_time_goes(runs: pd.DataFrame) -> str:
     return ", ".join(f"{part} {value / total:.0%}" for part, value in top if value > 0)
 
 
+def _priced_as(runs: pd.DataFrame) -> str:
+    """'priced upstream: 81 kernels an attention block, 32 a routed expert, 10 the head, 14 host reads a MoE layer'
+    (the runs' kernels per op, where they share one pricing)."""
+    kernels = runs["kernels"].unique() if "kernels" in runs else []
+    if len(kernels) != 1 or not json.loads(kernels[0]):
+        return ""
+    k = json.loads(kernels[0])
+    reads = (f", {k['host_reads']} host reads a MoE layer" if k.get("host_reads") is not None
+             else ", the routing read once a MoE layer where the cache can miss")
+    return (f"priced {runs['pricing'].iloc[0]}: {k.get('attention')} kernels an attention block, {k.get('expert')} a "
+            f"routed expert, {k.get('head')} the head{reads}")
+
+
 def _reason(row: dict, runs: pd.DataFrame, reference: pd.DataFrame | None, ratio: float, departures: list) -> str:
     """Why the suite's figure is `ratio` x the paper's, from the records: where its time goes and what crosses the
     link (times), the two systems' breakdowns (speedups), the bound a pass's working set puts on a per-pass rate or
@@ -148,6 +163,9 @@ def _reason(row: dict, runs: pd.DataFrame, reference: pd.DataFrame | None, ratio
         return "; ".join(parts + departures)
     parts = [f"suite {side} the paper ({ratio:.2f}x): {float(runs['tpot_ms'].mean()):.1f} ms a token "
              f"({_where_time_goes(runs)}), {float(runs['h2d_mb_per_token'].mean()):.0f} MB copied a token"]
+    parts += [_priced_as(runs)] if _priced_as(runs) else []
+    if len(runs["hit_rate"].dropna()):
+        parts.append(f"{float(runs['hit_rate'].mean()):.0%} of its experts found on the device (the proxy's routing)")
     if reference is not None and not reference.empty:
         parts.append(f"Specter {float(reference['tpot_ms'].mean()):.1f} ms ({_where_time_goes(reference)})")
     return "; ".join(parts + departures)
