@@ -17,7 +17,8 @@ prefetch policy; K comes from `--k`.
 
 from __future__ import annotations
 
-from specter.offload.work import Upstream
+from dataclasses import replace
+
 from specter.speculation.lookahead import WindowPlanner
 from specter.systems import PromptContext
 from specter.systems.specter import SPECTER_ARTIFACT, Specter
@@ -40,9 +41,9 @@ class _LayerwisePrefetch(WindowPlanner):
 
 #: No code of SP-MoE was public to the suite: its kernels and host reads are assumed to be those of the Specter
 #: artifact's runtime (the same kind of system: an eager target over an expert cache beside a fused INT4 draft).
-UPSTREAM = Upstream(attention=SPECTER_ARTIFACT.attention, expert=SPECTER_ARTIFACT.expert, head=SPECTER_ARTIFACT.head,
-                    draft_experts=SPECTER_ARTIFACT.draft_experts, host_reads=SPECTER_ARTIFACT.host_reads,
-                    added=SPECTER_ARTIFACT.added, assumption="no public code: priced as the Specter artifact's runtime")
+_ASSUMED = "no public code: priced as the Specter artifact's runtime"
+UPSTREAM = replace(SPECTER_ARTIFACT, sources=(), assumption=_ASSUMED, by_architecture=tuple(
+    (a, replace(u, sources=(), assumption=_ASSUMED)) for a, u in SPECTER_ARTIFACT.by_architecture))
 
 
 class SPMoE(Specter):

@@ -19,7 +19,8 @@ experts while it is admitted and a demand's hits while it runs). Sampling runs s
 
 from __future__ import annotations
 
-from specter.offload.work import Upstream
+from dataclasses import replace
+
 from specter.speculation.lookahead import WindowPlanner, plan_from_counts
 from specter.systems import PromptContext, PromptResult
 from specter.systems.specter import SPECTER_ARTIFACT, Specter
@@ -57,11 +58,11 @@ class _FrequencyPlans(WindowPlanner):
 #: SpecMoEOff as the Specter artifact runs it (github.com/wwwwwf/specter_asplos, `baselines/specmoeoff/`): the
 #: artifact's target and fused draft (Specter's counts), and the controller's route counting on the draft, two
 #: launches per draft MoE layer a step (`controller.py` 18-25: 9 + 2 per draft MoE layer).
-UPSTREAM = Upstream(attention=SPECTER_ARTIFACT.attention, expert=SPECTER_ARTIFACT.expert, head=SPECTER_ARTIFACT.head,
-                    draft_experts=SPECTER_ARTIFACT.draft_experts + 2, host_reads=SPECTER_ARTIFACT.host_reads,
-                    added=SPECTER_ARTIFACT.added, sources=(
-                        "wwwwwf/specter_asplos c0325dcd389f51b7c4ad793d939f8de80238b432: "
-                        "baselines/specmoeoff/controller.py 18-45, cache.py 117-141",))
+_SOURCE = ("wwwwwf/specter_asplos c0325dcd389f51b7c4ad793d939f8de80238b432: baselines/specmoeoff/controller.py 18-45, "
+           "cache.py 117-141")
+UPSTREAM = replace(SPECTER_ARTIFACT, draft_experts=SPECTER_ARTIFACT.draft_experts + 2, sources=(_SOURCE,),
+                   by_architecture=tuple((a, replace(u, draft_experts=u.draft_experts + 2, sources=(_SOURCE,)))
+                                         for a, u in SPECTER_ARTIFACT.by_architecture))
 
 
 class SpecMoEOff(Specter):

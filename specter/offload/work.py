@@ -57,9 +57,9 @@ class Upstream:
     architecture's stock transformers modules in the upstream code too: the counted figure stands for it. `host_reads`
     are the blocking reads of device values per target MoE layer (None: the executor's own). `assumption` is set
     where no code is public and the figures are the suite's assumption, saying which. The counts are those of the
-    architecture the code was read at (Mixtral-8x7B for the peers, DeepSeek-V2-Lite for the Specter artifact), applied
-    unchanged at the others but for `added`. The default declaration is the suite's own implementation, counted
-    (`resident`, `on-demand`)."""
+    architecture the code was read at (Mixtral-8x7B for the peers), applied unchanged at the others, except where
+    `by_architecture` gives the code's own for one. The default declaration is the suite's own implementation,
+    counted (`resident`, `on-demand`)."""
 
     attention: int | None = None
     expert: int | None = None
@@ -69,29 +69,30 @@ class Upstream:
     sources: tuple[str, ...] = ()
     assumption: str = ""
     expert_unquantized: int | None = None  # `expert` where the experts are not quantized (--expert-bits 16), if other
-    #: (architecture, kernels, host reads) the upstream code adds to each attention block where it prices that
-    #: architecture (model code of its own for it, e.g. a rotary cache rebuilt in every layer)
-    added: tuple[tuple[str, int, int], ...] = ()
+    #: (architecture, declaration): where the upstream code runs model code of its own for an architecture, what it
+    #: makes there instead
+    by_architecture: tuple[tuple[str, Upstream], ...] = ()
 
     def kernels(self, counted: Kernels, system: str, quantized_experts: bool = False,
                 architecture: str | None = None) -> Kernels:
         """The kernels each op stands for under this declaration, from `counted` (the stock modules' counts) where a
         part runs them; `quantized_experts`: the target's experts are stored quantized (`--expert-bits` below 16);
-        `architecture`: the one the run is priced at (`--cost-as`), for what `added` says of it."""
+        `architecture`: the one the run is priced at (`--cost-as`), for what `by_architecture` says of it."""
+        own = dict(self.by_architecture).get(architecture)
+        if own is not None:
+            return own.kernels(counted, system, quantized_experts)
         if not self.sources and not self.assumption:
             return Kernels(counted.attention, counted.expert, counted.head, counted.draft_experts,
                            f"upstream: {system} is the suite's own; {counted.source}", "upstream", counted.host_reads)
         where = f"as its code runs ({'; '.join(self.sources)})" if self.sources else "with no public code"
         expert = self.expert if quantized_experts or self.expert_unquantized is None else self.expert_unquantized
-        more, reads = next(((k, r) for name, k, r in self.added if name == architecture), (0, 0))
-        host_reads = self.host_reads + reads if self.host_reads is not None else None
-        return Kernels(attention=(self.attention or counted.attention) + more, expert=expert or counted.expert,
+        return Kernels(attention=self.attention or counted.attention, expert=expert or counted.expert,
                        head=self.head or counted.head, draft_experts=self.draft_experts or counted.draft_experts,
                        source=f"upstream: {system} {where}"
                               + (f"; ASSUMED: {self.assumption}" if self.assumption else "")
                               + ("; the other parts " + counted.source if None in (self.attention, self.expert,
                                                                                   self.head) else ""),
-                       pricing="upstream", host_reads=host_reads)
+                       pricing="upstream", host_reads=self.host_reads)
 
 
 @dataclass(frozen=True)

@@ -324,9 +324,13 @@ def readme_table(path: str | Path) -> str:
     twice = df[df.duplicated(key, keep=False)]
     if not twice.empty:
         r = twice.iloc[0]
-        raise SpecterError(f"{path} has {int((df[key] == r[key]).all(axis=1).sum())} rows for {r['system']} "
-                           f"({r['memory']}) on {r['model']} {r['dataset']}; the README's table takes one per system, "
-                           "comparison, case and prompt set, as `main`'s table gives it")
+        same = df[(df[key] == r[key]).all(axis=1)]
+        differ = [c for c in ("dispatch_us", "k", "slots_per_layer", "prefetch") if c in same and same[c].nunique() > 1]
+        hint = (f" (they differ in {', '.join(differ)}: give a table of one value of it, e.g. its rows with "
+                f"{differ[0]} == {same[differ[0]].iloc[0]})" if differ else "")
+        raise SpecterError(f"{path} has {len(same)} rows for {r['system']} ({r['memory']}) on {r['model']} "
+                           f"{r['dataset']}{hint}; the README's table takes one per system, comparison, case, pricing "
+                           "and prompt set, as `main`'s table gives it")
     datasets = sorted(df["dataset"].astype(str).unique())
     rank = {p: i for i, p in enumerate(PRICINGS)}
     cases = sorted({tuple(c) for c in df[["model", "cost_as", "hardware", "simulated", "pricing"]].itertuples(

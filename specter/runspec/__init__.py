@@ -140,6 +140,9 @@ def _dispatch_us(text: str) -> float | None:
     return None if text.strip().lower() in ("profile", "none", "null") else float(text)
 
 
+_dispatch_us.__name__ = "number of microseconds from 0 to 1e6, or profile"  # what a refusal names
+
+
 def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: bool = False, sweep: bool = False,
           choices: tuple | None = None, metavar: str | None = None, instead: dict[str, str] | None = None) -> dict:
     """Field metadata: how the field appears on the command line (`instead`: values a user may try that are not
@@ -258,7 +261,7 @@ class RunSpec:
                      "draft's experts as the live engine runs them) or upstream (each system's kernels and host reads "
                      "as its public code makes them, declared in its file with the upstream files and lines; the "
                      "counted figure for the parts that run the stock modules; for --engine sim); default: fused "
-                     "for --engine sim, counted for a live run's twin; records say which (config.cost.priced_ops)",
+                     "for --engine sim, counted for a live run's twin; records say which (config.priced_ops)",
         sweep=True, choices=PRICINGS))
     dispatch_us: float | None = setting(default=None, metadata=_flag(
         "--dispatch-us", "the host's time per dispatched kernel in us, in place of the hardware profile's "
@@ -339,8 +342,10 @@ class RunSpec:
         shapes = f" at {self.cost_as} shapes" if self.cost_as else ""
         temperature = f" T={self.temperature:g}" if self.temperature else ""
         arm = f" [{self.arm}]" if self.arm else ""
+        priced = f" priced {self.pricing}" if self.pricing else ""
+        dispatch = f" dispatch {self.dispatch_us:g} us" if self.dispatch_us is not None else ""
         return (f"{self.system}{k} {policy} {self.hardware}{shapes} {self.budget.describe()} prefix "
-                f"{self.prefix_tokens}{temperature}{opts}{arm}")
+                f"{self.prefix_tokens}{temperature}{opts}{priced}{dispatch}{arm}")
 
     # the checks of data alone (`specter.runs.checks.validate` runs them beside those that need a system, a hardware
     # profile or the model's config) ----------------------------------------------------------------------------------

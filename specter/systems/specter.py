@@ -19,25 +19,31 @@ from specter.speculation.lookahead import Planner, PlannerState
 from specter.systems.base import PromptContext, PromptResult, System
 from specter.systems.decode import decode_speculatively
 
-#: Specter's kernels and host reads as its artifact decodes DeepSeek-V2-Lite at batch 1
-#: (github.com/wwwwwf/specter_asplos at commit 1cded55cbca9913e280e0da05f36708bcabfcbb1; its own DeepSeek model code in
-#: `models/`, no CUDA graphs, every op eager):
-#: - attention block 80 (78 to 81): the target's eager attention, norms, gate (6) and the MoE wrapper's routing
-#:   (`streamlined_execution_engine/expert_reorder.py` 366-398: zeros, grouping, the counts of each expert) and shared
-#:   experts (5); on DeepSeek-V2-Lite the inherited yarn rotary cache is rebuilt in every layer on every forward that
-#:   grows the sequence: 24 launches more (one a pageable copy) and one host read (`added`);
-#: - one routed expert 12 (426-480: the positions, the gather, three FP16 linears and the activation, the weight, the
-#:   cast, `index_add_`), once per distinct expert a pass reaches;
+#: Specter's kernels and host reads as its artifact decodes at batch 1 (github.com/wwwwwf/specter_asplos at commit
+#: 1cded55cbca9913e280e0da05f36708bcabfcbb1, eager, no CUDA graphs). Its Phi-3.5-MoE and Qwen1.5-MoE targets are the
+#: stock transformers classes with its own MoE wrapper in place of the stock block (`initialization/target_builder.py`,
+#: `build_model`); it has no Mixtral target, which is priced as its Phi path. Read at its DeepSeek-V2-Lite path:
+#: - one routed expert 12 (`streamlined_execution_engine/expert_reorder.py` 426-480: the positions, the gather, three
+#:   FP16 linears and the activation, the weight, the cast, `index_add_`), once per distinct expert a pass reaches,
+#:   assumed the same in its Phi and Qwen wrappers;
 #: - head 11 (the final norm 8, the LM head, a cast, the argmax; the per-position logit processing of
 #:   `speculative_inference_controller/model_wrapper.py` 75-78 is left out);
 #: - the draft's experts of one MoE layer 9, one fused path for all its routed experts (`kernels/`: the alignment 3, two
 #:   Marlin GEMMs, the activation 2, the weight, the sum);
-#: - host reads 1 a target MoE layer: the expert counts read to the host (`expert_reorder.py` 398).
-SPECTER_ARTIFACT = Upstream(attention=80, expert=12, head=11, draft_experts=9, host_reads=1,
-                            added=(("deepseek-v2-lite", 24, 1),), sources=(
-                                "wwwwwf/specter_asplos 1cded55cbca9913e280e0da05f36708bcabfcbb1: "
-                                "streamlined_execution_engine/expert_reorder.py 366-480, kernels/ (the fused Marlin "
-                                "MoE path), models/target/modeling_deepseek.py",))
+#: - host reads 1 a target MoE layer: the expert counts read to the host (`expert_reorder.py` 398);
+#: - the attention block: the stock modules' (counted) in the Phi and Qwen paths; 80 (78 to 81) in its own DeepSeek
+#:   code (`models/target/modeling_deepseek.py`: eager attention, norms, its gate 6, the wrapper's routing 366-398 and
+#:   shared experts 5), where the inherited yarn rotary cache is rebuilt in every layer on every forward that grows the
+#:   sequence: 24 launches more (one a pageable copy, a host read).
+SPECTER_ARTIFACT = Upstream(
+    expert=12, head=11, draft_experts=9, host_reads=1, sources=(
+        "wwwwwf/specter_asplos 1cded55cbca9913e280e0da05f36708bcabfcbb1: initialization/target_builder.py "
+        "(build_model), streamlined_execution_engine/expert_reorder.py 366-480, kernels/ (the fused Marlin MoE path)",),
+    by_architecture=(("deepseek-v2-lite", Upstream(
+        attention=104, expert=12, head=11, draft_experts=9, host_reads=2, sources=(
+            "wwwwwf/specter_asplos 1cded55cbca9913e280e0da05f36708bcabfcbb1: models/target/modeling_deepseek.py "
+            "(its own DeepSeek-V2 code, the yarn cache rebuilt in every layer), "
+            "streamlined_execution_engine/expert_reorder.py 366-480, kernels/",))),))
 
 
 class Specter(System):

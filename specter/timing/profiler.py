@@ -8,8 +8,9 @@ in for the link, and the CPU for the device (its memory bandwidth, the rate a on
 the profile says so in its description. The host section (the CPU that runs Fiddler's experts) is measured the same way
 on both, and with it the host's time per dispatched op (`host.dispatch_us`: one eager decode step of a stock two-layer
 MoE model at the default proxy's widths, or of `--dispatch-model`'s class and widths, less its weights' reads, over the
-kernels it dispatches, `specter.timing.dispatch`, on the device the profile describes). Without CUDA the profile's device is the host itself
-(`device.synchronous`), so an op's fixed cost is that dispatch time and the device charges no launch overhead.
+kernels it dispatches, `specter.timing.dispatch`, on the device the profile describes). Without CUDA the profile's
+device is the host itself (`device.synchronous`), so an op's fixed cost is that dispatch time and the device charges no
+launch overhead.
 
 The profiler checks its figures before it writes them: copies of at least `BANDWIDTH_BOUND_BYTES` whose repeats spread
 widely (the slower over the faster, the extreme fifths left out, above `MAX_SPREAD`), or a bandwidth curve that falls as
