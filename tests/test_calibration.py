@@ -195,6 +195,19 @@ def test_a_row_takes_its_upstream_figure_with_the_fused_one_and_each_dispatch_ti
     assert pd_missing(_row(table, "mo-tab2-t4-full")["diagnostic"])  # no runs at all: nothing to say
 
 
+def test_mb_copied_a_token_counts_the_decode_s_copies_alone(tiny_dirs):
+    """A record says what the prefill copied (`extra.h2d_bytes_prefill`); calibration's MB a token leaves it out."""
+    from specter.report.calibration import frame
+
+    record, = execute(_spec(tiny_dirs, system="on-demand", cost_as="mixtral-8x7b", max_new_tokens=5,
+                            cache_start="empty"), progress=False)
+    r = record.as_dict()
+    total, prefill = r["h2d_bytes_demand"] + r["h2d_bytes_prefetch"], r["extra"]["h2d_bytes_prefill"]
+    assert 0 < prefill <= total  # an empty cache: the prefill copies its experts in
+    tokens = len(r["extra"]["commit_ms"]) - 1
+    assert frame([r])["h2d_mb_per_token"].iloc[0] == pytest.approx((total - prefill) / 1e6 / tokens)
+
+
 def test_a_row_marked_not_comparable_must_say_why(monkeypatch):
     import yaml
 

@@ -281,6 +281,8 @@ class Executor:
         self.passes.append(PassWork(n, sum(o.flops for o in ops), sum(o.bytes_read for o in ops),
                                     sum(o.launches for o in ops), used))
         self.stats.target_passes.append(tuple(a - b for a, b in zip(self.stats.demand.counts(), before)))
+        if self.stats.h2d_bytes_prefill is None:  # the prompt's prefill: its copies are no decode's
+            self.stats.h2d_bytes_prefill = self.stats.h2d_bytes_demand + self.stats.h2d_bytes_prefetch
         return self.engine.record(COMPUTE)
 
     def _live_forward(self, inputs: list[int] | None, context: int, tag: str, draft: bool,

@@ -45,6 +45,7 @@ class TransferStats:
     # per target pass, in order (the first is the prompt's prefill): its demand (hits, misses, token hits, token misses)
     target_passes: list[tuple[int, int, int, int]] = field(default_factory=list)
     d2h_bytes_writeback: int = 0  # evicted experts copied back to the host (Mixtral-Offloading's swap)
+    h2d_bytes_prefill: int | None = None  # host-to-device bytes by the end of the first target pass (the prefill)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,9 @@ def frame(records: list[dict]) -> pd.DataFrame:
     df["dispatch_set"] = [(r["config"] or {}).get("dispatch_us") for r in records]  # --dispatch-us, or None
     df["kernels"] = [json.dumps(((r["config"] or {}).get("priced_ops") or {}).get("kernels") or {}, sort_keys=True)
                      for r in records]
-    df["h2d_mb_per_token"] = [(r["h2d_bytes_demand"] + r["h2d_bytes_prefetch"]) / 1e6 / n
+    # the decode's copies a committed token: the prefill's left out (records without the split: every copy)
+    df["h2d_mb_per_token"] = [(r["h2d_bytes_demand"] + r["h2d_bytes_prefetch"]
+                               - (r["extra"].get("h2d_bytes_prefill") or 0)) / 1e6 / n
                               for r, n in zip(records, tokens)]
     return df
 
@@ -162,7 +164,7 @@ def _reason(row: dict, runs: pd.DataFrame, reference: pd.DataFrame | None, ratio
                          f"{'more' if ratio > 1 else 'less'} temporal locality than the paper's model")
         return "; ".join(parts + departures)
     parts = [f"suite {side} the paper ({ratio:.2f}x): {float(runs['tpot_ms'].mean()):.1f} ms a token "
-             f"({_where_time_goes(runs)}), {float(runs['h2d_mb_per_token'].mean()):.0f} MB copied a token"]
+             f"({_where_time_goes(runs)}), {float(runs['h2d_mb_per_token'].mean()):.0f} MB copied a token in decode"]
     parts += [_priced_as(runs)] if _priced_as(runs) else []
     if len(runs["hit_rate"].dropna()):
         parts.append(f"{float(runs['hit_rate'].mean()):.0%} of its experts found on the device (the proxy's routing)")
