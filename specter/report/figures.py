@@ -1,12 +1,13 @@
 """One figure per experiment, drawn from its tidy table (seaborn on matplotlib's Agg backend).
 
-Every panel is one (model, dataset); times are labelled with their unit and, when simulated, with "simulated on
-<hardware profile>" (measured times say "measured on"). Figures are PNGs at 150 dpi sized for the report page.
+Every panel is one (model, dataset, pricing); times are labelled with their unit and, when simulated, with "simulated on
+<hardware profile>" (measured times say "measured on"). Figures are PNGs at 150 dpi sized for the report page. The
+drawing kit (order, colours, panels) is `specter.report.plotting`; the figures that hold the suite against measurements
+are in `specter.report.check_figures`.
 """
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -17,121 +18,20 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from specter.errors import SpecterError  # noqa: E402
+from specter.report.check_figures import plot_calibration, plot_fidelity, plot_sim_vs_measured  # noqa: E402
+from specter.report.plotting import (  # noqa: E402
+    OTHER_COLOR,
+    SPECTER_COLOR,
+    bars_with_bound,
+    base,
+    finish,
+    hardware_order,
+    headroom,
+    ordered,
+    palette,
+    panel_grid,
+)
 from specter.report.tables import timing_note  # noqa: E402
-from specter.runspec import PRICINGS  # noqa: E402
-
-#: the order systems appear in, in every figure (Specter's bars are marked)
-SYSTEM_ORDER = ("resident", "specter", "specter-oracle", "sp-moe", "specmoeoff", "on-demand", "mixtral-offloading",
-                "moe-infinity", "fiddler", "naive")
-SPECTER_COLOR, OTHER_COLOR = "#c44e52", "#4c72b0"
-#: every other system's colour, by its place in SYSTEM_ORDER (the same in every figure; none is Specter's red)
-_OTHERS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
-
-
-def _palette(systems) -> dict[str, str]:
-    """{system: colour}: Specter red, every other system its own fixed colour."""
-    others = [s for s in SYSTEM_ORDER if s != "specter"]
-    out = {}
-    for s in _ordered(systems):
-        i = others.index(s) if s in others else len(others) + sorted(set(systems)).index(s)
-        out[s] = SPECTER_COLOR if _base(s) == "specter" else _OTHERS[i % len(_OTHERS)]
-    return out
-
-
-def _hardware_order(sub: pd.DataFrame) -> list[str]:
-    """The profiles in a panel by link generation (PCIe 3, 4, 5; a link the name does not date last), then by
-    pinned host-to-device bandwidth, then by name."""
-    import re
-
-    def key(row) -> tuple:
-        link = str(row.get("link") or "")
-        gen = re.search(r"PCIe\s*(\d+)", link, re.I)
-        gbps = row.get("link_gbps")
-        return (int(gen[1]) if gen else 99, float(gbps) if pd.notna(gbps) else float("inf"), str(row["hardware"]))
-
-    rows = sub.drop_duplicates("hardware").to_dict("records")
-    return [r["hardware"] for r in sorted(rows, key=key)]
-
-
-def _base(system: str) -> str:
-    """The system of a row: `specter` for `specter (K auto)`, Specter at its governor's K."""
-    return str(system).split(" (K ")[0]
-
-
-def _ordered(systems) -> list[str]:
-    """The rows in SYSTEM_ORDER (others after, by name), a system's governor rows right after it."""
-    known = [s for s in SYSTEM_ORDER if s in set(map(_base, systems))]
-    return sorted(set(systems), key=lambda s: (known.index(_base(s)) if _base(s) in known else len(known), s))
-
-
-def _shapes(model: str, cost_as) -> str:
-    """What priced a panel's runs: 'Phi-3.5-MoE shapes, routing from smollm2-moe-16x2', or the model's own."""
-    if isinstance(cost_as, str) and cost_as:
-        return f"{cost_as} shapes, routing from {model}"
-    return f"{model} (its own shapes)"
-
-
-def _panels(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: bool = False, columns: int = 3):
-    """A grid of axes, one per (model, priced-at architecture, dataset): [(ax, subset, title)], and the figure. A
-    panel's title names what priced its runs, its prompt set and, where all its runs share one, the hardware profile
-    (the cases of one figure can run on different profiles; the figure's title says simulated or measured)."""
-    df = df.assign(cost_as=df["cost_as"].fillna("")) if "cost_as" in df else df.assign(cost_as="")
-    # a table of several pricings (`--pricing` as an axis) gets a panel per pricing, in `PRICINGS`' order
-    several = "pricing" in df and df["pricing"].nunique() > 1
-    df = df.assign(pricing=df["pricing"].fillna("") if several else "")
-    rank = {p: i for i, p in enumerate(PRICINGS)}
-    keys = sorted(df[["model", "cost_as", "dataset", "pricing"]].drop_duplicates().itertuples(index=False, name=None),
-                  key=lambda k: (k[0], k[1], k[2], rank.get(k[3], len(rank)), k[3]))
-    if not keys:
-        raise SpecterError("the table is empty: nothing to draw")
-    ncols = min(columns, len(keys))
-    nrows = -(-len(keys) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, sharey=sharey)
-    out = []
-    for ax, (model, cost_as, dataset, pricing) in zip(axes.flat, keys):
-        sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)
-                 & (df["pricing"] == pricing)]
-        # wrapped to the panel's width (about 11 characters an inch at the panels' font size)
-        hardware = sorted(sub["hardware"].dropna().astype(str).unique()) if "hardware" in sub else []
-        on = f", on {hardware[0]}" if len(hardware) == 1 else ""
-        prompts = f", {dataset} prompts" if dataset else ""  # '': a panel over every prompt set
-        priced = f", priced {pricing}" if pricing else ""
-        out.append((ax, sub, textwrap.fill(f"{_shapes(model, cost_as)}{prompts}{on}{priced}", int(width * 11))))
-    for ax in list(axes.flat)[len(keys):]:
-        ax.set_visible(False)
-    return fig, out
-
-
-def _finish(fig, title: str, out: str | Path) -> None:
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
-
-
-def _bars_with_bound(ax, sub: pd.DataFrame, x: str, order: list | None = None) -> None:
-    """TPOT bars per `x`, the run's lower bound as a black tick on each bar."""
-    order = order or list(sub[x])
-    sns.barplot(data=sub, x=x, y="tpot_ms", order=order, ax=ax, color="#4c72b0", errorbar=None)
-    lb = sub.set_index(x)["lower_bound_tpot_ms"]
-    ax.scatter(range(len(order)), [lb.get(o) for o in order], marker="_", s=400, color="black", zorder=3,
-               label="lower bound")
-    ax.set_ylabel("TPOT (ms, mean over prompts)")
-    ax.tick_params(axis="x", rotation=35)
-    for label in ax.get_xticklabels():
-        label.set_ha("right")
-    tpot = sub.set_index(x)["tpot_ms"]
-    for i, o in enumerate(order):  # the value on each bar: differences can be small next to the bars' height
-        ax.text(i, float(tpot[o]), f"{float(tpot[o]):.3f}", ha="center", va="bottom", fontsize=7)
-    _headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max())
-    ax.legend(loc="upper left", fontsize=8)
-
-
-def _headroom(ax, top: float, share: float = 1.3) -> None:
-    """Room above the tallest bar for value labels and the legend."""
-    ax.set_ylim(0, top * share)
 
 
 def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
@@ -155,7 +55,7 @@ def _plot_k_sweep(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT and its lower bound against fixed K, the acceptance rate on a second axis (green, right), and each
     governor's run as one marker at its TPOT over all its prompts (the online governor's K is the mean of its
     prompts' median windows); the legend sits below the axes, clear of the curves."""
-    fig, panels = _panels(table, height=4.6)
+    fig, panels = panel_grid(table, height=4.6)
     for ax, sub, title in panels:
         fixed = sub[sub["k_setting"].str.fullmatch(r"\d+")].sort_values("k")
         ax.plot(fixed["k"], fixed["tpot_ms"], marker="o", color=SPECTER_COLOR, label="TPOT at a fixed K")
@@ -185,11 +85,11 @@ def _plot_k_sweep(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
                   frameon=False)
         ax.set_title(title, fontsize=9)
-    _finish(fig, f"{figure.title} ({timing})", out)
+    finish(fig, f"{figure.title} ({timing})", out)
 
 
 def _plot_routing(figure, table: pd.DataFrame, out, timing: str) -> None:
-    fig, panels = _panels(table)
+    fig, panels = panel_grid(table)
     for ax, sub, title in panels:
         # draft and target both pick top-k experts, so the sets are equally large and precision equals recall;
         # both are drawn only where they differ
@@ -206,11 +106,11 @@ def _plot_routing(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.legend(fontsize=7, ncol=3, loc="lower center")
         wr = ", ".join(f"K={k}: {v:.2f}" for k, v in sub.groupby("k")["window_recall"].first().items())
         ax.set_title(f"{title}\nwindow recall {wr}", fontsize=9)
-    _finish(fig, figure.title, out)
+    finish(fig, figure.title, out)
 
 
 def _plot_working_set(figure, table: pd.DataFrame, out, timing: str) -> None:
-    fig, panels = _panels(table)
+    fig, panels = panel_grid(table)
     for ax, sub, title in panels:
         sub = sub.sort_values("k")
         ax.plot(sub["k"], sub["window_working_set"], marker="o", label="distinct experts per window")
@@ -221,34 +121,34 @@ def _plot_working_set(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_ylim(0, sub["experts_per_layer"].iloc[0] * 1.1)
         ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
-    _finish(fig, figure.title, out)
+    finish(fig, figure.title, out)
 
 
 def _plot_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT bars per `figure.x`, each with its lower bound."""
-    fig, panels = _panels(table)
+    fig, panels = panel_grid(table)
     for ax, sub, title in panels:
         sub = sub.sort_values(figure.sort) if figure.sort else sub
-        _bars_with_bound(ax, sub, figure.x)
+        bars_with_bound(ax, sub, figure.x)
         ax.set_xlabel(figure.xlabel)
         ax.set_title(title, fontsize=9)
-    _finish(fig, f"{figure.title} ({timing})", out)
+    finish(fig, f"{figure.title} ({timing})", out)
 
 
 def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT bars per system in the fixed order, one bar per comparison (same slots, same memory) where the table has
     both, each with its lower bound and value; Specter's bars marked; log scale when the bars span decades."""
-    fig, panels = _panels(table, width=7.0, height=4.2)
+    fig, panels = panel_grid(table, width=7.0, height=4.2)
     for ax, sub, title in panels:
         modes = sorted(sub["memory"].unique()) if "memory" in sub else [None]
-        order = _ordered(sub["system"])
+        order = ordered(sub["system"])
         width = 0.8 / len(modes)
         for i, mode in enumerate(modes):
             part = (sub if mode is None else sub[sub["memory"] == mode]).set_index("system")
             xs = [j - 0.4 + width * (i + 0.5) for j, s in enumerate(order) if s in part.index]
             names = [s for s in order if s in part.index]
             tpot = [float(part.loc[s, "tpot_ms"]) for s in names]
-            colors = [SPECTER_COLOR if _base(s) == "specter" else OTHER_COLOR for s in names]
+            colors = [SPECTER_COLOR if base(s) == "specter" else OTHER_COLOR for s in names]
             ax.bar(xs, tpot, width=width * 0.95, color=colors, alpha=1.0 if i == 0 else 0.55,
                    label=mode or "TPOT", edgecolor="white")
             ax.scatter(xs, [float(part.loc[s, "lower_bound_tpot_ms"]) for s in names], marker="_", s=180,
@@ -268,7 +168,7 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
             ax.set_yscale("log")
             ax.set_ylim(sub[spread].min().min() / 2, sub[spread].max().max() * 4)
         else:
-            _headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max(), 1.35)
+            headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max(), 1.35)
         ax.set_ylabel("TPOT (ms, mean over prompts)")
         ax.set_xlabel(figure.xlabel)
         slots = int(sub[sub["system"] == "specter"]["slots_per_layer"].iloc[0]) if "specter" in set(
@@ -276,14 +176,14 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_title(f"{title}\nSpecter: {slots} of {int(sub['experts_per_layer'].iloc[0])} experts per layer "
                      "resident", fontsize=9)
         ax.legend(loc="upper left", fontsize=7, ncol=3)
-    _finish(fig, f"{figure.title} ({timing})", out)
+    finish(fig, f"{figure.title} ({timing})", out)
 
 
 def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT per system against `figure.x` (a share, drawn in percent), systems in the fixed order and colours."""
-    fig, panels = _panels(table, width=5.6)
+    fig, panels = panel_grid(table, width=5.6)
     for ax, sub, title in panels:
-        colors = _palette(sub["system"])
+        colors = palette(sub["system"])
         for system in colors:
             part = sub[sub["system"] == system].sort_values(figure.x)
             ax.plot(part[figure.x] * 100, part["tpot_ms"], marker="o", label=system, color=colors[system],
@@ -292,89 +192,32 @@ def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_ylabel("TPOT (ms, mean over prompts)")
         ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
-    _finish(fig, f"{figure.title} ({timing})", out)
+    finish(fig, f"{figure.title} ({timing})", out)
 
 
 def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT bars per `figure.x` (hardware by link generation), one hue per system in the fixed order and colours."""
-    fig, panels = _panels(table, width=5.6)
+    fig, panels = panel_grid(table, width=5.6)
     for ax, sub, title in panels:
-        colors = _palette(sub["system"])
-        order = _hardware_order(sub) if figure.x == "hardware" else None
+        colors = palette(sub["system"])
+        order = hardware_order(sub) if figure.x == "hardware" else None
         sns.barplot(data=sub, x=figure.x, y="tpot_ms", hue="system", hue_order=list(colors), palette=colors,
                     order=order, ax=ax, errorbar=None)
         ax.set_xlabel(figure.xlabel)
         ax.set_ylabel("TPOT (ms, mean over prompts)")
         if figure.x == "hardware":
             ax.tick_params(axis="x", rotation=25)
-        _headroom(ax, sub["tpot_ms"].max(), 1.35)
+        headroom(ax, sub["tpot_ms"].max(), 1.35)
         ax.legend(fontsize=8, title=None, loc="upper center", ncol=2)
         ax.set_title(title, fontsize=9)
-    _finish(fig, f"{figure.title} ({timing})", out)
-
-
-def _plot_fidelity(figure, table: pd.DataFrame, out, timing: str) -> None:
-    # one draft per (model, method, bits, group): two models' drafts of one method are two bars and two lines
-    table = table.assign(draft=[f"{model}\n{m} INT{b} g{g}" for model, m, b, g in
-                                zip(table["model"], table["method"], table["bits"], table["group_size"])])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    shares = table.drop_duplicates("draft").set_index("draft")[["expert_hard", "expert_soft", "expert_mismatch"]]
-    shares.mul(100).plot.bar(stacked=True, ax=left, color=["#4c72b0", "#8fb0dd", "#c44e52"], rot=0)
-    left.set_ylabel("(token, layer) pairs (%)")
-    left.set_xlabel("draft")
-    left.set_ylim(0, 122)  # room above the bars for the legend
-    left.set_yticks(range(0, 101, 20))
-    left.legend(["hard: same experts, same order", "soft: same set, other order", "mismatch: another set"],
-                fontsize=7, loc="upper center", ncol=3)
-    left.set_title("draft's ranked experts vs the target's (the paper's Fig 6)", fontsize=9)
-    for draft, part in table.groupby("draft"):
-        part = part.sort_values("k")
-        right.plot(part["k"], part["acceptance_rate"], marker="o", label=draft.replace("\n", " "))
-    right.set_xlabel("draft window K (tokens)")
-    right.set_ylabel("greedy acceptance rate (accepted / checked)")
-    right.set_ylim(0, 1.05)
-    right.legend(fontsize=8)
-    right.set_title("acceptance on the target's committed prefix", fontsize=9)
-    models = ", ".join(sorted(table["model"].unique()))
-    _finish(fig, f"{figure.title} ({models}, {', '.join(sorted(table['dataset'].unique()))} prompts)", out)
-
-
-def _plot_calibration(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """Per published figure the suite could compute, the suite's over the paper's on a log axis, grouped by paper,
-    with the 0.8-1.25 band shaded; the rows without a suite figure are counted in the title."""
-    from specter.report.calibration import BAND
-
-    shown = table[table["suite_over_published"].notna()].reset_index(drop=True)
-    if shown.empty:  # say so in the figure, with what the papers publish
-        fig, ax = plt.subplots(figsize=(9, 3))
-        ax.axis("off")
-        ax.text(0, 1, f"No run of this workflow matches a published configuration ({len(table)} figures listed in "
-                      "results/tables/calibration.csv, each with why).\nconfig/paper.yaml runs more of them.",
-                va="top", fontsize=9, wrap=True)
-        _finish(fig, figure.title, out)
-        return
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(shown) + 1.8))
-    colors = {paper: c for paper, c in zip(dict.fromkeys(shown["paper"]), sns.color_palette("deep"))}
-    ys = range(len(shown))
-    ax.axvspan(*BAND, color="#dddddd", zorder=0)
-    ax.axvline(1.0, color="black", lw=0.8)
-    ax.scatter(shown["suite_over_published"], list(ys), c=[colors[p] for p in shown["paper"]], zorder=3, s=18)
-    ax.set_yticks(list(ys), [f"{i} ({m})" for i, m in zip(shown["id"], shown["metric"])], fontsize=6)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel(f"suite / published (suite {timing}; grey: {BAND[0]}-{BAND[1]})")
-    for paper, color in colors.items():
-        ax.scatter([], [], c=[color], label=paper, s=18)
-    ax.legend(fontsize=7, loc="lower right")
-    missing = len(table) - len(shown)
-    _finish(fig, f"{figure.title} ({missing} published figures not run here: see the table)", out)
+    finish(fig, f"{figure.title} ({timing})", out)
 
 
 def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
     """Hit rate (%) per caching policy, grouped by Specter's expert slots per layer (the paper's Table 3)."""
     from specter.experiments import HIT_POLICIES
 
-    fig, panels = _panels(table, width=6.4, height=4.0)
+    fig, panels = panel_grid(table, width=6.4, height=4.0)
     for ax, sub, title in panels:
         order = [p for p in HIT_POLICIES if p in set(sub["policy"])]
         sns.barplot(data=sub.assign(hit_pct=sub["hit_rate"] * 100), x=figure.x, y="hit_pct", hue="policy",
@@ -386,7 +229,7 @@ def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_ylim(0, 119)
         ax.legend(fontsize=7, title=None, loc="upper center", ncol=3)
         ax.set_title(f"{title}\n{int(sub['experts_per_layer'].iloc[0])} experts per layer", fontsize=9)
-    _finish(fig, f"{figure.title}\n({timing})", out)  # one panel is narrower than the title
+    finish(fig, f"{figure.title}\n({timing})", out)  # one panel is narrower than the title
 
 
 def _plot_breakdown(figure, table: pd.DataFrame, out, timing: str) -> None:
@@ -396,9 +239,9 @@ def _plot_breakdown(figure, table: pd.DataFrame, out, timing: str) -> None:
 
     colors = ["#dd8452", "#4c72b0", "#8fb0dd", "#c44e52", "#55a868", "#bbbbbb"]
     same = table[table["memory"] == "same slots"] if "same slots" in set(table["memory"]) else table
-    fig, panels = _panels(same, width=6.2, height=4.2)
+    fig, panels = panel_grid(same, width=6.2, height=4.2)
     for ax, sub, title in panels:
-        sub = sub.set_index("system").loc[_ordered(sub["system"])]
+        sub = sub.set_index("system").loc[ordered(sub["system"])]
         left = pd.Series(0.0, index=sub.index)
         for part, color in zip(BREAKDOWN, colors):
             share = sub[part] / sub["tpot_ms"] * 100
@@ -430,10 +273,10 @@ def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:
     names = ("non-expert weights (FP16)", "draft", "KV", "workspace", "expert slots")
     colors = ["#4c72b0", "#dd8452", "#55a868", "#bbbbbb", "#8172b3"]
     same = table[table["memory"] == "same slots"] if "same slots" in set(table["memory"]) else table
-    fig, panels = _panels(same.drop_duplicates(["model", "cost_as", "system"]).assign(dataset=""), width=6.2,
+    fig, panels = panel_grid(same.drop_duplicates(["model", "cost_as", "system"]).assign(dataset=""), width=6.2,
                           height=3.8)
     for ax, sub, title in panels:
-        sub = sub.set_index("system").loc[_ordered(sub["system"])]
+        sub = sub.set_index("system").loc[ordered(sub["system"])]
         left = pd.Series(0.0, index=sub.index)
         for part, name, color in zip(parts, names, colors):
             ax.barh(sub.index, sub[part], left=left, color=color, label=name, edgecolor="white")
@@ -457,7 +300,7 @@ def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:
         off = f"; device {float(device.iloc[0]):g} GB, off scale" if len(device) and not on_scale else ""
         ax.set_title(f"{title}\nsame slots: {slots} per layer{off}", fontsize=9)
         ax.legend(fontsize=6, loc="lower right")
-    _finish(fig, f"{figure.title} (profile: {', '.join(sorted(same['hardware'].unique()))})", out)
+    finish(fig, f"{figure.title} (profile: {', '.join(sorted(same['hardware'].unique()))})", out)
 
 
 def _plot_routing_entropy(figure, table: pd.DataFrame, out, timing: str) -> None:
@@ -482,38 +325,12 @@ def _plot_routing_entropy(figure, table: pd.DataFrame, out, timing: str) -> None
     right.set_title(f"expert use per layer: {first[0]}, {first[1]} prompts", fontsize=9)
     right.set_xlabel("expert")
     right.set_ylabel("MoE layer")
-    _finish(fig, f"{figure.title} (the target's routes on the prompts it decoded)", out)
+    finish(fig, f"{figure.title} (the target's routes on the prompts it decoded)", out)
 
 
-def _plot_sim_vs_measured(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """Per system, its measured TPOT beside its simulated twin's, the ratio (measured over simulated) above each pair;
-    the title says where each was timed (measured on the live device; simulated on its measured profile)."""
-    tpot = table[table["part"] == "TPOT"]
-    fig, panels = _panels(tpot, width=5.6)
-    for ax, sub, title in panels:
-        order = _ordered(sub["system"])
-        long = pd.concat([sub.assign(time="measured", ms=sub["measured_ms"]),
-                          sub.assign(time="simulated twin", ms=sub["simulated_ms"])])
-        sns.barplot(data=long, x="system", y="ms", hue="time", order=order, hue_order=["measured", "simulated twin"],
-                    palette=[SPECTER_COLOR, OTHER_COLOR], ax=ax, errorbar=None)
-        ratio = sub.set_index("system")["measured_over_simulated"]
-        top = long["ms"].max()
-        for i, system in enumerate(order):
-            if pd.notna(ratio.get(system)):
-                ax.text(i, top * 1.05, f"{float(ratio[system]):.2f}x", ha="center", fontsize=7)
-        ax.set_xlabel("system (above: measured over simulated)")
-        ax.set_ylabel("TPOT (ms, mean over prompts)")
-        ax.tick_params(axis="x", rotation=25)
-        _headroom(ax, top, 1.6)  # the legend sits in one row above the ratios, clear of them
-        ax.legend(fontsize=8, title=None, loc="upper center", ncol=2)
-        ax.set_title(title, fontsize=9)
-    profiles = ", ".join(sorted(tpot["simulated_on"].astype(str).unique()))
-    _finish(fig, f"{figure.title}\n({timing}; twins simulated on {profiles})", out)
-
-
-KINDS = {"system_bars": _plot_system_bars, "sim_vs_measured": _plot_sim_vs_measured, "calibration": _plot_calibration,
+KINDS = {"system_bars": _plot_system_bars, "sim_vs_measured": plot_sim_vs_measured, "calibration": plot_calibration,
          "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
-         "working_set": _plot_working_set, "fidelity": _plot_fidelity, "hit_rate": _plot_hit_rate,
+         "working_set": _plot_working_set, "fidelity": plot_fidelity, "hit_rate": _plot_hit_rate,
          "breakdown": _plot_breakdown, "memory": _plot_memory,
          "routing_entropy": _plot_routing_entropy}

@@ -8,7 +8,7 @@ K, or a governor: `auto` or `profile`). The spec checks its own data (numbers, n
 is loaded; `RunSpec.as_dict()` is the `config` of every record the run writes. The flags are declared
 on the fields (`metadata`); `specter.runspec.flags` builds them for each command and reads specs back from them (in
 `sweep`, the fields marked sweepable take comma-separated lists: the grid's axes). `Budget` and `Window` are in
-`specter.runspec.parts`.
+`specter.runspec.parts`, a sweep's named arms (`Arm`) in `specter.runspec.arms`.
 
 This module imports nothing heavy: the workflow reads its axis names to build sweep commands.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 from specter.data.prompts import DATASETS
 from specter.errors import SpecterError
-from specter.runspec.parts import GOVERNORS, PROFILE_KS, Budget, Window, budget_value
+from specter.runspec.parts import GOVERNORS, PROFILE_KS, Budget, Window
 
 ENGINES = ("sim", "live")
 #: engine names this suite does not have, with what to give instead
@@ -59,76 +59,6 @@ EXPERT_BITS = (16, 2, 3, 4)
 # Arms ---------------------------------------------------------------------------------------------------------------
 #: the RunSpec fields a sweep arm may set (besides system options and a budget): none changes what the model computes
 ARM_SETTINGS = ("prefetch", "draft_kernel", "hardware", "expert_bits")
-
-
-@dataclass(frozen=True)
-class Arm:
-    """A named set of settings a sweep runs at every point of its grid (`specter sweep --arm`), for comparisons that
-    are not a grid, such as an ablation's cumulative arms or a peer paper's configurations: run settings of
-    `ARM_SETTINGS`, a budget (one of `Budget.KINDS`' names, e.g. resident_per_layer=4) and system options (applied to
-    the systems that have them). Its name goes into every record (`config.arm`)."""
-
-    name: str = ""
-    settings: tuple[tuple[str, Any], ...] = ()
-    options: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> Arm:
-        """`NAME` or `NAME:SETTING=VALUE,SETTING=VALUE` (a setting of ARM_SETTINGS, or a system option)."""
-        name, _, rest = str(text).partition(":")
-        name = name.strip()
-        if not name or "=" in name:
-            raise SpecterError(f"--arm {text!r} has no name; give NAME:SETTING=VALUE,... (e.g. 'no prefetch:"
-                               "prefetch=none')")
-        settings, options = {}, {}
-        for item in (i.strip() for i in rest.split(",")):
-            if not item:
-                continue
-            key, sep, value = item.partition("=")
-            key, value = key.strip(), value.strip()
-            if not sep or not key or not value:
-                raise SpecterError(f"--arm {text!r}: {item!r} must look like SETTING=VALUE")
-            if key.replace("-", "_") in (*ARM_SETTINGS, *Budget.KINDS.values()):  # draft-kernel and draft_kernel
-                key = key.replace("-", "_")
-            if key in settings or key in options or (key in Budget.KINDS.values() and "budget" in settings):
-                raise SpecterError(f"--arm {text!r} sets {key} twice (or two budgets)")
-            if key in Budget.KINDS.values():
-                kind = next(k for k, name in Budget.KINDS.items() if name == key)
-                settings["budget"] = Budget(kind, budget_value(kind, value))
-                settings["budget"].check()
-            elif key in ARM_SETTINGS:
-                f = next(f for f in fields(RunSpec) if f.name == key)
-                choices = f.metadata["choices"]
-                if choices and value not in choices:
-                    raise SpecterError(f"--arm {text!r}: {key}={value!r} is not one of {', '.join(choices)}")
-                settings[key] = f.metadata["parse"](value)
-            elif key.replace("-", "_") in {f.name for f in fields(RunSpec)}:
-                raise SpecterError(f"--arm {text!r}: an arm cannot set {key} (arms set {', '.join(ARM_SETTINGS)}, "
-                                   "a budget and system options; sweep the others as axes)")
-            else:
-                options[key] = value
-        return cls(name, tuple(settings.items()), tuple(options.items()))
-
-    def check(self, systems) -> None:
-        """Every option of this arm is one that some of `systems` (System classes or instances) has, with a value
-        each of those takes; the one check of an arm's options, for `specter sweep` and the workflow's config."""
-        for option, value in self.options:
-            having = [s for s in systems if option in s.options]
-            if not having:
-                known = sorted({o for s in systems for o in s.options})
-                raise SpecterError(f"--arm {self.flag()!r}: no listed system has option {option!r}; their options: "
-                                   f"{', '.join(known) or 'none'}")
-            for s in having:
-                try:
-                    (s if isinstance(s, type) else type(s))(**{option: value})
-                except (SpecterError, ValueError) as err:
-                    raise SpecterError(f"--arm {self.flag()!r}: {err}") from None
-
-    def flag(self) -> str:
-        """This arm as `--arm` takes it."""
-        items = [f"{Budget.KINDS[v.kind]}={v.value:g}" if k == "budget" else f"{k}={v}"
-                 for k, v in (*self.settings, *self.options)]
-        return f"{self.name}:{','.join(items)}" if items else self.name
 
 
 # Draft windows ------------------------------------------------------------------------------------------------------
@@ -403,3 +333,6 @@ AXES: dict[str, str] = {"system": "--systems", **{f.name: f.metadata["flag"] for
 
 __all__ = ["ARM_SETTINGS", "AXES", "GOVERNORS", "LIMITS", "MAX_WINDOW", "PROFILE_KS", "Arm", "Budget", "RunSpec",
            "Window", "check_positions"]
+
+
+from specter.runspec.arms import Arm  # noqa: E402  (an arm's settings are RunSpec fields: defined after it)

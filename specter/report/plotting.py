@@ -1,0 +1,132 @@
+"""The figures' drawing kit: the systems' fixed order and colours, one panel per (model, priced-at architecture,
+prompt set, pricing), TPOT bars with their lower bound, and the writing of a figure (`specter.report.figures` draws
+each experiment's figure with it). matplotlib runs on its Agg backend: no display is needed.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from specter.errors import SpecterError  # noqa: E402
+from specter.runspec import PRICINGS  # noqa: E402
+
+#: the order systems appear in, in every figure (Specter's bars are marked)
+SYSTEM_ORDER = ("resident", "specter", "specter-oracle", "sp-moe", "specmoeoff", "on-demand", "mixtral-offloading",
+                "moe-infinity", "fiddler", "naive")
+SPECTER_COLOR, OTHER_COLOR = "#c44e52", "#4c72b0"
+#: every other system's colour, by its place in SYSTEM_ORDER (the same in every figure; none is Specter's red)
+_OTHERS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+
+
+def palette(systems) -> dict[str, str]:
+    """{system: colour}: Specter red, every other system its own fixed colour."""
+    others = [s for s in SYSTEM_ORDER if s != "specter"]
+    out = {}
+    for s in ordered(systems):
+        i = others.index(s) if s in others else len(others) + sorted(set(systems)).index(s)
+        out[s] = SPECTER_COLOR if base(s) == "specter" else _OTHERS[i % len(_OTHERS)]
+    return out
+
+
+def hardware_order(sub: pd.DataFrame) -> list[str]:
+    """The profiles in a panel by link generation (PCIe 3, 4, 5; a link the name does not date last), then by
+    pinned host-to-device bandwidth, then by name."""
+    import re
+
+    def key(row) -> tuple:
+        link = str(row.get("link") or "")
+        gen = re.search(r"PCIe\s*(\d+)", link, re.I)
+        gbps = row.get("link_gbps")
+        return (int(gen[1]) if gen else 99, float(gbps) if pd.notna(gbps) else float("inf"), str(row["hardware"]))
+
+    rows = sub.drop_duplicates("hardware").to_dict("records")
+    return [r["hardware"] for r in sorted(rows, key=key)]
+
+
+def base(system: str) -> str:
+    """The system of a row: `specter` for `specter (K auto)`, Specter at its governor's K."""
+    return str(system).split(" (K ")[0]
+
+
+def ordered(systems) -> list[str]:
+    """The rows in SYSTEM_ORDER (others after, by name), a system's governor rows right after it."""
+    known = [s for s in SYSTEM_ORDER if s in set(map(base, systems))]
+    return sorted(set(systems), key=lambda s: (known.index(base(s)) if base(s) in known else len(known), s))
+
+
+def shapes(model: str, cost_as) -> str:
+    """What priced a panel's runs: 'Phi-3.5-MoE shapes, routing from smollm2-moe-16x2', or the model's own."""
+    if isinstance(cost_as, str) and cost_as:
+        return f"{cost_as} shapes, routing from {model}"
+    return f"{model} (its own shapes)"
+
+
+def panel_grid(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: bool = False, columns: int = 3):
+    """A grid of axes, one per (model, priced-at architecture, dataset): [(ax, subset, title)], and the figure. A
+    panel's title names what priced its runs, its prompt set and, where all its runs share one, the hardware profile
+    (the cases of one figure can run on different profiles; the figure's title says simulated or measured)."""
+    df = df.assign(cost_as=df["cost_as"].fillna("")) if "cost_as" in df else df.assign(cost_as="")
+    # a table of several pricings (`--pricing` as an axis) gets a panel per pricing, in `PRICINGS`' order
+    several = "pricing" in df and df["pricing"].nunique() > 1
+    df = df.assign(pricing=df["pricing"].fillna("") if several else "")
+    rank = {p: i for i, p in enumerate(PRICINGS)}
+    keys = sorted(df[["model", "cost_as", "dataset", "pricing"]].drop_duplicates().itertuples(index=False, name=None),
+                  key=lambda k: (k[0], k[1], k[2], rank.get(k[3], len(rank)), k[3]))
+    if not keys:
+        raise SpecterError("the table is empty: nothing to draw")
+    ncols = min(columns, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, sharey=sharey)
+    out = []
+    for ax, (model, cost_as, dataset, pricing) in zip(axes.flat, keys):
+        sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)
+                 & (df["pricing"] == pricing)]
+        # wrapped to the panel's width (about 11 characters an inch at the panels' font size)
+        hardware = sorted(sub["hardware"].dropna().astype(str).unique()) if "hardware" in sub else []
+        on = f", on {hardware[0]}" if len(hardware) == 1 else ""
+        prompts = f", {dataset} prompts" if dataset else ""  # '': a panel over every prompt set
+        priced = f", priced {pricing}" if pricing else ""
+        out.append((ax, sub, textwrap.fill(f"{shapes(model, cost_as)}{prompts}{on}{priced}", int(width * 11))))
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    return fig, out
+
+
+def finish(fig, title: str, out: str | Path) -> None:
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+
+
+def bars_with_bound(ax, sub: pd.DataFrame, x: str, order: list | None = None) -> None:
+    """TPOT bars per `x`, the run's lower bound as a black tick on each bar."""
+    order = order or list(sub[x])
+    sns.barplot(data=sub, x=x, y="tpot_ms", order=order, ax=ax, color="#4c72b0", errorbar=None)
+    lb = sub.set_index(x)["lower_bound_tpot_ms"]
+    ax.scatter(range(len(order)), [lb.get(o) for o in order], marker="_", s=400, color="black", zorder=3,
+               label="lower bound")
+    ax.set_ylabel("TPOT (ms, mean over prompts)")
+    ax.tick_params(axis="x", rotation=35)
+    for label in ax.get_xticklabels():
+        label.set_ha("right")
+    tpot = sub.set_index(x)["tpot_ms"]
+    for i, o in enumerate(order):  # the value on each bar: differences can be small next to the bars' height
+        ax.text(i, float(tpot[o]), f"{float(tpot[o]):.3f}", ha="center", va="bottom", fontsize=7)
+    headroom(ax, sub[["tpot_ms", "lower_bound_tpot_ms"]].max().max())
+    ax.legend(loc="upper left", fontsize=8)
+
+
+def headroom(ax, top: float, share: float = 1.3) -> None:
+    """Room above the tallest bar for value labels and the legend."""
+    ax.set_ylim(0, top * share)
