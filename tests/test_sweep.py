@@ -291,3 +291,38 @@ def test_a_sweep_over_pricings_and_dispatch_keeps_each_apart_in_its_tables(tiny_
                                                                    ("upstream", 20)]
     slower = table.set_index(["pricing", "dispatch_us"])["tpot_ms"]
     assert slower[("fused", 20)] > slower[("fused", 10)]
+    assert slower[("upstream", 20)] > slower[("upstream", 10)]
+
+
+def test_the_dispatch_experiment_draws_tpot_against_the_host_time_per_kernel(tiny_dirs, draft, tmp_path,
+                                                                             monkeypatch):
+    """The `dispatch` experiment's table keeps a row per dispatch time and comparison, and its figure puts the
+    dispatch times themselves on the x axis (not as a share), the same-memory runs dashed."""
+    import matplotlib.axes
+
+    from specter import experiments
+    from specter.cli import build_parser
+    from specter.report.figures import _plot_lines
+    from specter.report.tables import experiment_table
+    from specter.runspec.flags import sweep_from_args
+
+    args = build_parser().parse_args(["sweep", "--model", tiny_dirs[ARCH], "--draft", draft, "--dataset", "code",
+                                      "--hardware", "a100-40gb-pcie4", "--resident-per-layer", "2",
+                                      "--same-memory-as", "2", "--systems", "on-demand", "--pricing", "upstream",
+                                      "--dispatch-us", "5,20", "--num-prompts", "1", "--max-new-tokens", "4",
+                                      "--out", str(tmp_path / "runs.jsonl")])
+    base, axes, options = sweep_from_args(args, ["on-demand"])
+    records = [r.as_dict() for s in grid(base, axes, options) for r in execute(s, progress=False)]
+    table = experiment_table("dispatch", records)
+    assert sorted(zip(table["memory"], table["dispatch_us"])) == [("same memory", 5), ("same memory", 20),
+                                                                  ("same slots", 5), ("same slots", 20)]
+    drawn, original = [], matplotlib.axes.Axes.plot
+
+    def spy(ax, x, y, *rest, **kwargs):
+        drawn.append((list(x), kwargs.get("linestyle"), kwargs.get("label")))
+        return original(ax, x, y, *rest, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    _plot_lines(experiments.get("dispatch").figure, table, tmp_path / "dispatch.png", "simulated")
+    assert sorted(drawn) == [([5, 20], "-", "on-demand, same slots"), ([5, 20], "--", "on-demand, same memory")]
+    assert (tmp_path / "dispatch.png").stat().st_size > 0

@@ -180,17 +180,26 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 
 def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """TPOT per system against `figure.x` (a share, drawn in percent), systems in the fixed order and colours."""
+    """TPOT per system against `figure.x` (a share is drawn in percent), systems in the fixed order and colours; a
+    table with a `memory` column of both comparisons draws the same-memory runs dashed."""
     fig, panels = panel_grid(table, width=5.6)
+    percent = figure.x.endswith("share")
     for ax, sub, title in panels:
         colors = palette(sub["system"])
+        memories = sorted(sub["memory"].dropna().unique(), reverse=True) if "memory" in sub else [None]
         for system in colors:
-            part = sub[sub["system"] == system].sort_values(figure.x)
-            ax.plot(part[figure.x] * 100, part["tpot_ms"], marker="o", label=system, color=colors[system],
-                    lw=2.2 if system == "specter" else 1.4)
+            for memory in memories:
+                part = sub[(sub["system"] == system) & ((sub["memory"] == memory) if memory else True)]
+                if part.empty:
+                    continue
+                part = part.sort_values(figure.x)
+                label = f"{system}, {memory}" if len(memories) > 1 else system
+                ax.plot(part[figure.x] * (100 if percent else 1), part["tpot_ms"], marker="o", label=label,
+                        color=colors[system], lw=2.2 if system == "specter" else 1.4,
+                        linestyle="--" if memory == "same memory" else "-")
         ax.set_xlabel(figure.xlabel)
         ax.set_ylabel("TPOT (ms, mean over prompts)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7 if len(memories) > 1 else 8)
         ax.set_title(title, fontsize=9)
     finish(fig, f"{figure.title} ({timing})", out)
 
