@@ -1,5 +1,7 @@
 # Specter suite workflow: build the models, quantize their drafts, record the numerics once, replay every system and
 # sweep on them, and aggregate tables, figures and the report. See docs/workflow.md and results/README.md.
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -17,7 +19,9 @@ if workflow.overwrite_configfiles:
     config.update(copy.deepcopy(workflow.config_settings.overwrite_config))
 
 
-report: "workflow/report/workflow.rst"
+# The report's front page: the paper's claims and their verdicts, once the run has judged them (rule summary), else
+# the workflow's description alone.
+report: "results/report/front.rst" if Path("results/report/front.rst").is_file() else "workflow/report/workflow.rst"
 
 
 # The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise): the Dockerfile's,

@@ -77,5 +77,16 @@ def test_the_page_parses_back_to_the_table():
     parser = Cells()
     parser.feed(table_html(_table(), "t"))
     body = parser.rows[1:]
-    assert [r[0] for r in body] == ["tiny-mixtral", "tiny-mixtral", "<b>odd</b>"]
-    assert [r[3] for r in body] == ["specter", "on-demand", "naive"] and all(len(r) == 9 for r in body)
+    assert [r[0] for r in body] == ["specter", "on-demand", "naive"] and all(len(r) == 9 for r in body)
+    assert [r[3] for r in body] == ["tiny-mixtral", "tiny-mixtral", "<b>odd</b>"]
+
+
+def test_a_page_shows_what_a_row_is_and_its_figures_first_the_configuration_after():
+    """The system, the figure's x column, TPOT, Specter's speedup and the lower bound lead; the CSV's other columns
+    follow in their own order."""
+    import re
+
+    table = _table().assign(lower_bound_tpot_ms=[1.0, 2.0, 3.0], resident_share=[0.25, 0.25, 0.5])
+    heads = re.findall(r"<th>([^<]+)", table_html(table, "budget", x="resident_share"))
+    assert heads[:5] == ["system", "resident_share", "tpot_ms", "speedup_of_specter", "lower_bound_tpot_ms"]
+    assert heads[5:] == ["model", "hardware", "simulated", "h2d_bytes_demand", "acceptance_rate", "stall on copies"]

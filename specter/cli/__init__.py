@@ -227,15 +227,19 @@ def _report_commands(sub) -> None:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("summary", help="the headline numbers of a results tree as Markdown: hashes of its models, "
-                       "drafts and tables; main, ablation, k_sweep, sensitivity and calibration (no wall-clock times); "
-                       "--readme: only the README's results table")
+                       "drafts and tables; the paper's claims, main, ablation, k_sweep, sensitivity and calibration "
+                       "(no wall-clock times); --readme: only the README's results table (main's or the claims')")
     p.add_argument("results", metavar="DIR", nargs="?",
                    help="the results directory (holding tables/, models/, drafts/)")
     p.add_argument("--readme", action="store_true",
                    help="print only the README's results table, from DIR/tables/main.csv or --from")
     p.add_argument("--from", dest="table", metavar="FILE.csv",
-                   help="with --readme: main's table to read instead of a results tree's (docs/results/main.csv)")
+                   help="with --readme: main's or the claims' table to read instead of a results tree's "
+                        "(docs/results/main.csv, docs/results/claims.csv)")
     p.add_argument("--out", metavar="FILE.md", type=_out(".md"), help="write it there (default: print it)")
+    p.add_argument("--front", metavar="FILE.rst", type=_out(".rst"),
+                   help="also write the report's front page there (the paper's claims and their verdicts, from "
+                        "DIR/tables/claims.csv; `snakemake --report` shows it first)")
     p.set_defaults(func=cmd_summary)
 
 
@@ -310,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 #: the options a command writes to
-OUTPUTS = ("out", "memo_out", "gptq_log", "figure", "html")
+OUTPUTS = ("out", "memo_out", "gptq_log", "figure", "html", "front")
 
 
 def _outputs_are_not_inputs(args: argparse.Namespace) -> None:

@@ -235,7 +235,8 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         from specter.report.html import write_table_html
 
         entry = EXPERIMENTS[args.experiment]
-        write_table_html(written, args.html, f"{args.experiment}: {entry.figure.title}", entry.caption)
+        write_table_html(written, args.html, f"{args.experiment}: {entry.figure.title}", entry.caption,
+                         entry.figure.x)
         print(f"wrote {args.html}")
     return 0
 
@@ -261,10 +262,18 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if (args.results is None) == (args.table is None):
         raise SpecterError("summary takes a results DIR or, with --readme, --from FILE.csv (one of the two): e.g. "
                            "`specter summary results` or `specter summary --readme --from docs/results/main.csv`")
+    if args.front and (args.readme or args.results is None):
+        raise SpecterError("--front writes the report's front page of a results DIR; give the DIR without --readme "
+                           "(e.g. `specter summary results --out results/summary.md --front results/report/front.rst`)")
     if args.readme:
         text = readme_table(args.table if args.table is not None else Path(args.results) / "tables" / "main.csv")
     else:
         text = summary(args.results)
+    if args.front:
+        from specter.report.summary import front_page
+
+        atomic_write_text(args.front, front_page(args.results))
+        print(f"wrote {args.front}")
     if args.out:
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}")

@@ -1,6 +1,7 @@
 """The figures that hold the suite against what it did not compute: a draft's fidelity to its target, the published
-figures beside the suite's (`calibration`), and the live engine's measured times beside their simulated twins
-(`sim_vs_measured`). Drawn with the kit of `specter.report.plotting`; `specter.report.figures` dispatches to them.
+figures beside the suite's (`calibration`), the paper's claims judged (`claims`), and the live engine's measured times
+beside their simulated twins (`sim_vs_measured`). Drawn with the kit of `specter.report.plotting`;
+`specter.report.figures` dispatches to them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from specter.report.claims import LEVEL
 from specter.report.plotting import OTHER_COLOR, SPECTER_COLOR, finish, headroom, ordered, panel_grid
 
 
@@ -93,3 +95,43 @@ def plot_sim_vs_measured(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_title(title, fontsize=9)
     profiles = ", ".join(sorted(tpot["simulated_on"].astype(str).unique()))
     finish(fig, f"{figure.title}\n({timing}; twins simulated on {profiles})", out)
+
+
+#: a verdict's colour in the claims figure
+VERDICT_COLORS = {"reproduced": "#55a868", "not reproduced": "#c44e52", "inconclusive": "#dd8452",
+                  "not run": "#999999"}
+
+
+def plot_claims(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Each claim of the paper (rows beside them left out): the suite's figure over the paper's, with its bootstrap
+    interval, on a log axis; the band a `value` claim must lie in shaded, the line an `at_least` claim must clear
+    dashed; coloured by verdict, and a claim that did not run written where its point would be."""
+    claims = table[table["beside_of"].fillna("").astype(str) == ""].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(claims) + 1.6))
+    ax.axvspan(0.8, 1.25, color="#55a868", alpha=0.12, lw=0, label="within 0.8-1.25x of the paper's figure")
+    ax.axvline(1.0, color="black", lw=0.8, ls="--")
+    y = list(range(len(claims)))[::-1]
+    for yi, (_, row) in zip(y, claims.iterrows()):
+        color = VERDICT_COLORS.get(row["verdict"], "#999999")
+        if pd.isna(row["suite"]):
+            ax.text(1.0, yi, "not run in this configuration", va="center", ha="center", fontsize=7, color=color)
+            continue
+        paper = float(row["paper"])
+        point, low, high = (float(row[c]) / paper for c in ("suite", "low", "high"))
+        ax.plot([max(low, 1e-3), max(high, 1e-3)], [yi, yi], color=color, lw=2.4, solid_capstyle="round")
+        ax.plot(max(point, 1e-3), yi, "o", color=color, ms=6, zorder=3)
+        ax.text(1.02, yi, f"{row['verdict']}", transform=ax.get_yaxis_transform(), va="center", fontsize=7,
+                color=color)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{r['id']} ({r['rule'].replace('_', ' ')} {float(r['paper']):g})"
+                        for _, r in claims.iterrows()], fontsize=8)
+    ax.set_xscale("log")
+    ticks = [t for t in (0.01, 0.03, 0.1, 0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0) if ax.get_xlim()[0] <= t
+             <= ax.get_xlim()[1]]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("the suite's figure over the paper's (log scale; 1: the paper's figure; an at-least claim holds "
+                  "at 1 or right of it)")
+    ax.legend(fontsize=7, loc="lower right")
+    note = f"{timing}; " if timing else ""
+    finish(fig, f"{figure.title} ({note}bars: {int(LEVEL * 100)}% bootstrap intervals over prompts)", out)

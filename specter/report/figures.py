@@ -18,7 +18,12 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from specter.errors import SpecterError  # noqa: E402
-from specter.report.check_figures import plot_calibration, plot_fidelity, plot_sim_vs_measured  # noqa: E402
+from specter.report.check_figures import (  # noqa: E402
+    plot_calibration,
+    plot_claims,
+    plot_fidelity,
+    plot_sim_vs_measured,
+)
 from specter.report.plotting import (  # noqa: E402
     OTHER_COLOR,
     SPECTER_COLOR,
@@ -223,7 +228,9 @@ def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 
 def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
-    """Hit rate (%) per caching policy, grouped by Specter's expert slots per layer (the paper's Table 3)."""
+    """Hit rate (%) per caching policy, grouped by Specter's expert slots per layer (the paper's Table 3 policies), the
+    paper's figure marked on each bar it publishes one for (DeepSeek-V2-Lite's panel); any other panel says that it is
+    not Table 3's configuration."""
     from specter.experiments import HIT_POLICIES
 
     fig, panels = panel_grid(table, width=6.4, height=4.0)
@@ -231,13 +238,22 @@ def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
         order = [p for p in HIT_POLICIES if p in set(sub["policy"])]
         sns.barplot(data=sub.assign(hit_pct=sub["hit_rate"] * 100), x=figure.x, y="hit_pct", hue="policy",
                     hue_order=order, ax=ax, errorbar=None)
-        for container in ax.containers:
+        xs = sorted(sub[figure.x].unique())
+        published = "paper_table3" in sub and sub["paper_table3"].notna().any()
+        for policy, container in zip(order, ax.containers):
             ax.bar_label(container, fmt="%.0f", fontsize=6)
+            for x, bar in zip(xs, container):  # the paper's figure for this bar, where it publishes one
+                paper = sub.loc[(sub["policy"] == policy) & (sub[figure.x] == x), "paper_table3"] if published else []
+                if len(paper) and pd.notna(paper.iloc[0]):
+                    ax.plot(bar.get_x() + bar.get_width() / 2, float(paper.iloc[0]) * 100, marker="_", ms=11, mew=2.2,
+                            color="black", zorder=5)
         ax.set_xlabel(figure.xlabel)
         ax.set_ylabel("hit rate (% of required experts on the device)")
         ax.set_ylim(0, 119)
         ax.legend(fontsize=7, title=None, loc="upper center", ncol=3)
-        ax.set_title(f"{title}\n{int(sub['experts_per_layer'].iloc[0])} experts per layer", fontsize=9)
+        said = ("black marks: the paper's Table 3" if published else
+                "not Table 3's configuration (DeepSeek-V2-Lite at 6 / 16 / 32 of 64 slots)")
+        ax.set_title(f"{title}\n{int(sub['experts_per_layer'].iloc[0])} experts per layer; {said}", fontsize=9)
     finish(fig, f"{figure.title}\n({timing})", out)  # one panel is narrower than the title
 
 
@@ -338,6 +354,7 @@ def _plot_routing_entropy(figure, table: pd.DataFrame, out, timing: str) -> None
 
 
 KINDS = {"system_bars": _plot_system_bars, "sim_vs_measured": plot_sim_vs_measured, "calibration": plot_calibration,
+         "claims": plot_claims,
          "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
          "working_set": _plot_working_set, "fidelity": plot_fidelity, "hit_rate": _plot_hit_rate,

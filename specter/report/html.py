@@ -84,8 +84,25 @@ def _inline(text: str) -> str:
     return re.sub(r"``(.+?)``", r"<code>\1</code>", html.escape(text))
 
 
-def table_html(table: pd.DataFrame, title: str, caption: str = "") -> str:
-    """The page: title, caption, what the times are, and the table with a unit under every header that has one."""
+#: the columns a reader looks for first, in this order where a table has them: what a row is (a claim, a verdict, a
+#: comparison, a system, an arm, a policy), then its figures (TPOT, Specter's speedup, the lower bound; a claim's or
+#: a published row's figures); the configuration follows in the table's own order
+ROW_LABELS = ("id", "short", "verdict", "memory", "system", "arm", "policy", "k_setting")
+KEY_FIGURES = ("tpot_ms", "speedup_of_specter", "lower_bound_tpot_ms", "paper", "suite", "low", "high", "published",
+               "suite_over_published", "measured_ms", "simulated_ms", "measured_over_simulated")
+
+
+def key_columns_first(table: pd.DataFrame, x: str | None = None) -> pd.DataFrame:
+    """`table` with `ROW_LABELS`, the figure's x column `x`, then `KEY_FIGURES` first, every other column after."""
+    first = [c for c in (*ROW_LABELS, *([x] if x else []), *KEY_FIGURES) if c in table]
+    first = list(dict.fromkeys(first))
+    return table[first + [c for c in table.columns if c not in first]]
+
+
+def table_html(table: pd.DataFrame, title: str, caption: str = "", x: str | None = None) -> str:
+    """The page: title, caption, what the times are, and the table with a unit under every header that has one, its
+    key columns first (`key_columns_first`; the CSV keeps the table's own order)."""
+    table = key_columns_first(table, x)
     note = timing_note(table, many="each row's hardware profile")
     head = "".join(
         f"<th>{html.escape(str(c))}" + (f"<small>{html.escape(column_unit(str(c)))}</small>" if column_unit(str(c))
@@ -108,5 +125,5 @@ def table_html(table: pd.DataFrame, title: str, caption: str = "") -> str:
             f"<script>{_SORT}</script>\n</body></html>\n")
 
 
-def write_table_html(table: pd.DataFrame, out, title: str, caption: str = "") -> None:
-    atomic_write_text(out, table_html(table, title, caption))
+def write_table_html(table: pd.DataFrame, out, title: str, caption: str = "", x: str | None = None) -> None:
+    atomic_write_text(out, table_html(table, title, caption, x))

@@ -5,7 +5,8 @@ wrote (the experiments' tables, the model cards, the drafts' files), prints no w
 every row, so two reproductions of the same commit write the same bytes; its hashes (each model's `weights_sha256`,
 each draft's and each table's sha256) say at a glance whether two trees agree.
 
-Sections, each present when its table is: the models and drafts, the tables, `main` (every system's TPOT, its lower
+Sections, each present when its table is: the models and drafts, the tables, the paper's claims (this run's verdicts,
+the README's run's beside), `main` (every system's TPOT, its lower
 bound and its TPOT over Specter's, per case, prompt set and comparison), Specter's TPOT over its lower bound beside
 each baseline's, `ablation` (its arms in order, with the hit rates), `k_sweep` (each governor's K against the best
 fixed K), `sensitivity` (greedy against sampling) and `calibration` (each published figure beside the suite's).
@@ -24,6 +25,7 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from specter.errors import SpecterError
 from specter.experiments import GOVERNORS
@@ -91,6 +93,7 @@ NEEDS = {
     "sensitivity": ("model", "dataset", "temperature", "system", "tpot_ms", "speedup_of_specter"),
     "calibration": ("paper", "id", "where", "architecture", "hardware", "system", "configuration", "metric",
                     "published", "suite", "suite_over_published", "reason"),
+    "claims": ("id", "short", "verdict", "paper", "suite", "low", "high", "unit", "beside_of"),
 }
 
 
@@ -244,6 +247,30 @@ def _calibration(df: pd.DataFrame) -> list[str]:
                                   "comparable", "reason"])
 
 
+def _claims(df: pd.DataFrame, tracked: Path) -> list[str]:
+    """This run's verdict on each claim of the paper, with the figures and verdicts of the README's run beside
+    (`docs/results/claims.csv` of the checkout, where it is tracked)."""
+    from specter.report.claims import figure_text
+
+    df = df[df["beside_of"].fillna("").astype(str) == ""]
+    theirs = pd.read_csv(tracked).set_index("id") if tracked.is_file() else None
+    out = ["## The paper's claims", "",
+           *textwrap.wrap("Each claim with this run's figure, its 95% bootstrap interval over prompts and verdict "
+                          "(`results/tables/claims.csv` has the rule, the configuration and the rows each rests on)"
+                          + ("; beside them, the README's run (docs/results/claims.csv)." if theirs is not None
+                             else "; the README's run is not tracked in this checkout."), 120), ""]
+    rows = []
+    for _, r in df.iterrows():
+        row = [r["id"], figure_text(r["paper"], r["unit"]), _interval_text(r), r["verdict"]]
+        if theirs is not None:
+            mine = theirs.loc[r["id"]] if r["id"] in theirs.index else None
+            row += [ABSENT, ABSENT] if mine is None else [_interval_text(mine), mine["verdict"]]
+        rows.append(row)
+    header = ["claim", "paper", "this run [95% interval]", "verdict"]
+    header += ["README's run", "README's verdict"] if theirs is not None else []
+    return out + _markdown(rows, header) + [""]
+
+
 def summary(results: str | Path, root: str | Path | None = None) -> str:
     """The summary of results tree `results` (the directory holding `tables/`, `models/`, `drafts/`); `root`: the
     checkout whose commit it names (default: the suite's own)."""
@@ -260,6 +287,9 @@ def summary(results: str | Path, root: str | Path | None = None) -> str:
              "their numbers).", ""]
     lines += _models(results)
     lines += _tables(tables)
+    claims = _read(tables_dir / "claims.csv")
+    if claims is not None and not claims.empty:
+        lines += _claims(claims, root / "docs" / "results" / "claims.csv")
     for name, section in (("main", _main), ("ablation", _ablation), ("k_sweep", _k_sweep),
                           ("sensitivity", _sensitivity), ("calibration", _calibration)):
         df = _read(tables_dir / f"{name}.csv")
@@ -298,14 +328,87 @@ def _case_legend(model: str, cost_as: str, hardware: str, simulated: bool) -> st
     return f"{model} (own shapes): its own tokens, routes and shapes on {hardware}, {timed}"
 
 
-def readme_table(path: str | Path) -> str:
-    """The README's results table from `main`'s table at `path` (`results/tables/main.csv`): one row per comparison
-    and system, one column per case (the architecture whose shapes price the runs, the hardware profile, simulated or
-    measured), each cell the mean TPOT per prompt set and, in brackets, the TPOT over Specter's in that comparison."""
+def _interval_text(row) -> str:
+    from specter.report.claims import figure_text
+
+    if pd.isna(row["suite"]):
+        return ABSENT
+    return (f"{figure_text(row['suite'], row['unit'])} [{figure_text(row['low'], row['unit'])}, "
+            f"{figure_text(row['high'], row['unit'])}]")
+
+
+def _run_line(path: Path) -> str:
+    """The run a tracked table came from, as `run.yaml` beside it names it (date, machine, command, config)."""
+    run_file = path.parent / "run.yaml"
+    if not run_file.is_file():
+        return "The run that wrote this table is not named (no run.yaml beside it)."
+    try:
+        run = yaml.safe_load(run_file.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise SpecterError(f"{run_file} is not a YAML mapping ({err}); give it date, machine, command and config") \
+            from None
+    missing = [k for k in ("date", "machine", "command", "config") if not isinstance(run, dict) or k not in run]
+    if missing:
+        raise SpecterError(f"{run_file} lacks {', '.join(missing)}; give each, as docs/results/run.yaml does")
+    return (f"Run: `{run['command']}` on `{run['config']}`, {run['date']}, on {run['machine']}"
+            + (f" ({run['seconds']:,} s)" if run.get("seconds") else "") + ".")
+
+
+def readme_claims(path: str | Path) -> str:
+    """The README's claims table from the `claims` table at `path`: the run that wrote it, one row per claim (its
+    words, the paper's figure and where it is printed, the suite's figure with its interval, the verdict), and after
+    it the headline's statistic over every baseline."""
+    from specter.report.claims import figure_text, verdict_counts
     from specter.report.tables import read_table
 
     path = Path(path)
     df = read_table(path)
+    missing = [c for c in ("id", "short", "verdict", "paper", "suite", "low", "high", "unit", "source", "beside_of")
+               if c not in df]
+    if missing:
+        raise SpecterError(f"{path} lacks the column(s) {', '.join(missing)}; give the claims table "
+                           "(results/tables/claims.csv), written by `specter aggregate claims`")
+    df = df.assign(beside_of=df["beside_of"].fillna("").astype(str))
+    claims, beside = df[df["beside_of"] == ""], df[df["beside_of"] != ""]
+    counts = verdict_counts(df)
+    hardware = sorted({h for cell in df["hardware"].dropna().astype(str) for h in cell.split(", ") if h})
+    lines = [*textwrap.wrap(_run_line(path), 120), "",
+             *textwrap.wrap(
+                 f"Each claim of the paper the suite can test, its figure and where it is printed, the suite's figure "
+                 f"with a {95}% bootstrap interval over prompts, and the verdict: reproduced where the whole interval "
+                 "lies within 0.8-1.25x of the paper's figure (at or above it for a claim of 'over'), not reproduced "
+                 "where none of it does, inconclusive where it straddles an edge. Times are simulated on "
+                 f"{', '.join(hardware) or 'no profile'} at the paper's shapes with a proxy's routing, priced "
+                 "upstream where the runs were; `results/tables/claims.csv` says each claim's configuration (its "
+                 "pricing among it) and the calibration rows it rests on. "
+                 + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", 120), ""]
+    rows = [[r["short"], f"{'over ' if r['rule'] == 'at_least' else ''}{figure_text(r['paper'], r['unit'])} "
+             f"({r['source']})", _interval_text(r), r["verdict"]] for _, r in claims.iterrows()]
+    lines += _markdown(rows, ["claim", "paper", "suite [95% interval]", "verdict"], tight=True)
+    said = set()
+    for claim_id, part in beside.groupby("beside_of", sort=False):
+        head = claims[claims["id"] == claim_id]
+        others = ", ".join(f"{r['short']} {_interval_text(r)}" for _, r in part.iterrows())
+        if head.empty or others in said:  # a maximum over one cell is its mean: said once
+            continue
+        said.add(others)
+        head = head.iloc[0]
+        lines += ["", *textwrap.wrap(f"The statistic of `{claim_id}` ({head['short']}) over every other baseline, "
+                                     f"with no verdict (the paper claims nothing about them): {others}.", 120)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def readme_table(path: str | Path) -> str:
+    """The README's results table from `main`'s table at `path` (`results/tables/main.csv`): one row per comparison
+    and system, one column per case (the architecture whose shapes price the runs, the hardware profile, simulated or
+    measured), each cell the mean TPOT per prompt set and, in brackets, the TPOT over Specter's in that comparison. A
+    claims table (`results/tables/claims.csv`) gives the README's claims table instead (`readme_claims`)."""
+    from specter.report.tables import read_table
+
+    path = Path(path)
+    df = read_table(path)
+    if "verdict" in df and "claim" in df:
+        return readme_claims(path)
     needs = ("model", "dataset", "hardware", "simulated", "system", "tpot_ms", "speedup_of_specter")
     missing = [c for c in needs if c not in df]
     if missing:
@@ -370,3 +473,42 @@ def readme_table(path: str | Path) -> str:
     legend = sorted({_case_legend(*c[:4]) for c in cases})
     lines += textwrap.wrap(f"{'; '.join(legend)}.", 120)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _rst_cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("*", "\\*").replace("`", "'")
+
+
+def front_page(results: str | Path) -> str:
+    """The report's front page (reStructuredText, Snakemake's report shows it first): what the suite runs, the paper's
+    claims with the suite's figures, intervals and verdicts from `results/tables/claims.csv`, and where every other
+    result is; the workflow's description alone where the run wrote no claims table."""
+    from specter.report.claims import figure_text, verdict_counts
+
+    intro = (Path(__file__).resolve().parents[2] / "workflow" / "report" / "workflow.rst").read_text(encoding="utf-8")
+    path = Path(results) / "tables" / "claims.csv"
+    df = _read(path)
+    if df is None or df.empty:
+        return intro
+    df = df.assign(beside_of=df["beside_of"].fillna("").astype(str))
+    claims = df[df["beside_of"] == ""]
+    counts = verdict_counts(df)
+    hardware = sorted({h for cell in df["hardware"].dropna().astype(str) for h in cell.split(", ") if h})
+    said = ", ".join(f"**{n} {v}**" for v, n in counts.items() if n)
+    lines = ["The paper's claims, judged", "==========================", "",
+             *textwrap.wrap(
+                 f"Of the {len(claims)} claims of the paper the suite can test: {said}. A claim is reproduced where "
+                 "the suite's whole 95% bootstrap interval (over prompts) lies within 0.8-1.25x of the paper's figure "
+                 "(at or above it for a claim of 'over'), not reproduced where none of it does, and inconclusive where "
+                 f"it straddles an edge. Times are simulated on {', '.join(hardware) or 'no profile'} at the paper's "
+                 "published shapes with a proxy model's routing, each system priced at the kernels and host reads its "
+                 "own code makes where the runs were priced so (each claim's configuration says). The figure and "
+                 "the whole table (configuration, the calibration rows each claim rests on, the headline's "
+                 "statistic over every baseline) are under Experiments, claims.", 110),
+             "", ".. list-table::", "   :header-rows: 1", "   :widths: 40 18 24 18", "",
+             "   * - claim", "     - paper", "     - suite [95% interval]", "     - verdict"]
+    for _, r in claims.iterrows():
+        paper = f"{'over ' if r['rule'] == 'at_least' else ''}{figure_text(r['paper'], r['unit'])} ({r['source']})"
+        lines += [f"   * - {_rst_cell(r['short'])}", f"     - {_rst_cell(paper)}",
+                  f"     - {_rst_cell(_interval_text(r))}", f"     - **{r['verdict']}**"]
+    return "\n".join([*lines, "", "About this report", "-----------------", "", intro.rstrip(), ""])

@@ -20,7 +20,8 @@ from specter.io import atomic_write
 from specter.report.frames import COUNTS, METRICS, read_records, records_frame, scope
 
 #: the table kinds an experiment's registry entry can name
-KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "sim_vs_measured", "fidelity")
+KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "claims", "sim_vs_measured",
+         "fidelity")
 
 def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
     """What a table's times are, from its simulated and hardware columns: 'simulated on a100-40gb-pcie4' (`many` for
@@ -165,10 +166,16 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
 
 def build_table(name: str, inputs: list[str | Path]) -> pd.DataFrame:
     """Experiment `name`'s table from its input files: fidelity summaries (.json), memos (.json.gz) or run records
-    (.jsonl)."""
+    (.jsonl); the claims read run records and fidelity summaries together."""
     kind = experiments.get(name).table.kind
     if kind == "fidelity":
         return fidelity_table(inputs)
+    if kind == "claims":  # run records (.jsonl) and the drafts' fidelity reports (.json)
+        from specter.report.claims import claims_table
+
+        reports = [p for p in inputs if str(p).endswith(".json")]
+        runs = [p for p in inputs if p not in reports]
+        return claims_table(read_records(runs) if runs else [], reports)
     if kind == "routing_entropy":
         return routing_entropy_table(inputs)
     return experiment_table(name, read_records(inputs))

@@ -242,7 +242,9 @@ def experiment_inputs(wc):
     if source == "memo":  # the main recordings (the target's routes), once per model, prompt set and K
         return sorted({case_memo(c, d) for c in CASES for d in DATASETS})
     also = [name for name in REGISTRY[wc.experiment].reads if name in ENTRY]
-    return sweep_records(records_experiment(wc.experiment)) + [f for name in also for f in sweep_records(name)]
+    return sweep_records(records_experiment(wc.experiment)) + [
+        f for name in also
+        for f in (all_fidelity_reports() if REGISTRY[name].source == "fidelity" else sweep_records(name))]
 
 
 def all_figures():

@@ -34,14 +34,16 @@ rule aggregate:
 
 
 # The headline numbers, from the tables and the models' and drafts' files (hashes, no wall-clock times): quote this
-# file, not numbers copied by hand. Two reproductions of one commit write the same file.
+# file, not numbers copied by hand. Two reproductions of one commit write the same file. Beside it, the report's front
+# page: the paper's claims and their verdicts, which `snakemake --report` shows first (the Snakefile's `report:`).
 rule summary:
     input:
         tables=[f"results/tables/{name}.csv" for name in EXPERIMENTS],
         models=[f"{model_dir(m)}/config.json" for m in MODELS],
         drafts=[f"results/drafts/{m}/{draft_name(d)}/meta.json" for m in MODELS for d in drafts_of(m)],
     output:
-        "results/summary.md",
+        summary="results/summary.md",
+        front="results/report/front.rst",
     conda:
         ENV
     log:
@@ -49,4 +51,4 @@ rule summary:
     benchmark:
         "results/benchmarks/summary.tsv"
     shell:
-        "python -m specter summary results --out {output:q} > {log:q} 2>&1"
+        "python -m specter summary results --out {output.summary:q} --front {output.front:q} > {log:q} 2>&1"
