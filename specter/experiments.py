@@ -126,7 +126,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "over Specter's in the same comparison (``speedup_of_specter``: above 1, Specter is faster). Where the "
         "entry lists ``governors``, each speculative system also runs at the K its governor chooses (``auto``: the "
         "paper's amortization model), as a row of its own (``specter (K auto)``, its K beside it); the ratios "
-        "compare with Specter at the case's fixed K.",
+        "compare with Specter at the case's fixed K. Where the runs are priced more than one way, the figure draws "
+        "the pricing a published figure is compared at (``upstream``: each system at the kernels and host reads its "
+        "own code makes) and the table has every pricing.",
         all_cases=True, all_datasets=True),
     Experiment(
         "k_sweep", "sweep",
@@ -242,7 +244,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "dispatch", "sweep",
         Table(keys=("memory", "system", "k", "slots_per_layer"), derive="memory_label", speedups=("memory",)),
-        Figure("lines", "TPOT vs the host's time per dispatched kernel", x="dispatch_us",
+        Figure("lines", "TPOT vs the host's dispatch time", x="dispatch_us",
                xlabel="host time per dispatched kernel (us)"),
         "TPOT (mean over prompts, simulated) of each listed system as the host's time per dispatched kernel grows "
         "(``--dispatch-us``: the profile's own figure replaced, nothing else), at the same slots (solid) and at "

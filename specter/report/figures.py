@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
@@ -142,8 +143,17 @@ def _plot_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT bars per system in the fixed order, one bar per comparison (same slots, same memory) where the table has
-    both, each with its lower bound and value; Specter's bars marked; log scale when the bars span decades."""
-    fig, panels = panel_grid(table, width=7.0, height=4.2)
+    both, each with its lower bound and value; Specter's bars marked; log scale when the bars span decades. A table of
+    several pricings is drawn at the one a published figure is compared at (`upstream`, else `counted`), two panels a
+    row, so that a panel stays legible at a report's width; the table keeps every pricing."""
+    priced, others = "", []
+    if "pricing" in table and table["pricing"].nunique() > 1:
+        from specter.report.calibration import PREFERRED_PRICINGS
+
+        priced = next((p for p in PREFERRED_PRICINGS if p in set(table["pricing"])), "")
+        others = sorted(set(table["pricing"].dropna()) - {priced})
+        table = table[table["pricing"] == priced] if priced else table
+    fig, panels = panel_grid(table, width=7.0, height=4.2, columns=2)
     for ax, sub, title in panels:
         modes = sorted(sub["memory"].unique()) if "memory" in sub else [None]
         order = ordered(sub["system"])
@@ -181,13 +191,15 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_title(f"{title}\nSpecter: {slots} of {int(sub['experts_per_layer'].iloc[0])} experts per layer "
                      "resident", fontsize=9)
         ax.legend(loc="upper left", fontsize=7, ncol=3)
-    finish(fig, f"{figure.title} ({timing})", out)
+    said = f", priced {priced}; the table also has {', '.join(others)}" if priced else ""
+    finish(fig, f"{figure.title} ({timing}{said})", out)
 
 
 def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT per system against `figure.x` (a share is drawn in percent), systems in the fixed order and colours; a
     table with a `memory` column of both comparisons draws the same-memory runs dashed."""
-    fig, panels = panel_grid(table, width=5.6)
+    two = "memory" in table and table["memory"].nunique() > 1
+    fig, panels = panel_grid(table, width=5.6, height=5.4 if two else 3.8)
     percent = figure.x.endswith("share")
     for ax, sub, title in panels:
         colors = palette(sub["system"])
@@ -204,9 +216,17 @@ def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
                         linestyle="--" if memory == "same memory" else "-")
         ax.set_xlabel(figure.xlabel)
         ax.set_ylabel("TPOT (ms, mean over prompts)")
-        ax.legend(fontsize=7 if len(memories) > 1 else 8)
+        if sub["tpot_ms"].max() > 10 * max(sub["tpot_ms"].min(), 1e-12):  # decades apart: a slope stays visible
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if len(memories) > 1:  # many lines: the legend below the axes, clear of them
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+        else:
+            ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
-    finish(fig, f"{figure.title} ({timing})", out)
+    finish(fig, f"{figure.title}\n({timing})", out)
 
 
 def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
