@@ -130,3 +130,26 @@ def test_an_at_least_claim_and_the_rows_beside_the_headline(template):
     beside = table[table["beside_of"] == "v2-mean-mo"]
     assert set(beside["short"]) == {"on-demand", "naive", "hf-offload", "moe-infinity", "fiddler", "sp-moe"}
     assert (beside["verdict"] == "").all() and beside["suite"].isna().all()  # none of them ran here
+
+
+def test_the_governor_is_judged_against_every_fixed_k_even_the_one_it_chose(template):
+    """The governor's runs at K 32 and the fixed K 32's are equal runs; the claim still sees both: the best fixed K's
+    TPOT over the governor's is 1.0 where the governor chose the best K, and under 1 where it chose a slower one."""
+    def runs(auto_k, auto_tpot):
+        out = []
+        for i in range(5):
+            for k, tpot in ((2, 200.0), (16, 150.0), (32, 100.0)):
+                r = _record(template, "specter", tpot, i, {"resident_per_layer": 2})
+                r["k"] = k
+                r["config"]["k"] = k
+                out.append(r)
+            r = _record(template, "specter", auto_tpot, i, {"resident_per_layer": 2})
+            r["k"] = auto_k
+            r["config"]["k"] = "auto"
+            out.append(r)
+        return out
+
+    best = _claim(claims_table(runs(32, 100.0)), "s3-governor")
+    assert best["suite"] == pytest.approx(1.0) and best["verdict"] == "reproduced"
+    slower = _claim(claims_table(runs(2, 200.0)), "s3-governor")
+    assert slower["suite"] == pytest.approx(0.5) and slower["verdict"] == "not reproduced"

@@ -302,7 +302,7 @@ def test_the_dispatch_experiment_draws_tpot_against_the_host_time_per_kernel(tin
 
     from specter import experiments
     from specter.cli import build_parser
-    from specter.report.figures import _plot_lines
+    from specter.report.figures import _plot_lines, plot
     from specter.report.tables import experiment_table
     from specter.runspec.flags import sweep_from_args
 
@@ -324,5 +324,13 @@ def test_the_dispatch_experiment_draws_tpot_against_the_host_time_per_kernel(tin
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
     _plot_lines(experiments.get("dispatch").figure, table, tmp_path / "dispatch.png", "simulated")
+    monkeypatch.undo()
+    # any other figure of these runs draws a panel per dispatch time (its x is not the dispatch time)
+    from specter.report.plotting import panel_grid
+
+    budget = experiment_table("budget", records)
+    assert [title.endswith(f"{us} us a dispatched kernel") for _, _, title in panel_grid(budget)[1]
+            for us in ("5", "20") if title.endswith(f"{us} us a dispatched kernel")] == [True, True]
+    plot("budget", budget, tmp_path / "budget.png")
     assert sorted(drawn) == [([5, 20], "-", "on-demand, same slots"), ([5, 20], "--", "on-demand, same memory")]
     assert (tmp_path / "dispatch.png").stat().st_size > 0

@@ -40,8 +40,8 @@ UNITS = ("x", "ms", "%")
 #: how a claim's cells that ran make one figure
 COMBINE = ("first", "mean", "max", "min")
 #: a claim's columns, in the order the table gives them (the verdict and figures first, the configuration after)
-COLUMNS = ("id", "short", "verdict", "paper", "suite", "low", "high", "unit", "rule", "claim", "source", "checked",
-           "configuration",
+COLUMNS = ("id", "short", "verdict", "paper", "suite", "low", "high", "unit", "ran_at", "rule", "claim", "source",
+           "checked", "configuration",
            "hardware", "simulated", "rows", "cells", "prompts", "note", "beside_of")
 
 
@@ -162,6 +162,7 @@ def _cell_arrays(df: pd.DataFrame, claim: dict, cell: dict) -> tuple[dict[str, n
     runs they came from; None where a term has no runs."""
     names, metric, _ = STATISTICS[claim["statistic"]]
     default_hw = claim["hardware_default"]
+    found = []
     for priced in PREFERRED_PRICINGS:
         frame_ = df[(df["pricing"] == priced) & df["dispatch_set"].isna()]
         series, used = {}, []
@@ -171,9 +172,13 @@ def _cell_arrays(df: pd.DataFrame, claim: dict, cell: dict) -> tuple[dict[str, n
                 runs = runs[runs["k_setting"].isin(["", str(cell["k"])])]
             if runs.empty:
                 break
-            if claim["statistic"] == "governor":
-                for setting, part in runs.groupby("k_setting"):
+            if claim["statistic"] == "governor":  # each K setting selected on its own: a governor's run at K 32
+                # and the fixed K 32's are one run to `_runs`, which keeps one of two equal runs
+                for setting in sorted(set(frame_.loc[frame_["system"] == claim["terms"][name]["system"],
+                                                     "k_setting"])):
                     if setting == "auto" or setting.isdigit():
+                        part = _term_runs(frame_[frame_["k_setting"] == setting], claim["terms"][name], cell,
+                                          default_hw)
                         series["auto" if setting == "auto" else f"K={setting}"] = _per_prompt(part, metric)
                 if "auto" not in series or not any(k.startswith("K=") for k in series):
                     series = {}
@@ -187,8 +192,11 @@ def _cell_arrays(df: pd.DataFrame, claim: dict, cell: dict) -> tuple[dict[str, n
             joined = pd.concat(series, axis=1, join="inner").dropna()
             if joined.empty:
                 continue
-            return {name: joined[name].to_numpy(dtype=float) for name in joined}, pd.concat(used)
-    return None
+            found.append(({name: joined[name].to_numpy(dtype=float) for name in joined}, pd.concat(used)))
+            if claim["statistic"] != "governor":
+                return found[0]
+    # the governor against the widest sweep of fixed K (a pricing whose runs hold the k_sweep's, not main's one K)
+    return max(found, key=lambda f: sum(name.startswith("K=") for name in f[0]), default=None)
 
 
 def _governor(t: dict[str, np.ndarray]) -> np.ndarray:
@@ -254,6 +262,24 @@ def _where(cell: dict) -> str:
     return f"{cell['architecture']} at {cell['slots']} slots"
 
 
+def _ran_at(cells: list[dict], first: dict, claim: dict | None = None) -> str:
+    """Where a claim's figure comes from, in a table cell: 'phi-3.5-moe at 1, 2 slots', with the paper's own
+    configuration beside where the runs are not at it (for a mean or maximum over the paper's cases: how many of them
+    ran)."""
+    if "architecture" not in cells[0]:
+        where = "the proxies' drafts" if cells[0].get("model", "any") == "any" else f"{cells[0]['model']}'s draft"
+        paper = "" if cells[0] is first else " (paper: Qwen1.5-MoE, top-4)"
+        return where + paper
+    by_arch: dict[str, list] = {}
+    for cell in cells:
+        by_arch.setdefault(cell["architecture"], []).append(str(cell["slots"]))
+    where = "; ".join(f"{arch} at {', '.join(slots)} slots" for arch, slots in by_arch.items())
+    if claim is not None and claim["combine"] != "first" and not claim.get("fallback"):
+        total = len(claim["cells"])
+        return where if len(cells) == total else f"{where} ({len(cells)} of the paper's {total} cases)"
+    return where if first["architecture"] in by_arch else f"{where} (paper: {first['architecture']})"
+
+
 def _judge(claim: dict, df: pd.DataFrame, fidelity: pd.DataFrame, terms: dict | None = None) -> dict:
     """One claim's row: the suite's figure, its interval, the configuration that gave it, the verdict."""
     claim = {**claim, "terms": terms or claim.get("terms") or {}}
@@ -293,6 +319,7 @@ def _judge(claim: dict, df: pd.DataFrame, fidelity: pd.DataFrame, terms: dict | 
     if not ran:
         wanted = ", ".join(_where(c) for c in claim["cells"])
         return {**base, "verdict": "not run", "suite": None, "low": None, "high": None, "prompts": 0, "cells": 0,
+                "ran_at": f"not run (paper: {_where(claim['cells'][0])})",
                 "hardware": "", "simulated": None,
                 "configuration": f"not run: no records at {wanted} (config/paper.yaml runs every case of the paper; "
                                  "config/calibration.yaml the DeepSeek-V2-Lite and Qwen1.5-MoE ones)"}
@@ -306,9 +333,10 @@ def _judge(claim: dict, df: pd.DataFrame, fidelity: pd.DataFrame, terms: dict | 
         missed = [_where(c) for c in claim["cells"] if all(c is not r for r, _, _ in ran)]
         configuration += f"; not run here: {', '.join(missed)}"
     combined = f" ({claim['combine']} over {len(ran)} cells)" if len(ran) > 1 else ""
+    ran_at = _ran_at([cell for cell, _, _ in ran], first, claim)
     return {**base, "suite": point, "low": low, "high": high, "verdict": verdict(claim["rule"], claim["paper"], low,
                                                                                  high),
-            "configuration": configuration + combined, "prompts": prompts, "cells": len(ran),
+            "configuration": configuration + combined, "prompts": prompts, "cells": len(ran), "ran_at": ran_at,
             "hardware": ", ".join(sorted({h for r in used for h in r["hardware"].unique()})),
             "simulated": bool(all(r["simulated"].all() for r in used)) if used else None,
             "_ran": [cell for cell, _, _ in ran]}

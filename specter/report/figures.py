@@ -132,7 +132,7 @@ def _plot_working_set(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 def _plot_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT bars per `figure.x`, each with its lower bound."""
-    fig, panels = panel_grid(table)
+    fig, panels = panel_grid(table, x=figure.x)
     for ax, sub, title in panels:
         sub = sub.sort_values(figure.sort) if figure.sort else sub
         bars_with_bound(ax, sub, figure.x)
@@ -199,7 +199,7 @@ def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT per system against `figure.x` (a share is drawn in percent), systems in the fixed order and colours; a
     table with a `memory` column of both comparisons draws the same-memory runs dashed."""
     two = "memory" in table and table["memory"].nunique() > 1
-    fig, panels = panel_grid(table, width=5.6, height=5.4 if two else 3.8)
+    fig, panels = panel_grid(table, width=5.6, height=5.4 if two else 3.8, x=figure.x)
     percent = figure.x.endswith("share")
     for ax, sub, title in panels:
         colors = palette(sub["system"])
@@ -231,7 +231,7 @@ def _plot_lines(figure, table: pd.DataFrame, out, timing: str) -> None:
 
 def _plot_grouped_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT bars per `figure.x` (hardware by link generation), one hue per system in the fixed order and colours."""
-    fig, panels = panel_grid(table, width=5.6)
+    fig, panels = panel_grid(table, width=5.6, x=figure.x)
     for ax, sub, title in panels:
         colors = palette(sub["system"])
         order = hardware_order(sub) if figure.x == "hardware" else None

@@ -69,31 +69,37 @@ def shapes(model: str, cost_as) -> str:
     return f"{model} (its own shapes)"
 
 
-def panel_grid(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: bool = False, columns: int = 3):
-    """A grid of axes, one per (model, priced-at architecture, dataset): [(ax, subset, title)], and the figure. A
-    panel's title names what priced its runs, its prompt set and, where all its runs share one, the hardware profile
-    (the cases of one figure can run on different profiles; the figure's title says simulated or measured)."""
+def panel_grid(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey: bool = False, columns: int = 3,
+               x: str | None = None):
+    """A grid of axes, one per (model, priced-at architecture, dataset, pricing, dispatch time): [(ax, subset, title)],
+    and the figure. A panel's title names what priced its runs, its prompt set and, where all its runs share one, the
+    hardware profile (the cases of one figure can run on different profiles; the figure's title says simulated or
+    measured). A table of several pricings or dispatch times (sweep axes) gets a panel per value, unless `x`, the
+    figure's x axis, is that column."""
     df = df.assign(cost_as=df["cost_as"].fillna("")) if "cost_as" in df else df.assign(cost_as="")
     # a table of several pricings (`--pricing` as an axis) gets a panel per pricing, in `PRICINGS`' order
-    several = "pricing" in df and df["pricing"].nunique() > 1
+    several = "pricing" in df and df["pricing"].nunique() > 1 and x != "pricing"
     df = df.assign(pricing=df["pricing"].fillna("") if several else "")
+    dispatched = "dispatch_us" in df and df["dispatch_us"].nunique() > 1 and x != "dispatch_us"
+    df = df.assign(_panel_dispatch=df["dispatch_us"].astype(float) if dispatched else 0.0)
     rank = {p: i for i, p in enumerate(PRICINGS)}
-    keys = sorted(df[["model", "cost_as", "dataset", "pricing"]].drop_duplicates().itertuples(index=False, name=None),
-                  key=lambda k: (k[0], k[1], k[2], rank.get(k[3], len(rank)), k[3]))
+    keys = sorted(df[["model", "cost_as", "dataset", "pricing", "_panel_dispatch"]].drop_duplicates().itertuples(
+        index=False, name=None), key=lambda k: (k[0], k[1], k[2], rank.get(k[3], len(rank)), k[3], k[4]))
     if not keys:
         raise SpecterError("the table is empty: nothing to draw")
     ncols = min(columns, len(keys))
     nrows = -(-len(keys) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, sharey=sharey)
     out = []
-    for ax, (model, cost_as, dataset, pricing) in zip(axes.flat, keys):
+    for ax, (model, cost_as, dataset, pricing, dispatch) in zip(axes.flat, keys):
         sub = df[(df["model"] == model) & (df["cost_as"] == cost_as) & (df["dataset"] == dataset)
-                 & (df["pricing"] == pricing)]
+                 & (df["pricing"] == pricing) & (df["_panel_dispatch"] == dispatch)].drop(columns="_panel_dispatch")
         # wrapped to the panel's width (about 11 characters an inch at the panels' font size)
         hardware = sorted(sub["hardware"].dropna().astype(str).unique()) if "hardware" in sub else []
         on = f", on {hardware[0]}" if len(hardware) == 1 else ""
         prompts = f", {dataset} prompts" if dataset else ""  # '': a panel over every prompt set
         priced = f", priced {pricing}" if pricing else ""
+        priced += f", {dispatch:g} us a dispatched kernel" if dispatched else ""
         out.append((ax, sub, textwrap.fill(f"{shapes(model, cost_as)}{prompts}{on}{priced}", int(width * 11))))
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)

@@ -378,13 +378,15 @@ def readme_claims(path: str | Path) -> str:
                  f"with a {95}% bootstrap interval over prompts, and the verdict: reproduced where the whole interval "
                  "lies within 0.8-1.25x of the paper's figure (at or above it for a claim of 'over'), not reproduced "
                  "where none of it does, inconclusive where it straddles an edge. Times are simulated on "
-                 f"{', '.join(hardware) or 'no profile'} at the paper's shapes with a proxy's routing, priced "
-                 "upstream where the runs were; `results/tables/claims.csv` says each claim's configuration (its "
-                 "pricing among it) and the calibration rows it rests on. "
+                 f"{', '.join(hardware) or 'no profile'} at the paper's shapes with a proxy's routing, each system "
+                 "at the kernels and host reads its own code makes (upstream) wherever its runs were priced so. "
+                 "'Run at' names the cases a figure comes from, and the paper's where they differ: a mean or a "
+                 "maximum over the paper's cases is taken over those the run has. `results/tables/claims.csv` says "
+                 "each claim's whole configuration and the calibration rows it rests on. "
                  + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", 120), ""]
     rows = [[r["short"], f"{'over ' if r['rule'] == 'at_least' else ''}{figure_text(r['paper'], r['unit'])} "
-             f"({r['source']})", _interval_text(r), r["verdict"]] for _, r in claims.iterrows()]
-    lines += _markdown(rows, ["claim", "paper", "suite [95% interval]", "verdict"], tight=True)
+             f"({r['source']})", _interval_text(r), r.get("ran_at", ""), r["verdict"]] for _, r in claims.iterrows()]
+    lines += _markdown(rows, ["claim", "paper", "suite [95% interval]", "run at", "verdict"], tight=True)
     said = set()
     for claim_id, part in beside.groupby("beside_of", sort=False):
         head = claims[claims["id"] == claim_id]
@@ -393,8 +395,9 @@ def readme_claims(path: str | Path) -> str:
             continue
         said.add(others)
         head = head.iloc[0]
-        lines += ["", *textwrap.wrap(f"The statistic of `{claim_id}` ({head['short']}) over every other baseline, "
-                                     f"with no verdict (the paper claims nothing about them): {others}.", 120)]
+        lines += ([""] if lines[-1] else []) + textwrap.wrap(
+            f"The same statistic as '{head['short']}', over every other baseline, with no verdict (the paper claims "
+            f"nothing about them): {others}.", 120, break_on_hyphens=False)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -505,10 +508,11 @@ def front_page(results: str | Path) -> str:
                  "own code makes where the runs were priced so (each claim's configuration says). The figure and "
                  "the whole table (configuration, the calibration rows each claim rests on, the headline's "
                  "statistic over every baseline) are under Experiments, claims.", 110),
-             "", ".. list-table::", "   :header-rows: 1", "   :widths: 40 18 24 18", "",
-             "   * - claim", "     - paper", "     - suite [95% interval]", "     - verdict"]
+             "", ".. list-table::", "   :header-rows: 1", "   :widths: 34 16 20 18 12", "",
+             "   * - claim", "     - paper", "     - suite [95% interval]", "     - run at", "     - verdict"]
     for _, r in claims.iterrows():
         paper = f"{'over ' if r['rule'] == 'at_least' else ''}{figure_text(r['paper'], r['unit'])} ({r['source']})"
         lines += [f"   * - {_rst_cell(r['short'])}", f"     - {_rst_cell(paper)}",
-                  f"     - {_rst_cell(_interval_text(r))}", f"     - **{r['verdict']}**"]
+                  f"     - {_rst_cell(_interval_text(r))}", f"     - {_rst_cell(r.get('ran_at', ''))}",
+                  f"     - **{r['verdict']}**"]
     return "\n".join([*lines, "", "About this report", "-----------------", "", intro.rstrip(), ""])
