@@ -21,7 +21,11 @@ if workflow.overwrite_configfiles:
 
 # The report's front page: the paper's claims and their verdicts, once the run has judged them (rule summary), else
 # the workflow's description alone.
-report: "results/report/front.rst" if Path("results/report/front.rst").is_file() else "workflow/report/workflow.rst"
+# the working directory's results (absolute: a relative path here is read beside the Snakefile)
+FRONT_PAGE = Path("results/report/front.rst").resolve()
+
+
+report: str(FRONT_PAGE) if FRONT_PAGE.is_file() else "workflow/report/workflow.rst"
 
 
 # The image every job runs in under `--software-deployment-method apptainer` (ignored otherwise): the Dockerfile's,
