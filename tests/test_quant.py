@@ -251,7 +251,7 @@ def test_fidelity_counts_the_papers_hard_soft_and_mismatch_on_a_hand_built_routi
     import torch
 
     from specter.quant.fidelity import FidelitySummary, agreement_shares, expert_agreement, write_fidelity
-    from specter.report.tables import fidelity_table
+    from specter.report.fidelity import fidelity_table
 
     target = {0: torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [1, 0]]),
               1: torch.tensor([[3, 2], [1, 5], [0, 7], [4, 6], [2, 1]])}

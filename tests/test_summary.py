@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from specter.cli import main
-from specter.report.summary import readme_table
+from specter.report.readme import readme_table
 
 PHI = ("smollm2-moe-16x2", "Phi-3.5-MoE", "a100-40gb-pcie4")
 OWN = ("smollm2-moe", "", "a100-40gb-pcie4")

@@ -254,7 +254,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from specter.io import atomic_write_text
-    from specter.report.summary import readme_table, summary
+    from specter.report.readme import readme_table
+    from specter.report.summary import summary
 
     if args.table is not None and not args.readme:
         raise SpecterError("--from FILE.csv gives the README's table its figures; add --readme (or give a results "
@@ -270,7 +271,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     else:
         text = summary(args.results)
     if args.front:
-        from specter.report.summary import front_page
+        from specter.report.readme import front_page
 
         atomic_write_text(args.front, front_page(args.results))
         print(f"wrote {args.front}")
