@@ -90,46 +90,48 @@ def breakdown(spans, start: float, end: float) -> dict[str, float]:
     op while a copy is), `stall on copies` (no compute, a copy on the link), `host compute` (no compute, no copy, the
     host computes experts: Fiddler) and `host syncs and idle` (the rest: the host reading routes, launch gaps). The
     parts sum to end - start, that is TPOT x (N - 1)."""
+    import numpy as np
+
     from specter.timing.engine import COMPUTE, H2D, HOST
 
-    draft, target, link, host = 0, 1, 2, 3  # what each event changes
-    events = []  # (time, change, kind); events at one instant all apply before the next interval is counted
-    for s in spans:
-        a, b = max(s.start, start), min(s.end, end)
+    times: list[float] = []  # each span's clipped start and end, the kind it changes and by how much
+    kinds: list[int] = []
+    changes: list[int] = []
+    for s in spans:  # kinds: 0 draft, 1 target, 2 link, 3 host
+        a = s.start if s.start > start else start
+        b = s.end if s.end < end else end
         if b <= a:
             continue
-        if s.stream == COMPUTE:
-            kind = draft if "draft" in s.label else target
-        elif s.stream == H2D:
-            kind = link
-        elif s.stream == HOST:
-            kind = host
+        stream = s.stream
+        if stream == COMPUTE:
+            kind = 0 if "draft" in s.label else 1
+        elif stream == H2D:
+            kind = 2
+        elif stream == HOST:
+            kind = 3
         else:
             continue
-        events.append((a, 1, kind))
-        events.append((b, -1, kind))
-    events.sort()
+        times += (a, b)
+        kinds += (kind, kind)
+        changes += (1, -1)
+    # the instants where anything changes; every event at one instant applies before the next interval is counted
+    t = np.asarray(times, dtype=np.float64)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    delta = np.zeros((len(t), 4), dtype=np.int64)
+    delta[np.arange(len(t)), np.asarray(kinds, dtype=np.int64)[order]] = np.asarray(changes, dtype=np.int64)[order]
+    instants, first = np.unique(t, return_index=True)
+    after = np.cumsum(delta, axis=0)[np.append(first[1:], len(t)) - 1] if len(t) else np.zeros((0, 4), np.int64)
+    active = np.vstack([np.zeros((1, 4), np.int64), after]) > 0  # what runs in each interval, the first before any
+    bounds = np.concatenate([[start], instants, [end]])
+    lengths = bounds[1:] - bounds[:-1]
+    draft, target, link, host = active.T
+    part = np.select([draft, target & link, target, link, host], [0, 2, 1, 3, 4], default=5)
     out = dict.fromkeys(BREAKDOWN, 0.0)
-    active = [0, 0, 0, 0]
-    t, i, n = start, 0, len(events)
-    while True:
-        nxt = events[i][0] if i < n else end
-        if nxt > t:
-            if active[draft]:
-                part = "draft"
-            elif active[target]:
-                part = "target compute, copies overlapped" if active[link] else "target compute"
-            elif active[link]:
-                part = "stall on copies"
-            else:
-                part = "host compute" if active[host] else "host syncs and idle"
-            out[part] += nxt - t
-            t = nxt
-        if i == n:
-            break
-        while i < n and events[i][0] == nxt:
-            active[events[i][2]] += events[i][1]
-            i += 1
+    for i, name in enumerate(BREAKDOWN):
+        mine = lengths[(part == i) & (lengths > 0)]
+        if len(mine):
+            out[name] = float(np.cumsum(mine)[-1])  # in time order, one addition at a time, as a running total
     return out
 
 

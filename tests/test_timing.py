@@ -430,3 +430,45 @@ def test_the_simulator_s_landed_is_its_event_time_once_the_host_has_passed_it():
     later = sim.record(H2D)
     assert sim.landed(ev) == ev.time
     assert sim.landed(later) is None  # 10 ms of copy ahead of the host's clock
+
+
+def _breakdown_by_instants(spans, start, end):
+    """The breakdown's definition, one instant at a time: between consecutive instants where any span starts or ends,
+    the part is what runs then (draft, target with or without a copy, a copy alone, host compute, else idle)."""
+    from specter.metrics import BREAKDOWN
+
+    cuts = sorted({start, end, *(t for s in spans for t in (s.start, s.end) if start < t < end)})
+    out = dict.fromkeys(BREAKDOWN, 0.0)
+    for a, b in zip(cuts, cuts[1:]):
+        on = [s for s in spans if s.start <= a and s.end >= b]
+        draft = any(s.stream == COMPUTE and "draft" in s.label for s in on)
+        target = any(s.stream == COMPUTE and "draft" not in s.label for s in on)
+        link, host = any(s.stream == H2D for s in on), any(s.stream == HOST for s in on)
+        part = ("draft" if draft else ("target compute, copies overlapped" if link else "target compute") if target
+                else "stall on copies" if link else "host compute" if host else "host syncs and idle")
+        out[part] += b - a
+    return out
+
+
+def test_the_breakdown_partitions_time_by_what_runs_at_each_instant():
+    import random
+
+    from specter.metrics import breakdown
+    from specter.timing.engine import SYNC, Span
+
+    spans = [Span(COMPUTE, "p.L0.attn", 0.0, 2.0), Span(H2D, "p.L0.demand.e1", 1.0, 4.0),
+             Span(COMPUTE, "p.L0.e1", 4.0, 5.0), Span(COMPUTE, "w.draft.L0.attn", 6.0, 7.0), Span(HOST, "f", 8.0, 9.0),
+             Span(SYNC, "host", 9.0, 10.0)]
+    assert breakdown(spans, 0.0, 10.0) == {"draft": 1.0, "target compute": 2.0, "target compute, copies overlapped": 1.0,
+                                           "stall on copies": 2.0, "host compute": 1.0, "host syncs and idle": 3.0}
+    assert breakdown([], 1.0, 3.0)["host syncs and idle"] == 2.0
+    rng = random.Random(0)
+    for _ in range(20):
+        spans = []
+        for _ in range(rng.randint(1, 40)):
+            a = rng.choice([rng.uniform(0, 10), float(rng.randint(0, 10))])  # shared instants as well as distinct ones
+            spans.append(Span(rng.choice([COMPUTE, H2D, HOST, SYNC]), rng.choice(["x.attn", "y.draft.e1"]), a,
+                              a + rng.choice([0.0, rng.uniform(0, 3)])))
+        got, want = breakdown(spans, 1.0, 9.0), _breakdown_by_instants(spans, 1.0, 9.0)
+        assert got == pytest.approx(want, abs=1e-12)
+        assert sum(got.values()) == pytest.approx(8.0)

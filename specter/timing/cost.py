@@ -12,7 +12,7 @@ policy work are the engine's: `specter.timing.sim`); nothing here knows which sy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specter.timing.engine import COMPUTE, H2D, HOST, Op
 from specter.timing.hardware import HardwareProfile
@@ -21,6 +21,8 @@ from specter.timing.hardware import HardwareProfile
 @dataclass(frozen=True)
 class CostModel:
     profile: HardwareProfile
+    # copy_seconds by (bytes, pinned): a run copies a few sizes millions of times, each an interpolation of the curve
+    _copies: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def compute_seconds(self, flops: float, bytes_read: float, launches: int = 1) -> float:
         p = self.profile
@@ -34,7 +36,11 @@ class CostModel:
     def copy_seconds(self, nbytes: float, pinned: bool = True) -> float:
         if nbytes <= 0:
             return 0.0
-        return self.profile.h2d_latency + nbytes / self.profile.h2d_bandwidth(int(nbytes), pinned)
+        seconds = self._copies.get((nbytes, pinned))
+        if seconds is None:
+            seconds = self._copies[nbytes, pinned] = (self.profile.h2d_latency
+                                                      + nbytes / self.profile.h2d_bandwidth(int(nbytes), pinned))
+        return seconds
 
     def seconds(self, op: Op, stream: str = COMPUTE) -> float:
         """How long `op` takes on `stream` (the device's compute stream unless said otherwise)."""

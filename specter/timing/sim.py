@@ -37,53 +37,66 @@ class SimEngine(Engine):
         self.cost = CostModel(profile)
         self._ready = {s: 0.0 for s in STREAMS}  # when each stream's last op ends
         self._host = 0.0  # the host thread's time
+        # the profile's figures every launch reads, looked up once (a sweep launches millions of ops)
+        self._dispatch = profile.host_dispatch
+        self._synchronous = profile.device_synchronous
+        self._spans = self.timeline.spans
 
     @property
     def device(self) -> str:
         return "cpu"
 
     def launch(self, stream: str, op: Op) -> Any:
-        check_stream(stream)
-        launches = max(1, op.launches)
+        if stream not in STREAMS:
+            check_stream(stream)
+        launches = op.launches if op.launches > 1 else 1
         issued = self._host
-        self._host += launches * self.profile.host_dispatch  # the host dispatches every kernel of the op
+        dispatch = self._dispatch
+        host = self._host = issued + launches * dispatch  # the host dispatches every kernel of the op
         seconds = self.cost.seconds(op, stream)
-        if self.profile.device_synchronous:  # the device is this thread: it dispatches each kernel, then runs it
-            start = max(self._ready[stream], issued)
-            end = self._host = start + launches * self.profile.host_dispatch + seconds
+        ready = self._ready[stream]
+        if self._synchronous:  # the device is this thread: it dispatches each kernel, then runs it
+            start = issued if issued > ready else ready
+            end = self._host = start + launches * dispatch + seconds
         else:
-            start = max(self._ready[stream], issued + self.profile.host_dispatch)  # once its first kernel is launched
-            end = max(start + seconds, self._host + seconds / launches)  # its last kernel runs after its launch
+            first = issued + dispatch  # once its first kernel is launched
+            start = first if first > ready else ready
+            end, last = start + seconds, host + seconds / launches  # its last kernel runs after its launch
+            if last > end:
+                end = last
         self._ready[stream] = end
-        self.timeline.spans.append(Span(stream, op.label, start, end, op.bytes_copied))
+        self._spans.append(Span(stream, op.label, start, end, op.bytes_copied))
         return op.fn() if op.fn is not None else None
 
     def policy(self, label: str) -> None:
         """The runtime's own work at one target MoE layer: the profile's `host.policy_us` of host time."""
         if self.profile.host_policy > 0:
-            self.timeline.spans.append(Span(POLICY, label, self._host, self._host + self.profile.host_policy))
+            self._spans.append(Span(POLICY, label, self._host, self._host + self.profile.host_policy))
             self._host += self.profile.host_policy
 
     def record(self, stream: str) -> Event:
-        check_stream(stream)
+        if stream not in STREAMS:
+            check_stream(stream)
         return Event(stream, time=self._ready[stream])
 
     def wait(self, stream: str, event: Event) -> None:
-        check_stream(stream)
-        idle_until = max(self._ready[stream], self._host)
-        if event.time > idle_until and event.stream != stream:
-            self.timeline.stalls.append(Stall(stream, event.stream, event.time - idle_until))
-        self._ready[stream] = max(self._ready[stream], event.time)
+        if stream not in STREAMS:
+            check_stream(stream)
+        ready, host, time = self._ready[stream], self._host, event.time
+        idle_until = host if host > ready else ready
+        if time > idle_until and event.stream != stream:
+            self.timeline.stalls.append(Stall(stream, event.stream, time - idle_until))
+        if time > ready:
+            ready = self._ready[stream] = time
         if stream == HOST and event.stream != HOST:  # the host worker reads a device result
-            self.timeline.spans.append(Span(SYNC, "host-worker", self._ready[stream],
-                                            self._ready[stream] + self.profile.host_sync))
-            self._ready[stream] += self.profile.host_sync
+            self._spans.append(Span(SYNC, "host-worker", ready, ready + self.profile.host_sync))
+            self._ready[stream] = ready + self.profile.host_sync
 
     def synchronize(self, event: Event | None = None) -> float:
         target = max(self._ready.values()) if event is None else event.time
         start = max(self._host, target)
         self._host = start + self.profile.host_sync
-        self.timeline.spans.append(Span(SYNC, "host", start, self._host))
+        self._spans.append(Span(SYNC, "host", start, self._host))
         return self._host
 
     def now(self) -> float:
