@@ -23,6 +23,9 @@ import signal
 import sys
 
 INTERRUPTED = "specter: interrupted; outputs are written whole or not at all, so none is partial"
+TERMINATED = "specter: terminated (SIGTERM); outputs are written whole or not at all, so none is partial"
+#: the status a SIGTERM ends a command with (128 + 15, as the shell reports a process it killed)
+TERMINATED_STATUS = 128 + signal.SIGTERM
 #: the temporary files and directories this process has open: what an exit at once removes
 _OPEN: set = set()
 
@@ -87,6 +90,6 @@ def _exit_now(signum: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    if signum == signal.SIGINT:
-        os.write(2, (INTERRUPTED + "\n").encode())  # not sys.stderr: the signal may have come in the middle of a print
+    # not sys.stderr: the signal may have come in the middle of a print
+    os.write(2, ((INTERRUPTED if signum == signal.SIGINT else TERMINATED) + "\n").encode())
     os._exit(128 + signum)

@@ -13,6 +13,7 @@ this host whose process is gone (`sweep_stale`). Nothing else there is touched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -236,6 +237,53 @@ def cache_bytecode() -> None:
         return
     sys.pycache_prefix = str((root / "pycache").absolute())  # absolute: the GPTQ worker runs in a temporary cwd
     sys.dont_write_bytecode = False
+    _guard_bytecode(sys.pycache_prefix)
+
+
+def _guard_bytecode(prefix: str) -> None:
+    """The bytecode kept under `prefix` written whole and read whole: Python's own writer publishes what one `write`
+    call wrote, so a full disk left a truncated file that every later import of that module failed on (`EOFError:
+    marshal data too short`), every later command with it. Under `prefix` a file is renamed into place only once its
+    size is the data's, and a file that does not unmarshal is removed and its module compiled from source (the next
+    process writes it again). Bytecode elsewhere is Python's business and left alone."""
+    import _frozen_importlib_external as external  # the module the import system itself runs (importlib's is it)
+
+    if getattr(external, "_specter_guard", None) == prefix:
+        return
+    write, unmarshal = external._write_atomic, external._compile_bytecode
+    write, unmarshal = getattr(write, "__wrapped__", write), getattr(unmarshal, "__wrapped__", unmarshal)
+    ours = prefix.rstrip(os.sep) + os.sep
+
+    def write_whole(path, data, mode=0o666):
+        if not str(path).startswith(ours):
+            return write(path, data, mode)
+        tmp = f"{path}.{os.getpid()}.{id(data)}.tmp"
+        fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, mode & 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:  # buffered: writes until every byte is out, or raises
+                f.write(data)
+            if os.stat(tmp).st_size != len(data):
+                raise OSError(f"wrote {os.stat(tmp).st_size} of {len(data)} bytes")
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise  # the import system ignores a failed write: the module still runs from its source
+
+    def unmarshal_whole(data, name=None, bytecode_path=None, source_path=None):
+        try:
+            return unmarshal(data, name, bytecode_path, source_path)
+        except (EOFError, ValueError, TypeError):
+            if source_path is None or not str(bytecode_path or "").startswith(ours):
+                raise
+            with contextlib.suppress(OSError):
+                os.unlink(bytecode_path)
+            with open(source_path, "rb") as f:
+                return compile(f.read(), source_path, "exec", dont_inherit=True)
+
+    write_whole.__wrapped__, unmarshal_whole.__wrapped__ = write, unmarshal
+    external._write_atomic, external._compile_bytecode = write_whole, unmarshal_whole
+    external._specter_guard = prefix
 
 
 def files_sha256(paths) -> str:
@@ -246,9 +294,12 @@ def files_sha256(paths) -> str:
     paths = [Path(p) for p in paths]
     key_path = _hash_cache_entry(paths)
     if key_path is not None and key_path.is_file():
-        cached = key_path.read_text().strip()
-        if len(cached) == 64 and all(c in "0123456789abcdef" for c in cached):
-            return cached
+        try:
+            cached = key_path.read_bytes().strip()  # bytes: an entry is whatever the file holds, valid or not
+        except OSError:
+            cached = b""
+        if len(cached) == 64 and all(c in b"0123456789abcdef" for c in cached):
+            return cached.decode()
     digest = _files_sha256(paths)
     if key_path is not None:
         try:

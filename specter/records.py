@@ -7,6 +7,7 @@ system's settings, the slots and memory plan, the hardware profile's numbers, an
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
@@ -41,9 +42,11 @@ def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict 
     their dtype in `config.dtype`; `expert_storage`: how the target's routed experts are stored and priced)."""
     from specter import determinism
     from specter.quant.meta import versions
+    from specter.timing.hardware import profile_digest
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
+                "hardware_sha256": profile_digest(profile.to_yaml_dict()),
                 "initial_cache": spec.cache_start, "numerics": {**determinism.settings(), "device": numerics_device},
                 "cost": priced_at, "priced_ops": work.pricing(),
                 "k_source": k_source, "expert_storage": expert_storage}
@@ -168,5 +171,49 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
         if wrong is not None:
             raise SpecterError(f"{path}:{number}: field {wrong!r} is {record[wrong]!r}, not {_ANNOTATIONS[wrong]}; "
                                "the file is damaged or was edited, run the rule that writes it again")
+        problem = record_problem(record) if strict else None
+        if problem is not None:
+            raise SpecterError(f"{path}:{number}: {problem}; no run writes that: the file is damaged or was edited, "
+                               "run the rule that writes it again")
         out.append(record)
     return out
+
+
+#: a record's times: finite and never negative
+_TIMES = ("ttft_ms", "tpot_ms", "lower_bound_tpot_ms", "stall_ms", "wall_s")
+#: its counts: never negative
+_COUNTS = ("demand_hits", "demand_misses", "h2d_bytes_prefetch", "h2d_bytes_demand", "prompt_index")
+#: its shares: in [0, 1] where given
+_SHARES = ("acceptance_rate", "window_utilization", "hit_rate", "hit_rate_pass", "hit_rate_token", "window_recall",
+           "prefetch_precision", "prefetch_recall")
+
+
+def record_problem(record: dict) -> str | None:
+    """What in a run record (its fields' types already checked) no run can produce, or None: a time that is negative,
+    NaN or infinite, a negative count, a share outside [0, 1], a TPOT of 0 over several tokens, more slots than
+    experts."""
+    for name in _TIMES:
+        value = record.get(name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return f"{name} is {value!r}, and a time is finite and never negative"
+    for name in _COUNTS:
+        if record.get(name) is not None and record[name] < 0:
+            return f"{name} is {record[name]!r}, and a count is never negative"
+    for name in _SHARES:
+        value = record.get(name)
+        if value is not None and not (0 <= value <= 1):
+            return f"{name} is {value!r}, outside [0, 1]"
+    if len(record.get("output_token_ids") or []) > 1 and record.get("tpot_ms") == 0:
+        return f"tpot_ms is 0 over {len(record['output_token_ids'])} tokens"
+    slots, experts = record.get("slots_per_layer"), record.get("experts_per_layer")
+    if isinstance(slots, int) and isinstance(experts, int) and not 0 <= slots <= experts:
+        return f"slots_per_layer is {slots} with {experts} experts a layer"
+    return None
+
+
+def record_key(record: dict) -> str:
+    """What tells one record apart from every other of a suite's runs: its run's whole configuration (its output path
+    among it), its system, model, prompt set, prompt and repeat."""
+    return json.dumps([record.get("config"), record.get("system"), record.get("model"), record.get("dataset"),
+                       record.get("prompt_index"), (record.get("extra") or {}).get("repeat", 0),
+                       record.get("engine"), record.get("hardware")], sort_keys=True, default=str)

@@ -29,6 +29,36 @@ def check_name(key: str, name: str) -> None:
                           "with a letter or digit, no '..'); rename it")
 
 
+def check_unique_keys(paths) -> None:
+    """Refuse a config file that gives one key twice in a mapping (YAML keeps the last silently): the key, its file and
+    both lines. Snakemake has read the files already; this reads them again, as text, before any check of values."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(f"config {key!r} is given twice in one mapping of {path} (lines {seen[key]} and "
+                                  f"{key_node.start_mark.line + 1}); YAML would keep the last silently: keep one")
+            seen[key] = key_node.start_mark.line + 1
+        return loader.construct_mapping(node, deep=deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # Snakemake read it; its own error stands where it could not
+        try:
+            yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+        except yaml.YAMLError:
+            continue
+
+
 def check_schema(config: dict, schema_file: str | Path) -> None:
     """The config against the workflow's JSON schema; the most relevant problem as one ConfigError naming its key."""
     import jsonschema
@@ -382,6 +412,13 @@ def check_config(config: dict) -> None:
         check_name("datasets", name)
         if "path" in spec:
             _check_prompt_file(f"datasets.{name}.path", spec["path"])
+        elif name not in DATASETS:
+            raise ConfigError(f"config datasets.{name}: not a prompt set the suite ships ({', '.join(DATASETS)}); "
+                              "name one of them, or give this one a path: {path: FILE.jsonl}")
+    for name, case in config["cases"].items():  # before any check reads a case's model
+        if case["model"] not in config["models"]:
+            raise ConfigError(f"config cases.{name}.model: {case['model']!r} is not a configured model; models: "
+                              f"{', '.join(config['models'])}")
     if config["fidelity"]["dataset"] not in DATASETS:  # a shipped set, else a file
         _check_prompt_file("fidelity.dataset", config["fidelity"]["dataset"])
     _check_positions(config, widths)

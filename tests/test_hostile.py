@@ -117,6 +117,71 @@ def _record_field(field, value):
     return damage
 
 
+def _second_record(**changes):
+    """A damage: the file's first record, then a copy of it for the same prompt with `changes`."""
+    def damage(path: Path) -> None:
+        record = json.loads(path.read_text().splitlines()[0])
+        path.write_text(json.dumps(record) + "\n" + json.dumps({**record, **changes}) + "\n")
+    return damage
+
+
+def _table_copy(w: Path, real, damage, checksum: bool = True) -> str:
+    """A copy of the real main table (with its checksum file, or without it), damaged by `damage`."""
+    out = w / "main.csv"
+    shutil.copy(real["table"], out)
+    if checksum:
+        shutil.copy(str(real["table"]) + ".sha256", str(out) + ".sha256")
+    damage(out)
+    return str(out)
+
+
+def _table_cell(column: str, value: str):
+    def damage(path: Path) -> None:
+        lines = path.read_text().splitlines()
+        header = lines[0].split(",")
+        cells = lines[1].split(",")
+        cells[header.index(column)] = value
+        path.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    return damage
+
+
+def _readme(table: str) -> list[str]:
+    return ["summary", "--readme", "--from", table, "--out", "{out}.md"]
+
+
+def _results_with(w: Path, real, name: str, content: str) -> str:
+    """A results directory holding the real main table and `name` with `content`."""
+    tables = w / "results" / "tables"
+    tables.mkdir(parents=True)
+    shutil.copy(real["table"], tables / "main.csv")
+    (tables / name).write_text(content)
+    return str(w / "results")
+
+
+_EXPERT = "model.layers.0.block_sparse_moe.experts.1.w1.weight"
+
+
+def _shard_gone(d: Path) -> None:
+    """The checkpoint as two shards, the second gone: its index lists it, one expert's tensor moved there."""
+    _weights(lambda t: t.pop(_EXPERT))(d)
+    from safetensors import safe_open
+
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    weight_map = {**dict.fromkeys(names, "model.safetensors"), _EXPERT: "model-00002-of-00002.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _other_machine(path: Path) -> None:
+    """Every record as if run on another machine under the same hardware name (a profile of other numbers)."""
+    out = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record["config"]["hardware_profile"]["device"]["memory_gb"] = 80.0
+        out.append(json.dumps(record))
+    path.write_text("\n".join(out) + "\n")
+
+
 def _recorded_memo(real) -> Path:
     """A memo of `_run`'s numerics on the real model, recorded once beside the real outputs."""
     memo = Path(real["records"]).parent / "memo.json.gz"
@@ -443,6 +508,60 @@ CASES = [
                                                        "--out", "{out}.csv"], "fidelity summary"),
     ("aggregate_fidelity_not_json", lambda w, r: ["aggregate", "fidelity", _write(w, "f.json", "{"),
                                                   "--out", "{out}.csv"], "f.json"),
+    # --- profiles and checkpoints that would run silently as something else ---
+    ("hardware_unknown_key", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["device"].update(
+        memroy_gb=80))), "unknown key device.memroy_gb"),
+    ("hardware_unknown_section", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.update(
+        links={}))), "unknown key links"),
+    ("hardware_a_presets_name_with_other_numbers", lambda w, r: _run(r, "--hardware", _profile(
+        w, r, lambda d: d["device"].update(memory_gb=80))), "a preset's name, with other numbers"),
+    ("weights_an_expert_stored_as_int32", lambda w, r: _run(r, model=_model_copy(w, r, _weights(lambda t: t.update(
+        {_EXPERT: t[_EXPERT].to(__import__("torch").int32)}))), system="on-demand"), "stored as int32"),
+    ("live_weights_an_expert_stored_as_int32", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
+        {_EXPERT: t[_EXPERT].to(__import__("torch").int32)})))), "stored as int32"),
+    ("weights_a_shard_missing", lambda w, r: _run(r, model=_model_copy(w, r, _shard_gone), system="on-demand"),
+     "lacks model-00002-of-00002.safetensors"),
+    ("live_weights_a_shard_missing", lambda w, r: _live(r, _model_copy(w, r, _shard_gone)),
+     "lacks model-00002-of-00002.safetensors"),
+    # --- records no run writes: the same record twice, a second one for a prompt, impossible values ---
+    ("aggregate_the_same_records_twice", lambda w, r: ["aggregate", "main", str(r["records"]), str(r["records"]),
+                                                       "--out", "{out}.csv"], "repeats record 1"),
+    ("aggregate_a_copy_of_the_records_beside_them", lambda w, r: ["aggregate", "main", str(r["records"]),
+                                                                  _records_copy(w, r, lambda p: None),
+                                                                  "--out", "{out}.csv"], "repeats record 1"),
+    ("aggregate_a_second_record_for_a_prompt", lambda w, r: ["aggregate", "main", _records_copy(w, r, _second_record(
+        tpot_ms=1.0)), "--out", "{out}.csv"], "repeats record 1"),
+    ("aggregate_two_profiles_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
+        w, r, _other_machine), "--out", "{out}.csv"], "both name their hardware 't4-pcie3', with other numbers"),
+    ("aggregate_tpot_negative", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", -5.0)), "--out", "{out}.csv"], "tpot_ms is -5.0"),
+    ("aggregate_tpot_nan", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", float("nan"))), "--out", "{out}.csv"], "tpot_ms is nan"),
+    ("aggregate_ttft_infinite", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("ttft_ms", float("inf"))), "--out", "{out}.csv"], "ttft_ms is inf"),
+    ("aggregate_tpot_zero_over_tokens", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", 0.0)), "--out", "{out}.csv"], "tpot_ms is 0"),
+    ("aggregate_hit_rate_above_one", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("hit_rate", 1.5)), "--out", "{out}.csv"], "hit_rate is 1.5"),
+    ("aggregate_misses_negative", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("demand_misses", -1)), "--out", "{out}.csv"], "demand_misses is -1"),
+    ("aggregate_more_slots_than_experts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("slots_per_layer", 99)), "--out", "{out}.csv"], "slots_per_layer is 99"),
+    # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---
+    ("summary_table_cut_short", lambda w, r: _readme(_table_copy(w, r, lambda p: _truncate(p, 0.7))),
+     "differ from main.csv.sha256"),
+    ("summary_table_cut_short_without_its_checksum", lambda w, r: _readme(_table_copy(
+        w, r, lambda p: _truncate(p, 0.7), checksum=False)), "fields and the header"),
+    ("summary_table_a_line_twice", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_text(
+        p.read_text() + p.read_text().splitlines()[1] + "\n"), checksum=False)), "repeats line 2"),
+    ("summary_table_tpot_negative", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "-1.34"),
+                                                                     checksum=False)), "tpot_ms is -1.34"),
+    ("summary_table_tpot_nan", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "nan"),
+                                                                checksum=False)), "tpot_ms is nan"),
+    ("summary_table_empty", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_text(""), checksum=False)),
+     "is empty"),
+    ("summary_results_with_an_empty_table", lambda w, r: ["summary", _results_with(w, r, "hardware.csv", "")],
+     "is empty"),
     ("plot_table_missing", lambda w, r: ["plot", "main", "--table", str(w / "none.csv"), "--out", "{out}.png"],
      "none.csv"),
     ("plot_table_empty", lambda w, r: ["plot", "main", "--table", _write(w, "t.csv", ""), "--out", "{out}.png"],
@@ -648,7 +767,8 @@ def test_a_planted_symlink_at_a_predictable_temporary_name_is_not_followed(tmp_p
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
 
 
-def test_sigint_exits_130_without_a_traceback(tiny_dirs, tmp_path):
+@pytest.mark.parametrize("signame, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_sigint_and_sigterm_exit_with_one_line_without_a_traceback(signame, status, word, tiny_dirs, tmp_path):
     import signal
     import subprocess
     import sys
@@ -664,10 +784,11 @@ def test_sigint_exits_130_without_a_traceback(tiny_dirs, tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, "the build never started"
         time.sleep(0.05)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "interrupted" in err
+    assert proc.returncode == status, err
+    lines = [line for line in err.splitlines() if line.startswith("specter:")]
+    assert "Traceback" not in err and len(lines) == 1 and word in lines[0], err
     assert not (tmp_path / "m").exists()
 
 
@@ -756,3 +877,234 @@ def test_a_failed_gptq_run_leaves_an_earlier_log_as_it_was_and_nothing_behind(re
     assert log.read_text() == SENTINEL
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gptq.log", "tmp"]
     assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+
+
+# --- the suite's own files as untrusted input: the disk tier, cached bytecode, the file-hash cache -----------------
+
+
+def _tier_run(tiny_dirs, rtn_drafts, tmp_path):
+    from conftest import spec
+    from specter.runs.execute import execute
+    from specter.session import Session
+
+    request = dict(system="specter", model=tiny_dirs["mixtral"], draft=rtn_drafts["mixtral"], dataset="code",
+                   hardware="a100-40gb-pcie4", out=str(tmp_path / "x.jsonl"), num_prompts=1, prefix_tokens=16,
+                   max_new_tokens=8, resident_per_layer=2, k=3, warmup_prompts=0, engine="live", host_store="disk")
+    return execute(spec(**request), Session(), progress=False)
+
+
+@pytest.mark.parametrize("damage", ["nan", "finite", "finite_time_kept", "manifest_gone", "file_gone"])
+def test_a_damaged_disk_tier_is_found_and_built_again_never_decoded(damage, tiny_dirs, rtn_drafts, tmp_path,
+                                                                     monkeypatch):
+    """A layer file of the disk tier overwritten in place (NaN, or finite values, with its modification time restored
+    or not), its manifest deleted or a file removed: the next live run finds it, builds the tier again from the
+    checkpoint and decodes the tokens it decoded before, and says so in one warning."""
+    import numpy as np
+    import torch
+
+    from specter.models import streaming
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    first = _tier_run(tiny_dirs, rtn_drafts, tmp_path)
+    tier = streaming.disk_tier_dir(Path(tiny_dirs["mixtral"]), torch.float32)
+    layer = tier / "layer-0.bin"
+    stat = layer.stat()
+    if damage == "manifest_gone":
+        (tier / streaming.MANIFEST).unlink()
+    elif damage == "file_gone":
+        layer.unlink()
+    else:
+        values = np.full(stat.st_size // 4, np.nan, np.float32) if damage == "nan" else \
+            np.random.default_rng(0).standard_normal(stat.st_size // 4).astype(np.float32)
+        layer.write_bytes(values.tobytes())
+        if damage == "finite_time_kept":
+            os.utime(layer, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert streaming.tier_problem(tier) is not None
+    warned = []
+    monkeypatch.setattr(streaming.log, "warning", lambda message, *args: warned.append(message % args))
+    again = _tier_run(tiny_dirs, rtn_drafts, tmp_path)
+    assert again[0].output_token_ids == first[0].output_token_ids
+    assert len(warned) == 1 and "disk tier" in warned[0] and "building it again" in warned[0], warned
+    assert streaming.tier_problem(tier) is None
+
+
+def test_damage_the_tier_check_cannot_see_ends_a_live_run_in_one_line_before_any_record(tiny_dirs, rtn_drafts,
+                                                                                       tmp_path, monkeypatch):
+    """Rows damaged where the manifest's check does not look (here: the check told to pass) are found by the live
+    pass's logits: one SpecterError, no record written."""
+    import numpy as np
+    import torch
+
+    from specter.errors import SpecterError
+    from specter.models import streaming
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    _tier_run(tiny_dirs, rtn_drafts, tmp_path)
+    (tmp_path / "x.jsonl").unlink(missing_ok=True)
+    for layer in streaming.disk_tier_dir(Path(tiny_dirs["mixtral"]), torch.float32).glob("layer-*.bin"):
+        layer.write_bytes(np.full(layer.stat().st_size // 4, np.nan, np.float32).tobytes())
+    monkeypatch.setattr(streaming, "tier_problem", lambda tier: None)
+    with pytest.raises(SpecterError, match="NaN or infinite logits"):
+        _tier_run(tiny_dirs, rtn_drafts, tmp_path)
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_disk_tier_without_room_or_an_unwritable_cache_is_one_line_and_leaves_nothing(tiny_dirs, tmp_path,
+                                                                                       monkeypatch):
+    """The tier's build checks the cache before any file: a cache that is a regular file, a read-only cache, a file
+    system with less room than the tier (the bytes named), and a disk that fills while the files are reserved; each is
+    one SpecterError and leaves no directory and no temporary."""
+    import collections
+
+    import torch
+
+    from specter.errors import SpecterError
+    from specter.models import streaming
+
+    model = tiny_dirs["olmoe"]
+    as_file = tmp_path / "a-file"
+    as_file.write_text("not a directory")
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(as_file))
+    with pytest.raises(SpecterError, match="is not a directory.*SPECTER_CACHE_DIR"):
+        stream_moe_model(model, torch.float32, experts_on="disk")
+    if os.geteuid() != 0:  # root writes anywhere
+        read_only = tmp_path / "read-only"
+        read_only.mkdir()
+        read_only.chmod(0o555)
+        monkeypatch.setenv("SPECTER_CACHE_DIR", str(read_only))
+        with pytest.raises(SpecterError, match="permission denied.*SPECTER_CACHE_DIR"):
+            stream_moe_model(model, torch.float32, experts_on="disk")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(cache))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(streaming.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(SpecterError, match=r"needs .* GiB \([0-9]+ bytes\) in .* free"):
+        stream_moe_model(model, torch.float32, experts_on="disk")
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(cache))
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(streaming.os, "posix_fallocate", full)
+    with pytest.raises(SpecterError, match="No space left on device.*nothing of it was kept"):
+        stream_moe_model(model, torch.float32, experts_on="disk")
+    expert_rows = cache / "expert-rows"
+    assert not expert_rows.exists() or list(expert_rows.iterdir()) == []
+
+
+def stream_moe_model(*args, **kwargs):
+    from specter.models.streaming import stream_moe_model as load
+
+    return load(*args, **kwargs)
+
+
+def test_bytecode_cut_short_by_a_full_disk_is_never_kept_and_a_truncated_file_is_compiled_again(tmp_path):
+    """A file-size limit stands in for a full disk (each write stops at it, as on a full file system): the bytecode
+    the suite keeps in its cache is not published short, the module still imports; and a truncated file already there
+    (as Python's own writer left one) is removed and its module compiled from source, so later commands still run."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "probe_module.py").write_text("VALUE = 7\nTEXT = " + repr("x" * 4000) + "\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SPECTER_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(src), os.getcwd()])}
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    full = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            "from specter.io import cache_bytecode; cache_bytecode(); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY)); "
+            "import probe_module; print(probe_module.VALUE)")
+    plain = "from specter.io import cache_bytecode; cache_bytecode(); import probe_module; print(probe_module.VALUE)"
+
+    def python(code):
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    out = python(full)
+    assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr
+    assert not list((tmp_path / "cache").rglob("probe_module*.pyc")), "a short file was published"
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+    out = python(plain)
+    assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr
+    [pyc] = list((tmp_path / "cache").rglob("probe_module*.pyc"))
+    _truncate(pyc)
+    out = python(plain)
+    assert out.returncode == 0 and out.stdout.strip() == "7" and "Traceback" not in out.stderr, out.stderr
+    out = python(plain)  # written whole again by the process after
+    assert out.returncode == 0 and pyc.stat().st_size > 4000
+
+
+@pytest.mark.parametrize("entry", [b"\xff\xfe" + b"\x80" * 62, b"", b"z" * 64, bytes(64), b"0" * 63],
+                         ids=["not_utf8", "empty", "not_hex", "nul_bytes", "short"])
+def test_a_damaged_file_hash_entry_is_computed_again(entry, tmp_path, monkeypatch):
+    """An entry of the file-hash cache that is not 64 lowercase hex digits (bytes that are not UTF-8, empty, other
+    characters) is ignored and the hash computed and written again."""
+    from specter.io import _files_sha256
+    from specter.models.integrity import model_hash
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    first = model_hash(model)
+    [kept] = [p for p in (tmp_path / "cache" / "file-hashes").rglob("*") if p.is_file()]
+    kept.write_bytes(entry)
+    assert model_hash(model) == first == _files_sha256([model / "config.json"])
+    assert kept.read_text().strip() == first
+
+
+# --- the workflow's config check, complete before any job ---
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["cases"][next(iter(c["cases"]))].update(model="nosuch"),
+     "cases.{case}.model: 'nosuch' is not a configured model"),
+    (lambda c: c["datasets"].update(nosuch={}), "config datasets.nosuch: not a prompt set the suite ships"),
+], ids=["case_model_unknown", "dataset_unknown"])
+def test_a_name_the_config_does_not_define_is_refused_with_the_config(edit, message):
+    from specter.workflow_checks import ConfigError, check_config
+
+    config = yaml.safe_load((Path(__file__).parents[1] / ".test" / "config.yaml").read_text())
+    edit(config)
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    assert message.format(case=next(iter(config["cases"]))) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(tmp_path):
+    import subprocess
+
+    from specter.workflow_checks import ConfigError, check_unique_keys
+
+    root = Path(__file__).parents[1]
+    text = (root / ".test" / "config.yaml").read_text()
+    case = next(iter(yaml.safe_load(text)["cases"]))
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{case}:"))
+    doubled = "\n".join([*lines[:at + 1], *lines[at:]]) + "\n"  # the case's line twice
+    bad = tmp_path / "twice.yaml"
+    bad.write_text(doubled)
+    with pytest.raises(ConfigError, match=f"config '{case}' is given twice in one mapping of .*twice.yaml"):
+        check_unique_keys([bad])
+    check_unique_keys([root / ".test" / "config.yaml", root / "config" / "config.yaml", root / "config" / "paper.yaml"])
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", str(bad), "--directory", str(work)],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+    err = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("specter: error:")]
+    assert proc.returncode == 2 and len(err) == 1 and "given twice" in err[0], proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+def test_a_record_names_its_hardware_by_name_and_by_the_hash_of_its_numbers(real):
+    from specter.timing.hardware import load_profile, profile_digest
+
+    record = json.loads(Path(real["records"]).read_text().splitlines()[0])
+    profile = record["config"]["hardware_profile"]
+    assert record["hardware"] == profile["name"] == "t4-pcie3"
+    assert record["config"]["hardware_sha256"] == profile_digest(profile)
+    assert profile_digest(profile) == profile_digest(load_profile("t4-pcie3").to_yaml_dict())
+    edited = json.loads(json.dumps(profile))
+    edited["host"]["dispatch_us"] += 1
+    assert profile_digest(edited) != profile_digest(profile)
+    assert profile_digest({**profile, "description": "other words"}) == profile_digest(profile)

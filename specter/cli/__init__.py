@@ -303,6 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return _interrupted()
+    except SystemExit as exc:
+        if exc.code == interrupt.TERMINATED_STATUS:  # raised by the SIGTERM handler (argparse exits 0 or 2)
+            print(interrupt.TERMINATED, file=sys.stderr)
+        raise
     except BrokenPipeError:  # the reader went away (`specter systems | head`): stop quietly, as `cat` does
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout must not raise again

@@ -68,6 +68,8 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
     """
     read_model_config(path)
     check_card(path, known_hash)
+    check_shards(Path(path))
+    check_weight_dtypes(Path(path))
     hf_logging.disable_progress_bar()  # the loader's per-tensor bar says nothing about a local checkpoint
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its multi-line load report: a mismatch is refused below, in one line
@@ -93,6 +95,47 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
     return moe
 
 
+def check_shards(path: Path) -> None:
+    """Refuse a checkpoint that lacks a weights file its index (`model.safetensors.index.json`) lists, naming it."""
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return
+    try:
+        shards = sorted({s for s in (json.loads(index.read_text()).get("weight_map") or {}).values()
+                         if isinstance(s, str)})
+    except (OSError, ValueError, AttributeError, TypeError):
+        return  # an index the loader cannot read is the loader's to report
+    gone = [s for s in shards if not (path / s).is_file()]
+    if gone:
+        more = f" and {len(gone) - 1} more shard(s)" if len(gone) > 1 else ""
+        raise SpecterError(f"the checkpoint in {str(path)!r} lacks {gone[0]}{more}, which {index.name} lists; copy "
+                           "or re-download the missing shard(s)")
+
+
+def integer_weight(name: str, dtype: torch.dtype) -> bool:
+    """Whether a checkpoint tensor is a plain weight (`....weight`) stored as integers or booleans: a loader would
+    convert it to the model's float dtype without a word. Quantized blocks and scales (GPT-OSS's `_blocks`) are
+    named otherwise."""
+    return name.endswith(".weight") and not dtype.is_floating_point
+
+
+def check_weight_dtypes(path: Path) -> None:
+    """Refuse, naming the tensor, a checkpoint with a plain weight stored as integers (`integer_weight`), from its
+    safetensors headers alone."""
+    from specter.models.streaming import StreamingUnsupported, read_headers
+
+    try:
+        entries = read_headers(path)
+    except (StreamingUnsupported, SpecterError):  # a dtype or a damage the loader itself reports
+        return
+    bad = next((name for name, e in sorted(entries.items()) if integer_weight(name, e.dtype)), None)
+    if bad is not None:
+        raise SpecterError(f"the model in {str(path)!r}: tensor {bad} is stored as "
+                           f"{str(entries[bad].dtype).removeprefix('torch.')}, and a weight is a floating-point tensor "
+                           "(it would be converted silently): a damaged or foreign checkpoint; rebuild or re-download "
+                           "it")
+
+
 def _check_loaded_all(path: Path, info: dict) -> None:
     """Refuse a checkpoint whose weights and config.json disagree: transformers fills a parameter missing from the
     weights with a random initialisation and drops an unexpected one, and the model then runs, exit 0, with wrong
@@ -102,6 +145,7 @@ def _check_loaded_all(path: Path, info: dict) -> None:
                         for m in info.get("mismatched_keys") or ())
     if not (missing or unexpected or mismatched):
         return
+    check_shards(path)  # a shard gone: say which, not that config.json was edited
     parts = [f"{len(keys)} parameter(s) {what} (first: {keys[0]})" for keys, what in
              ((missing, "missing from the weights"), (unexpected, "in the weights that the config has no place for"),
               (mismatched, "of another shape than the config's")) if keys]

@@ -25,15 +25,23 @@ the system has available): each MoE layer's expert rows are a file (`layer-<i>.b
 cache named by the checkpoint's hash and the dtype, memory-mapped, so the kernel pages experts in as copies read them
 and can drop them again; only the non-expert tensors take anonymous memory. The first load builds the directory from
 the checkpoint (atomically: a killed build leaves nothing that looks done) and checks it for NaN and infinities; a later
-load maps the files as they are, privately (a write to the mapped rows never reaches the files).
+load checks them against the manifest the build wrote (`manifest.json`: each file's size, modification time and a
+hash of sampled blocks, `tier_problem`), builds the directory again where they differ, and maps the files privately (a
+write to the mapped rows never reaches the files). The build first checks that the cache is a directory it may write
+in and that its file system has room for every layer file, and reserves each file's blocks before writing it, so a
+full disk is one line and never a bus error. A damaged row found while a live run decodes (NaN or overflowing logits,
+`specter.offload.live`) ends the run in one line, before any record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +53,12 @@ from transformers.core_model_loading import WeightConverter, WeightRenaming, ren
 from transformers.utils import logging as hf_logging
 
 from specter.errors import SpecterError
-from specter.io import atomic_dir, cache_root
+from specter.io import atomic_dir, cache_root, writable_problem
 from specter.models.adapter import MoEModel
 from specter.models.integrity import check_card, first_nonfinite, model_hash
-from specter.models.loading import _check_loaded_all, read_model_config
+from specter.models.loading import _check_loaded_all, check_shards, check_weight_dtypes, read_model_config
 from specter.models.trees import experts_path
+from specter.progress import log
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -191,13 +200,20 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
     path = Path(path)
     read_model_config(path)
     check_card(path, known_hash)
+    check_shards(path)
     entries = read_headers(path)
+    check_weight_dtypes(path)
     item = torch.empty(0, dtype=dtype).element_size()
     need = sum(math.prod(e.shape) * item for e in entries.values())
     available = available_memory()
     disk = experts_on == "disk" or (experts_on == "auto" and available is not None and need > available)
     tier = disk_tier_dir(path, dtype, known_hash) if disk else None
-    built = tier is not None and tier.is_dir()  # mapped as it is; else built from the checkpoint below
+    built = tier is not None and tier.is_dir()  # mapped once checked against its manifest; else built below
+    if built:
+        problem = tier_problem(tier)
+        if problem is not None:
+            log.warning("the disk tier %s is damaged (%s); building it again from the checkpoint", tier, problem)
+            built = False
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -239,11 +255,13 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
 
     filled: set[tuple] = set()
     assigned: set[str] = set()
+    building = tier is not None and not built
+    if building:
+        _check_room(tier, sum(_rows_bytes(m, dtype) for m in moe.moe_layers))
     reader = _Reader(path)
     try:
         with contextlib.ExitStack() as stack:
-            building = tier is not None and not built
-            into = stack.enter_context(atomic_dir(tier)) if building else tier
+            into = stack.enter_context(_building(tier)) if building else tier
             rows = {m.layer_index: _expert_rows(m, dtype, into, writable=building) for m in moe.moe_layers}
             for key, entry, name, expert in sorted(plan, key=lambda p: (str(p[1].file), p[1].start)):
                 if expert is None:
@@ -262,6 +280,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
             if building:  # checked before the directory is published, then mapped from its final place, privately
                 _check_rows_finite(path, rows, dtype)
                 del rows
+                _write_manifest(into)
         if tier is not None:
             rows = {m.layer_index: _expert_rows(m, dtype, tier, writable=False) for m in moe.moe_layers}
     finally:
@@ -305,6 +324,105 @@ def _check_rows_finite(path: Path, rows: dict[int, torch.Tensor], dtype: torch.d
         raise SpecterError(f"the model in {str(path)!r}: {bad} hold NaN or infinite values; {_damaged(dtype)}")
 
 
+#: the disk tier's manifest: what the build wrote, checked before every later load maps the files
+MANIFEST = "manifest.json"
+_SAMPLES, _BLOCK = 16, 1 << 16  # a file's digest reads 16 blocks of 64 KiB, evenly spaced from its first to its last
+
+
+def _sampled_digest(file: Path, size: int) -> str:
+    """blake2b over the file's size and `_SAMPLES` blocks of `_BLOCK` bytes spread evenly over it (all of a file under
+    1 MiB): a load reads about a megabyte a layer instead of the whole tier, which can be tens of gigabytes."""
+    h = hashlib.blake2b(str(size).encode(), digest_size=16)
+    step = max(0, size - _BLOCK) / max(1, _SAMPLES - 1)
+    starts = sorted({int(i * step) for i in range(_SAMPLES)}) if size > _SAMPLES * _BLOCK else [0]
+    with open(file, "rb") as f:
+        for start in starts:
+            f.seek(start)
+            h.update(f.read(_BLOCK if size > _SAMPLES * _BLOCK else size))
+    return h.hexdigest()
+
+
+def _write_manifest(tier: Path) -> None:
+    """Each layer file's size, modification time and sampled digest, in `tier`'s manifest (before it is published)."""
+    files = {}
+    for file in sorted(tier.glob("layer-*.bin")):
+        st = file.stat()
+        files[file.name] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                            "sampled_blake2b": _sampled_digest(file, st.st_size)}
+    (tier / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+
+
+def tier_problem(tier: Path) -> str | None:
+    """Why the disk tier in `tier` does not match the manifest its build wrote (a file missing, resized, written since
+    or with other bytes where its digest samples them), or None where it does. Size and modification time catch any
+    write through the file system; the sampled digest catches a file replaced with its time kept. A change confined to
+    blocks the digest does not read, made with the modification time restored, would pass: the files are the suite's
+    own cache, and hashing all of them would read the whole tier on every load."""
+    try:
+        manifest = json.loads((tier / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return f"no {MANIFEST}"
+    except (OSError, ValueError) as err:
+        return f"{MANIFEST} unreadable ({type(err).__name__})"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        return f"{MANIFEST} lists no files"
+    for name, want in sorted(files.items()):
+        file = tier / str(name)
+        try:
+            st = file.stat()
+        except OSError:
+            return f"{name} missing"
+        if not isinstance(want, dict):
+            return f"{MANIFEST} damaged at {name}"
+        if st.st_size != want.get("bytes"):
+            return f"{name} is {st.st_size} bytes, built as {want.get('bytes')}"
+        if st.st_mtime_ns != want.get("mtime_ns"):
+            return f"{name} was written after the build"
+        if _sampled_digest(file, st.st_size) != want.get("sampled_blake2b"):
+            return f"{name} holds other bytes than the build wrote"
+    return None
+
+
+def _rows_bytes(layer, dtype: torch.dtype) -> int:
+    """The bytes of a layer's expert rows at `dtype` (its file in the disk tier)."""
+    per_expert = layer.experts.gate_up_proj[0].numel() + layer.experts.down_proj[0].numel()
+    return layer.num_experts * per_expert * torch.empty(0, dtype=dtype).element_size()
+
+
+#: room kept free beside the tier's files (the manifest, the file system's own blocks)
+_SPARE = 64 * 2**20
+
+
+def _check_room(tier: Path, need: int) -> None:
+    """Refuse, in one line naming the path, the bytes and the fix, a disk tier the cache cannot hold: a cache that is
+    not a directory we may write in, or a file system with less free space than the tier's files."""
+    problem = writable_problem(tier, directory=True)
+    if problem is not None:
+        raise SpecterError(f"the disk tier cannot be built: {problem}; set SPECTER_CACHE_DIR to a directory you can "
+                           "write in, or keep the experts in memory (--host-store memory)")
+    existing = tier.parent
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < need + _SPARE:
+        raise SpecterError(f"the disk tier needs {need / 2**30:.2f} GiB ({need} bytes) in {str(existing)!r}, which "
+                           f"has {free / 2**30:.2f} GiB free; free space there or set SPECTER_CACHE_DIR to a file "
+                           "system with room (or keep the experts in memory: --host-store memory)")
+
+
+@contextlib.contextmanager
+def _building(tier: Path):
+    """`atomic_dir(tier)`, an OSError while it fills (a disk filled by another process, an I/O error) one line that
+    names the directory; the partial build is removed either way."""
+    try:
+        with atomic_dir(tier) as into:
+            yield into
+    except OSError as err:
+        raise SpecterError(f"building the disk tier {tier} failed ({err.strerror or err}); nothing of it was kept. "
+                           "Free space in the cache or set SPECTER_CACHE_DIR elsewhere, then run again") from None
+
+
 def _is_expert(name: str, layers: dict) -> bool:
     module, _, leaf = name.rpartition(".")
     return module in layers and leaf in ("gate_up_proj", "down_proj")
@@ -320,9 +438,10 @@ def _expert_rows(layer, dtype: torch.dtype, tier: Path | None = None, writable: 
         return torch.empty(shape, dtype=dtype)
     file = tier / f"layer-{layer.layer_index}.bin"
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    if writable:
+    if writable:  # every block reserved now: a full disk fails here, not as a bus error on a write through the map
         with open(file, "wb") as f:
-            f.truncate(nbytes)
+            if nbytes:
+                os.posix_fallocate(f.fileno(), 0, nbytes)
     elif not file.is_file() or file.stat().st_size != nbytes:
         raise SpecterError(f"the disk tier {tier} lacks {file.name} of {nbytes} bytes (a damaged cache); delete "
                            f"{tier} and load again to rebuild it")

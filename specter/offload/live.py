@@ -177,7 +177,15 @@ class LiveRuntime(ExpertSlots):
         else:
             self.cache = out.cache
         logits = out.logits[0].float()
-        return LivePass(logits, logits.argmax(-1).tolist())
+        # the argmax and whether any logit is NaN or +inf, read in one transfer: a damaged weight (a disk tier's row
+        # changed under the run, a checkpoint damaged after it was checked) ends the run before any record
+        read = torch.cat([logits.argmax(-1), (logits.isnan() | logits.isposinf()).any().view(1).long()]).tolist()
+        if read[-1]:
+            raise SpecterError(f"the live {'draft' if draft else 'target'} pass produced NaN or infinite logits: its "
+                               "weights are damaged (a checkpoint, draft or disk tier changed since it was checked); "
+                               "no record was written. Rebuild what changed, or delete the suite's cache "
+                               "(SPECTER_CACHE_DIR) to rebuild the disk tier, and run again")
+        return LivePass(logits, read[:-1])
 
     def draft_held(self, committed: int) -> int:
         """How many of the first `committed` positions the draft's own KV cache holds (`own_draft_kv`): the positions

@@ -21,14 +21,40 @@ COUNTS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwa
 
 
 def read_records(paths: list[str | Path]) -> list[dict]:
-    from specter.records import read_jsonl
+    from specter.records import read_jsonl, record_key
 
-    records = []
+    records, seen, profiles = [], {}, {}
     for path in paths:
-        records += read_jsonl(path)
+        for number, record in enumerate(read_jsonl(path), 1):
+            key = record_key(record)
+            if key in seen:
+                raise SpecterError(f"record {number} of {path} repeats record {seen[key][1]} of {seen[key][0]} "
+                                   f"({record.get('system')}, prompt {record.get('prompt_index')}, the same run): "
+                                   "a table would count that prompt twice; give each run's records once")
+            seen[key] = (path, number)
+            _same_hardware(record, path, number, profiles)
+            records.append(record)
     if not records:
         raise SpecterError(f"no records in {', '.join(map(str, paths))}; the runs wrote nothing")
     return records
+
+
+def _same_hardware(record: dict, path, number: int, profiles: dict) -> None:
+    """Refuse a record whose hardware has the name (and dispatch time) of an earlier record's but other numbers (a
+    measured or edited profile under a preset's name): a table would average two machines as one row."""
+    from specter.timing.hardware import profile_digest
+
+    profile = (record.get("config") or {}).get("hardware_profile")
+    if not isinstance(profile, dict):
+        return
+    digest = profile_digest(profile)
+    key = (record.get("hardware"), (profile.get("host") or {}).get("dispatch_us"))
+    first = profiles.setdefault(key, (digest, path, number))
+    if first[0] != digest:
+        raise SpecterError(f"record {number} of {path} and record {first[2]} of {first[1]} both name their hardware "
+                           f"{record.get('hardware')!r}, with other numbers (profiles {digest[:12]} and "
+                           f"{first[0][:12]}): a table would average two machines as one; give a measured or edited "
+                           "profile its own name and run it again")
 
 
 def records_frame(records: list[dict]) -> pd.DataFrame:

@@ -143,7 +143,9 @@ def _models(results: Path) -> list[str]:
 
 
 def _tables(tables: list[Path]) -> list[str]:
-    rows = [[p.name, str(len(pd.read_csv(p))), f"`{_sha256(p)}`"] for p in tables]
+    from specter.report.tables import read_table
+
+    rows = [[p.name, str(len(read_table(p))), f"`{_sha256(p)}`"] for p in tables]
     return ["## Tables", "", *_markdown(rows, ["table", "rows", "sha256"])]
 
 
@@ -250,7 +252,9 @@ def _claims(df: pd.DataFrame, tracked: Path) -> list[str]:
     from specter.report.claims import figure_text
 
     df = df[df["beside_of"].fillna("").astype(str) == ""]
-    theirs = pd.read_csv(tracked).set_index("id") if tracked.is_file() else None
+    from specter.report.tables import read_table
+
+    theirs = read_table(tracked).set_index("id") if tracked.is_file() else None
     out = ["## The paper's claims", "",
            *textwrap.wrap("Each claim with this run's figure, its 95% bootstrap interval over prompts and verdict "
                           "(`results/tables/claims.csv` has the rule, the configuration and the rows each rests on)"
@@ -296,7 +300,9 @@ def summary(results: str | Path, root: str | Path | None = None) -> str:
 
 
 def _hardware(path: Path) -> list[str]:
-    df = pd.read_csv(path)
+    from specter.report.tables import read_table
+
+    df = read_table(path)
     if "hardware" not in df:
         return []
     return [h for cell in df["hardware"].dropna().unique() for h in str(cell).split(", ") if h and h != "any"]

@@ -15,7 +15,7 @@ import pandas as pd
 
 from specter import experiments
 from specter.errors import SpecterError
-from specter.io import atomic_write
+from specter.io import atomic_write, atomic_write_text
 from specter.report.frames import COUNTS, METRICS, read_records, records_frame, scope
 
 #: the table kinds an experiment's registry entry can name
@@ -347,16 +347,67 @@ def routing_table(records: list[dict]) -> pd.DataFrame:
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
-    """A table `write_table` wrote (CSV), or one SpecterError saying why it cannot be read."""
+    """A table `write_table` wrote (CSV), checked before it is read, or one SpecterError naming the file, the line
+    and the fix: bytes other than its checksum file says (`<table>.csv.sha256`, where there is one: a table cut short
+    or edited), an empty file, a line with another number of fields than the header (a half line), a line given twice,
+    a TPOT that is not a positive finite number, another time that is negative or infinite."""
+    import csv
+    import hashlib
+    import io
+    import math
+
     path = Path(path)
     if not path.is_file():
         raise SpecterError(f"table {str(path)!r} does not exist; write it with `specter aggregate`")
+    fix = "write it again with `specter aggregate` (or rerun the workflow)"
     try:
-        return pd.read_csv(path)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); write it with "
-                           "`specter aggregate`") from None
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.is_file():
+        try:
+            want = sidecar.read_bytes().split()[:1]
+        except OSError:
+            want = []
+        if want != [hashlib.sha256(data).hexdigest().encode()]:
+            raise SpecterError(f"{path} is not the table that was written: its bytes differ from {sidecar.name} (cut "
+                               f"short or edited); {fix}, or delete {sidecar.name} to read it as it is")
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    if not rows or not any(rows[0]):
+        raise SpecterError(f"{path} is empty; {fix}")
+    seen: dict[tuple, int] = {}
+    for number, row in enumerate(rows[1:], 2):
+        if len(row) != len(rows[0]):
+            raise SpecterError(f"{path}:{number} has {len(row)} fields and the header {len(rows[0])} (a table cut "
+                               f"short or edited); {fix}")
+        if tuple(row) in seen:
+            raise SpecterError(f"{path}:{number} repeats line {seen[tuple(row)]}; {fix}")
+        seen[tuple(row)] = number
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
+    for column in df.columns:
+        if df[column].dtype.kind not in "if" or not ("tpot" in column or column.endswith("_ms")):
+            continue
+        for i, value in df[column].items():
+            tpot = "tpot" in column
+            if (tpot and not (math.isfinite(value) and value > 0)) or (not tpot and (value < 0 or math.isinf(value))):
+                raise SpecterError(f"{path}:{i + 2}: {column} is {value}, which no run gives "
+                                   f"({'a positive finite time' if tpot else 'a time is never negative'}); {fix}")
+    return df
 
 
 def write_table(table: pd.DataFrame, out: str | Path) -> None:
-    atomic_write(out, lambda f: table.to_csv(f, index=False))
+    """The table as CSV at `out`, and its sha256 beside it (`<out>.sha256`, as `sha256sum` writes it), which
+    `read_table` holds the table to."""
+    import hashlib
+    import io
+
+    buffer = io.StringIO()
+    table.to_csv(buffer, index=False)
+    data = buffer.getvalue().encode("utf-8")
+    atomic_write(out, lambda f: f.write(data), binary=True)
+    atomic_write_text(Path(str(out) + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {Path(out).name}\n")

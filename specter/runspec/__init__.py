@@ -47,8 +47,8 @@ DTYPES = ("float32", "bfloat16", "float16")  # of the numerics: the target's and
 PRICINGS = ("fused", "counted", "upstream")  # the kernels each op is priced at (`--pricing`)
 MODES = ("run", "compare", "sweep")
 #: what a record's `config` adds to the spec: what the run resolved from it (`specter.records.run_fields`)
-RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "initial_cache",
-                           "device", "numerics", "cost", "k_source", "expert_storage"})
+RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hardware_profile", "hardware_sha256",
+                           "initial_cache", "device", "numerics", "cost", "k_source", "expert_storage"})
 #: the RunSpec fields a sweep may vary, in the order its grid nests them (the last varies fastest)
 SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "dispatch_us", "pricing",
               "expert_bits", "prefix_tokens", "budget")

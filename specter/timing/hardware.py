@@ -174,7 +174,24 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     except OSError as err:
         raise SpecterError(f"hardware profile {str(path)!r} cannot be read ({err.strerror}); fix its permissions") \
             from None
-    return _parse_profile(data, str(path))
+    profile = _parse_profile(data, str(path))
+    if profile.name in preset_names():
+        preset = load_profile(profile.name)
+        if profile_digest(profile.to_yaml_dict()) != profile_digest(preset.to_yaml_dict()):
+            raise SpecterError(f"hardware profile {str(path)!r} names itself {profile.name!r}, a preset's name, with "
+                               "other numbers: its records would pass for the preset's and be averaged with them; "
+                               f"give it its own name (e.g. name: {profile.name}-measured)")
+    return profile
+
+
+def profile_digest(data: dict) -> str:
+    """sha256 of a profile as `HardwareProfile.to_yaml_dict` gives it (a record's `config.hardware_profile`), less its
+    description and sources: which hardware a record was priced on, where two profiles may share a name."""
+    import hashlib
+    import json
+
+    numbers = {k: v for k, v in data.items() if k not in ("description", "sources")}
+    return hashlib.sha256(json.dumps(numbers, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class _AliasRefused(yaml.MarkedYAMLError):
@@ -259,15 +276,29 @@ _MISSING_HINTS = {
 }
 
 
+#: the keys a profile may hold besides the numbers of `_FIELDS` (anything else is a typo the profile would run without)
+_TOP_KEYS = ("name", "description", "measured", "device", "link", "host", "sources")
+_SECTION_KEYS = {"device": ("name", "synchronous"), "link": ("name", "h2d_by_size"), "host": ("name",)}
+
+
+def _known_keys(block: dict, known, where: str, origin: str) -> None:
+    unknown = sorted(str(k) for k in block if k not in known)
+    if unknown:
+        raise SpecterError(f"hardware profile {origin}: unknown key {where}{unknown[0]!s:.60} (a typo runs as if the "
+                           f"field were absent); keys there: {', '.join(sorted(map(str, known)))}")
+
+
 def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
     """Validate a profile mapping; every missing, non-numeric or out-of-range field is one error naming it."""
     if not isinstance(data, dict):
         raise SpecterError(f"hardware profile {origin} must be a mapping with device, link and host sections")
     values: dict[str, dict[str, float]] = {}
+    _known_keys(data, _TOP_KEYS, "", origin)
     for section, fields_ in _FIELDS.items():
         block = data.get(section)
         if not isinstance(block, dict):
             raise SpecterError(f"hardware profile {origin}: missing section {section!r} (needs {', '.join(fields_)})")
+        _known_keys(block, {*fields_, *_SECTION_KEYS[section]}, f"{section}.", origin)
         values[section] = {}
         for key, (low, high) in fields_.items():
             where = f"{section}.{key}"

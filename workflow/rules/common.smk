@@ -12,11 +12,12 @@ from specter.io import cache_bytecode  # noqa: E402
 # the sources, Snakemake's own process (and, under SLURM, each job's) keeps it in the suite's cache, as the suite's
 # commands do, instead of compiling them from source on every start.
 cache_bytecode()
-from specter.workflow_checks import ConfigError, check_config, check_schema  # noqa: E402
+from specter.workflow_checks import ConfigError, check_config, check_schema, check_unique_keys  # noqa: E402
 
 # The schema, then names, paths, numbers and cross-field checks, before Snakemake plans any job: a problem is one
 # line naming the key, and exit 2 (as the CLI's errors), not a traceback.
 try:
+    check_unique_keys(workflow.overwrite_configfiles or workflow.configfiles)
     check_schema(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
     check_config(config)
 except ConfigError as err:
