@@ -134,9 +134,13 @@ def test_a_governors_run_is_a_row_of_its_own_compared_with_the_fixed_k(tiny_dirs
 def test_two_rows_for_one_cell_are_refused(tmp_path, capsys):
     _main_table(tmp_path / "main.csv")
     df = pd.read_csv(tmp_path / "main.csv")
-    pd.concat([df, df.iloc[[0]]]).to_csv(tmp_path / "main.csv", index=False)
+    again = df.iloc[[0]].assign(tpot_ms=df.iloc[0]["tpot_ms"] * 2)  # the same cell, another figure
+    pd.concat([df, again]).to_csv(tmp_path / "main.csv", index=False)
     assert main(["summary", "--readme", "--from", str(tmp_path / "main.csv")]) == 2
     assert "2 rows for specter (same slots) on smollm2-moe-16x2 humaneval" in capsys.readouterr().err
+    pd.concat([df, df.iloc[[0]]]).to_csv(tmp_path / "main.csv", index=False)  # the same line twice
+    assert main(["summary", "--readme", "--from", str(tmp_path / "main.csv")]) == 2
+    assert "main.csv:" in (err := capsys.readouterr().err) and "repeats line 2" in err
 
 
 def test_the_readme_table_reads_what_specter_aggregate_main_writes(tiny_dirs, tmp_path, capsys):

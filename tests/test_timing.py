@@ -459,8 +459,9 @@ def test_the_breakdown_partitions_time_by_what_runs_at_each_instant():
     spans = [Span(COMPUTE, "p.L0.attn", 0.0, 2.0), Span(H2D, "p.L0.demand.e1", 1.0, 4.0),
              Span(COMPUTE, "p.L0.e1", 4.0, 5.0), Span(COMPUTE, "w.draft.L0.attn", 6.0, 7.0), Span(HOST, "f", 8.0, 9.0),
              Span(SYNC, "host", 9.0, 10.0)]
-    assert breakdown(spans, 0.0, 10.0) == {"draft": 1.0, "target compute": 2.0, "target compute, copies overlapped": 1.0,
-                                           "stall on copies": 2.0, "host compute": 1.0, "host syncs and idle": 3.0}
+    assert breakdown(spans, 0.0, 10.0) == {"draft": 1.0, "target compute": 2.0,
+                                           "target compute, copies overlapped": 1.0, "stall on copies": 2.0,
+                                           "host compute": 1.0, "host syncs and idle": 3.0}
     assert breakdown([], 1.0, 3.0)["host syncs and idle"] == 2.0
     rng = random.Random(0)
     for _ in range(20):
