@@ -65,7 +65,19 @@ def exit_process(code: int):
     os._exit(code)
 
 
+_SIGNALLED: list[int] = []  # the signal the command is unwinding from, once one came
+_SAID: list[bool] = []  # whether its line was printed
+
+
+def said() -> None:
+    """The CLI printed the line of the signal it unwound from (a second signal then ends the process silently)."""
+    _SAID.append(True)
+
+
 def _on_signal(signum: int, frame) -> None:
+    if _SIGNALLED:  # a second signal while the first unwinds (or in the exit handlers): end now, one line in all
+        _exit_now(_SIGNALLED[0], quiet=bool(_SAID))
+    _SIGNALLED.append(signum)
     if _importing(frame):
         _exit_now(signum)
     if signum == signal.SIGINT:
@@ -82,7 +94,7 @@ def _importing(frame) -> bool:
     return False
 
 
-def _exit_now(signum: int) -> None:
+def _exit_now(signum: int, quiet: bool = False) -> None:
     import shutil
 
     for path in list(_OPEN):
@@ -90,6 +102,6 @@ def _exit_now(signum: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    # not sys.stderr: the signal may have come in the middle of a print
-    os.write(2, ((INTERRUPTED if signum == signal.SIGINT else TERMINATED) + "\n").encode())
+    if not quiet:  # not sys.stderr: the signal may have come in the middle of a print
+        os.write(2, ((INTERRUPTED if signum == signal.SIGINT else TERMINATED) + "\n").encode())
     os._exit(128 + signum)

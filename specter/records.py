@@ -179,8 +179,9 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
     return out
 
 
-#: a record's times: finite and never negative
-_TIMES = ("ttft_ms", "tpot_ms", "lower_bound_tpot_ms", "stall_ms", "wall_s")
+#: a record's times: finite, never negative, and under a day (no decode takes a day a token)
+_TIMES = ("ttft_ms", "tpot_ms", "lower_bound_tpot_ms", "stall_ms")
+MAX_TIME_MS = 86_400_000.0
 #: its counts: never negative
 _COUNTS = ("demand_hits", "demand_misses", "h2d_bytes_prefetch", "h2d_bytes_demand", "prompt_index")
 #: its shares: in [0, 1] where given
@@ -192,10 +193,32 @@ def record_problem(record: dict) -> str | None:
     """What in a run record (its fields' types already checked) no run can produce, or None: a time that is negative,
     NaN or infinite, a negative count, a share outside [0, 1], a TPOT of 0 over several tokens, more slots than
     experts."""
+    from specter.runspec import MAX_WINDOW
+
     for name in _TIMES:
         value = record.get(name)
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            return f"{name} is {value!r}, and a time is finite and never negative"
+        if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_TIME_MS):
+            return f"{name} is {value!r}, and a time is finite, never negative and under a day (ms)"
+    wall = record.get("wall_s")
+    if wall is not None and not (math.isfinite(wall) and wall >= 0):
+        return f"wall_s is {wall!r}, and a time is finite and never negative"
+    if not record.get("output_token_ids"):
+        return "output_token_ids is empty, and every run commits at least one token"
+    k = record.get("k")
+    if k is not None and not 1 <= k <= MAX_WINDOW:
+        return f"k is {k!r}, and a window is 1 to {MAX_WINDOW} tokens"
+    histogram = record.get("accepted_length_histogram") or {}
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in histogram.values()):
+        return "accepted_length_histogram holds a count that is not a whole number of at least 0"
+    experts = record.get("experts_per_layer")
+    working = record.get("window_working_set")
+    if working is not None and isinstance(experts, int) and not 0 <= working <= experts:
+        return f"window_working_set is {working!r} with {experts} experts a layer"
+    tpot, bound = record.get("tpot_ms"), record.get("lower_bound_tpot_ms")
+    if record.get("simulated") is True and tpot and bound and tpot < bound * (1 - 1e-9):
+        return f"tpot_ms is {tpot!r}, under its own lower bound {bound!r} (a simulated run never is)"
+    if not isinstance((record.get("config") or {}).get("hardware_profile"), dict):
+        return "config.hardware_profile is missing (every record carries the profile it ran on)"
     for name in _COUNTS:
         if record.get(name) is not None and record[name] < 0:
             return f"{name} is {record[name]!r}, and a count is never negative"

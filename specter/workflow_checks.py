@@ -40,6 +40,8 @@ def check_unique_keys(paths) -> None:
     def mapping(loader, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: the keys it merges may be given again
+                continue
             key = loader.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise ConfigError(f"config {key!r} is given twice in one mapping of {path} (lines {seen[key]} and "

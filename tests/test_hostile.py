@@ -182,6 +182,30 @@ def _other_machine(path: Path) -> None:
     path.write_text("\n".join(out) + "\n")
 
 
+def _config_field(field, value):
+    """A damage: the first record's `config.<field>` set to `value` (None: removed)."""
+    def damage(path: Path) -> None:
+        record = json.loads(path.read_text().splitlines()[0])
+        if value is None:
+            record["config"].pop(field, None)
+        else:
+            record["config"][field] = value
+        path.write_text(json.dumps(record) + "\n")
+    return damage
+
+
+def _stale_beside(d: Path) -> None:
+    """The checkpoint as one listed shard, and beside it a file its index does not list."""
+    (d / "model.safetensors").rename(d / "model-00001-of-00001.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(d / "model-00001-of-00001.safetensors"), "pt") as f:
+        names = list(f.keys())
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": dict.fromkeys(names, "model-00001-of-00001.safetensors")}))
+    shutil.copy(d / "model-00001-of-00001.safetensors", d / "model.safetensors")
+
+
 def _recorded_memo(real) -> Path:
     """A memo of `_run`'s numerics on the real model, recorded once beside the real outputs."""
     memo = Path(real["records"]).parent / "memo.json.gz"
@@ -519,6 +543,17 @@ CASES = [
         {_EXPERT: t[_EXPERT].to(__import__("torch").int32)}))), system="on-demand"), "stored as int32"),
     ("live_weights_an_expert_stored_as_int32", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
         {_EXPERT: t[_EXPERT].to(__import__("torch").int32)})))), "stored as int32"),
+    ("weights_a_stale_file_beside_the_shards", lambda w, r: _run(r, model=_model_copy(w, r, _stale_beside),
+                                                                 system="on-demand"), "does not list"),
+    ("live_weights_a_stale_file_beside_the_shards", lambda w, r: _live(r, _model_copy(w, r, _stale_beside)),
+     "does not list"),
+    ("weights_index_garbage", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: (
+        d / "model.safetensors.index.json").write_text('{"weight_map": 7}')), system="on-demand"),
+     "is not an index of its weights"),
+    ("live_weights_index_garbage", lambda w, r: _live(r, _model_copy(w, r, lambda d: (
+        d / "model.safetensors.index.json").write_text("[]"))), "is not an index of its weights"),
+    ("hardware_a_presets_name_in_other_case", lambda w, r: _run(r, "--hardware", _profile(
+        w, r, lambda d: d.update(name=" T4-PCIE3 "))), "reads as the preset 't4-pcie3'"),
     ("weights_a_shard_missing", lambda w, r: _run(r, model=_model_copy(w, r, _shard_gone), system="on-demand"),
      "lacks model-00002-of-00002.safetensors"),
     ("live_weights_a_shard_missing", lambda w, r: _live(r, _model_copy(w, r, _shard_gone)),
@@ -547,6 +582,21 @@ CASES = [
         w, r, _record_field("demand_misses", -1)), "--out", "{out}.csv"], "demand_misses is -1"),
     ("aggregate_more_slots_than_experts", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("slots_per_layer", 99)), "--out", "{out}.csv"], "slots_per_layer is 99"),
+    ("aggregate_tpot_beyond_a_day", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", 1e300)), "--out", "{out}.csv"], "tpot_ms is 1e+300"),
+    ("aggregate_tpot_under_its_lower_bound", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", 1e-9)), "--out", "{out}.csv"], "under its own lower bound"),
+    ("aggregate_k_negative", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("k", -2)), "--out", "{out}.csv"], "k is -2"),
+    ("aggregate_no_tokens", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("output_token_ids", [])), "--out", "{out}.csv"], "output_token_ids is empty"),
+    ("aggregate_histogram_negative", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("accepted_length_histogram", {"1": -3})), "--out", "{out}.csv"],
+     "accepted_length_histogram"),
+    ("aggregate_working_set_beyond_experts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("window_working_set", 50.0)), "--out", "{out}.csv"], "window_working_set is 50.0"),
+    ("aggregate_profile_missing", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("hardware_profile", None)), "--out", "{out}.csv"], "config.hardware_profile is missing"),
     # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---
     ("summary_table_cut_short", lambda w, r: _readme(_table_copy(w, r, lambda p: _truncate(p, 0.7))),
      "differ from main.csv.sha256"),
@@ -560,6 +610,16 @@ CASES = [
                                                                 checksum=False)), "tpot_ms is nan"),
     ("summary_table_empty", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_text(""), checksum=False)),
      "is empty"),
+    ("summary_table_tpot_not_a_number", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "abc"),
+                                                                         checksum=False)), "tpot_ms is 'abc'"),
+    ("summary_table_header_again_midway", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_text(
+        p.read_text() + p.read_text().splitlines()[0] + "\n"), checksum=False)), "tpot_ms is 'tpot_ms'"),
+    ("summary_table_nul_bytes", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_bytes(
+        p.read_bytes().replace(b"same", b"sa\x00me")), checksum=False)), "NUL bytes"),
+    ("summary_table_tpot_beyond_a_day", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "1e300"),
+                                                                         checksum=False)), "under a day"),
+    ("summary_results_main_header_only", lambda w, r: ["summary", _results_with(w, r, "main.csv", Path(
+        r["table"]).read_text().splitlines()[0] + "\n")], "a header and no rows"),
     ("summary_results_with_an_empty_table", lambda w, r: ["summary", _results_with(w, r, "hardware.csv", "")],
      "is empty"),
     ("plot_table_missing", lambda w, r: ["plot", "main", "--table", str(w / "none.csv"), "--out", "{out}.png"],
@@ -767,8 +827,12 @@ def test_a_planted_symlink_at_a_predictable_temporary_name_is_not_followed(tmp_p
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
 
 
-@pytest.mark.parametrize("signame, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
-def test_sigint_and_sigterm_exit_with_one_line_without_a_traceback(signame, status, word, tiny_dirs, tmp_path):
+@pytest.mark.parametrize("signame, status, word, twice", [("SIGINT", 130, "interrupted", False),
+                                                          ("SIGTERM", 143, "terminated", False),
+                                                          ("SIGTERM", 143, "terminated", True)],
+                         ids=["sigint", "sigterm", "sigterm_twice"])
+def test_sigint_and_sigterm_exit_with_one_line_without_a_traceback(signame, status, word, twice, tiny_dirs,
+                                                                   tmp_path):
     import signal
     import subprocess
     import sys
@@ -785,6 +849,9 @@ def test_sigint_and_sigterm_exit_with_one_line_without_a_traceback(signame, stat
         time.sleep(0.05)
     time.sleep(0.5)
     proc.send_signal(getattr(signal, signame))
+    if twice:  # a second one while the first unwinds: still one line, nothing left
+        time.sleep(0.05)
+        proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
     lines = [line for line in err.splitlines() if line.startswith("specter:")]
@@ -893,12 +960,13 @@ def _tier_run(tiny_dirs, rtn_drafts, tmp_path):
     return execute(spec(**request), Session(), progress=False)
 
 
-@pytest.mark.parametrize("damage", ["nan", "finite", "finite_time_kept", "manifest_gone", "file_gone"])
+@pytest.mark.parametrize("damage", ["nan", "finite", "finite_time_kept", "manifest_gone", "file_gone",
+                                    "finite_and_unlisted"])
 def test_a_damaged_disk_tier_is_found_and_built_again_never_decoded(damage, tiny_dirs, rtn_drafts, tmp_path,
                                                                      monkeypatch):
     """A layer file of the disk tier overwritten in place (NaN, or finite values, with its modification time restored
-    or not), its manifest deleted or a file removed: the next live run finds it, builds the tier again from the
-    checkpoint and decodes the tokens it decoded before, and says so in one warning."""
+    or not, or its manifest entry removed), its manifest deleted or a file removed: the next live run finds it, builds
+    the tier again from the checkpoint and decodes the tokens it decoded before, and says so in one warning."""
     import numpy as np
     import torch
 
@@ -913,6 +981,11 @@ def test_a_damaged_disk_tier_is_found_and_built_again_never_decoded(damage, tiny
         (tier / streaming.MANIFEST).unlink()
     elif damage == "file_gone":
         layer.unlink()
+    elif damage == "finite_and_unlisted":  # its entry removed from the manifest, its bytes other
+        manifest = json.loads((tier / streaming.MANIFEST).read_text())
+        del manifest["files"][layer.name]
+        (tier / streaming.MANIFEST).write_text(json.dumps(manifest))
+        layer.write_bytes(np.random.default_rng(1).standard_normal(stat.st_size // 4).astype(np.float32).tobytes())
     else:
         values = np.full(stat.st_size // 4, np.nan, np.float32) if damage == "nan" else \
             np.random.default_rng(0).standard_normal(stat.st_size // 4).astype(np.float32)
@@ -943,7 +1016,7 @@ def test_damage_the_tier_check_cannot_see_ends_a_live_run_in_one_line_before_any
     (tmp_path / "x.jsonl").unlink(missing_ok=True)
     for layer in streaming.disk_tier_dir(Path(tiny_dirs["mixtral"]), torch.float32).glob("layer-*.bin"):
         layer.write_bytes(np.full(layer.stat().st_size // 4, np.nan, np.float32).tobytes())
-    monkeypatch.setattr(streaming, "tier_problem", lambda tier: None)
+    monkeypatch.setattr(streaming, "tier_problem", lambda tier, expected=None: None)
     with pytest.raises(SpecterError, match="NaN or infinite logits"):
         _tier_run(tiny_dirs, rtn_drafts, tmp_path)
     assert not (tmp_path / "x.jsonl").exists()
@@ -978,7 +1051,7 @@ def test_a_disk_tier_without_room_or_an_unwritable_cache_is_one_line_and_leaves_
     monkeypatch.setenv("SPECTER_CACHE_DIR", str(cache))
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(streaming.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
-    with pytest.raises(SpecterError, match=r"needs .* GiB \([0-9]+ bytes\) in .* free"):
+    with pytest.raises(SpecterError, match=r"needs .* MiB \([0-9]+ bytes\) and 64 MiB spare in .* free"):
         stream_moe_model(model, torch.float32, experts_on="disk")
     monkeypatch.undo()
     monkeypatch.setenv("SPECTER_CACHE_DIR", str(cache))
@@ -1088,6 +1161,12 @@ def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(tmp_pat
     with pytest.raises(ConfigError, match=f"config '{case}' is given twice in one mapping of .*twice.yaml"):
         check_unique_keys([bad])
     check_unique_keys([root / ".test" / "config.yaml", root / "config" / "config.yaml", root / "config" / "paper.yaml"])
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {slots: 2, k: 8}\ncases:\n  big: {<<: *b, slots: 2, slots: 3}\n")
+    with pytest.raises(ConfigError, match="config 'slots' is given twice in one mapping of .*merged.yaml"):
+        check_unique_keys([merged])
+    merged.write_text("base: &b {slots: 2, k: 8}\ncases:\n  big: {<<: *b, slots: 3}\n")
+    check_unique_keys([merged])  # a merged key given again once is YAML's override, not a repeat
     work = tmp_path / "work"
     work.mkdir()
     proc = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", str(bad), "--directory", str(work)],

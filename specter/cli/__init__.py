@@ -306,6 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         if exc.code == interrupt.TERMINATED_STATUS:  # raised by the SIGTERM handler (argparse exits 0 or 2)
             print(interrupt.TERMINATED, file=sys.stderr)
+            interrupt.said()
+            return exc.code  # returned, not raised: the entry point exits at once (`exit_process`), before the
+            # interpreter's teardown puts the default handlers back and a second SIGTERM kills the process unheard
         raise
     except BrokenPipeError:  # the reader went away (`specter systems | head`): stop quietly, as `cat` does
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -353,9 +356,10 @@ def entry() -> None:
 
 
 def _interrupted() -> int:
-    from specter.interrupt import INTERRUPTED
+    from specter import interrupt
 
-    print(INTERRUPTED, file=sys.stderr)
+    print(interrupt.INTERRUPTED, file=sys.stderr)
+    interrupt.said()
     return 130
 
 

@@ -101,15 +101,23 @@ def check_shards(path: Path) -> None:
     if not index.is_file():
         return
     try:
-        shards = sorted({s for s in (json.loads(index.read_text()).get("weight_map") or {}).values()
-                         if isinstance(s, str)})
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        shards = sorted(set(weight_map.values()))
+        if not shards or not all(isinstance(s, str) for s in shards):
+            raise ValueError("no shards")
     except (OSError, ValueError, AttributeError, TypeError):
-        return  # an index the loader cannot read is the loader's to report
+        raise SpecterError(f"the checkpoint in {str(path)!r}: {index.name} is not an index of its weights (it maps "
+                           "no tensor to a file); restore it from the checkpoint's source") from None
     gone = [s for s in shards if not (path / s).is_file()]
     if gone:
         more = f" and {len(gone) - 1} more shard(s)" if len(gone) > 1 else ""
         raise SpecterError(f"the checkpoint in {str(path)!r} lacks {gone[0]}{more}, which {index.name} lists; copy "
                            "or re-download the missing shard(s)")
+    stale = sorted(p.name for p in path.glob("*.safetensors") if p.name not in shards)
+    if stale:
+        raise SpecterError(f"the checkpoint in {str(path)!r} holds {stale[0]}, which {index.name} does not list (a "
+                           "file of another checkpoint or an older copy, whose tensors a loader may read instead): "
+                           "remove it, or restore the index")
 
 
 #: safetensors' dtypes that are not floating point

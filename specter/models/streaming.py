@@ -209,11 +209,6 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
     disk = experts_on == "disk" or (experts_on == "auto" and available is not None and need > available)
     tier = disk_tier_dir(path, dtype, known_hash) if disk else None
     built = tier is not None and tier.is_dir()  # mapped once checked against its manifest; else built below
-    if built:
-        problem = tier_problem(tier)
-        if problem is not None:
-            log.warning("the disk tier %s is damaged (%s); building it again from the checkpoint", tier, problem)
-            built = False
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -230,6 +225,11 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     experts = _expert_converters(converters)
     layers = {experts_path(moe, m): m for m in moe.moe_layers}
+    if built:
+        problem = tier_problem(tier, {f"layer-{m.layer_index}.bin" for m in moe.moe_layers})
+        if problem is not None:
+            log.warning("the disk tier %s is damaged (%s); building it again from the checkpoint", tier, problem)
+            built = False
     meta = model.state_dict()
 
     plan, unexpected, mismatched = [], [], []
@@ -280,7 +280,8 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
             if building:  # checked before the directory is published, then mapped from its final place, privately
                 _check_rows_finite(path, rows, dtype)
                 del rows
-                _write_manifest(into)
+        if building:  # last, once the files are in place and their permissions set: a tier without it is rebuilt
+            _write_manifest(tier)
         if tier is not None:
             rows = {m.layer_index: _expert_rows(m, dtype, tier, writable=False) for m in moe.moe_layers}
     finally:
@@ -343,30 +344,37 @@ def _sampled_digest(file: Path, size: int) -> str:
 
 
 def _write_manifest(tier: Path) -> None:
-    """Each layer file's size, modification time and sampled digest, in `tier`'s manifest (before it is published)."""
+    """Each layer file's size, inode, modification and change times and sampled digest, in `tier`'s manifest, written
+    once the directory is in its place (a tier without a manifest is built again)."""
+    from specter.io import atomic_write_text
+
     files = {}
     for file in sorted(tier.glob("layer-*.bin")):
         st = file.stat()
-        files[file.name] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-                            "sampled_blake2b": _sampled_digest(file, st.st_size)}
-    (tier / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+        files[file.name] = {"bytes": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns,
+                            "ctime_ns": st.st_ctime_ns, "sampled_blake2b": _sampled_digest(file, st.st_size)}
+    atomic_write_text(tier / MANIFEST, json.dumps({"format": 2, "files": files}, indent=1))
 
 
-def tier_problem(tier: Path) -> str | None:
-    """Why the disk tier in `tier` does not match the manifest its build wrote (a file missing, resized, written since
-    or with other bytes where its digest samples them), or None where it does. Size and modification time catch any
-    write through the file system; the sampled digest catches a file replaced with its time kept. A change confined to
-    blocks the digest does not read, made with the modification time restored, would pass: the files are the suite's
-    own cache, and hashing all of them would read the whole tier on every load."""
+def tier_problem(tier: Path, expected: set[str] | None = None) -> str | None:
+    """Why the disk tier in `tier` does not match the manifest its build wrote, or None where it does: a layer file
+    (of `expected`, and every one there) missing or unlisted, a file resized, replaced, written or touched since (its
+    inode, modification or change time: a change time is set by every write and no user can set it back), or other
+    bytes where the digest samples them. A manifest forged to match forged files would pass: the tier is the suite's
+    own cache, and hashing every byte would read the whole tier, tens of gigabytes for a real model, on every load."""
     try:
         manifest = json.loads((tier / MANIFEST).read_bytes())
     except FileNotFoundError:
         return f"no {MANIFEST}"
     except (OSError, ValueError) as err:
         return f"{MANIFEST} unreadable ({type(err).__name__})"
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    files = manifest.get("files") if isinstance(manifest, dict) and manifest.get("format") == 2 else None
     if not isinstance(files, dict) or not files:
-        return f"{MANIFEST} lists no files"
+        return f"{MANIFEST} of another format or listing no files"
+    present = {p.name for p in tier.glob("layer-*.bin")}
+    for name in sorted((expected or set()) | present):
+        if name not in files:
+            return f"{name} is not in {MANIFEST}"
     for name, want in sorted(files.items()):
         file = tier / str(name)
         try:
@@ -375,10 +383,13 @@ def tier_problem(tier: Path) -> str | None:
             return f"{name} missing"
         if not isinstance(want, dict):
             return f"{MANIFEST} damaged at {name}"
+        if not file.is_file():
+            return f"{name} is not a file"
         if st.st_size != want.get("bytes"):
             return f"{name} is {st.st_size} bytes, built as {want.get('bytes')}"
-        if st.st_mtime_ns != want.get("mtime_ns"):
-            return f"{name} was written after the build"
+        if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (want.get("inode"), want.get("mtime_ns"),
+                                                         want.get("ctime_ns")):
+            return f"{name} was replaced, written or touched after the build"
         if _sampled_digest(file, st.st_size) != want.get("sampled_blake2b"):
             return f"{name} holds other bytes than the build wrote"
     return None
@@ -397,6 +408,15 @@ _SPARE = 64 * 2**20
 def _check_room(tier: Path, need: int) -> None:
     """Refuse, in one line naming the path, the bytes and the fix, a disk tier the cache cannot hold: a cache that is
     not a directory we may write in, or a file system with less free space than the tier's files."""
+    for path in (tier, *tier.parents):  # a stray file or a dangling link where the tier's directories go
+        if path.is_symlink() and not path.exists():
+            raise SpecterError(f"the disk tier cannot be built: {str(path)!r} is a symbolic link to a path that does "
+                               "not exist; remove the link or point SPECTER_CACHE_DIR at a directory")
+        if path.exists():
+            break
+    if tier.exists() and not tier.is_dir():
+        raise SpecterError(f"the disk tier cannot be built: {str(tier)!r} is a file where its directory goes; remove "
+                           "that file and run again")
     problem = writable_problem(tier, directory=True)
     if problem is not None:
         raise SpecterError(f"the disk tier cannot be built: {problem}; set SPECTER_CACHE_DIR to a directory you can "
@@ -406,9 +426,10 @@ def _check_room(tier: Path, need: int) -> None:
         existing = existing.parent
     free = shutil.disk_usage(existing).free
     if free < need + _SPARE:
-        raise SpecterError(f"the disk tier needs {need / 2**30:.2f} GiB ({need} bytes) in {str(existing)!r}, which "
-                           f"has {free / 2**30:.2f} GiB free; free space there or set SPECTER_CACHE_DIR to a file "
-                           "system with room (or keep the experts in memory: --host-store memory)")
+        raise SpecterError(f"the disk tier needs {need / 2**20:.1f} MiB ({need} bytes) and {_SPARE // 2**20} MiB "
+                           f"spare in {str(existing)!r}, which has {free / 2**20:.1f} MiB free; free space there or "
+                           "set SPECTER_CACHE_DIR to a file system with room (or keep the experts in memory: "
+                           "--host-store memory)")
 
 
 @contextlib.contextmanager

@@ -101,6 +101,9 @@ def _read(path: Path) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     df = read_table(path)
+    if df.empty:  # `specter aggregate` writes no table without rows
+        raise SpecterError(f"{path} has a header and no rows; write it again with `specter aggregate` (or rerun the "
+                           "workflow)")
     missing = [c for c in NEEDS[path.stem] if c not in df]
     if missing:
         raise SpecterError(f"{path} lacks the column(s) {', '.join(missing)}; it was written by another version of "

@@ -374,6 +374,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
         if want != [hashlib.sha256(data).hexdigest().encode()]:
             raise SpecterError(f"{path} is not the table that was written: its bytes differ from {sidecar.name} (cut "
                                f"short or edited); {fix}, or delete {sidecar.name} to read it as it is")
+    if "\x00" in text:
+        raise SpecterError(f"{path} holds NUL bytes (a damaged file); {fix}")
     rows = list(csv.reader(io.StringIO(text, newline="")))
     if not rows or not any(rows[0]):
         raise SpecterError(f"{path} is empty; {fix}")
@@ -389,14 +391,22 @@ def read_table(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(io.StringIO(text))
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
+    from specter.records import MAX_TIME_MS
+
     for column in df.columns:
-        if df[column].dtype.kind not in "if" or not ("tpot" in column or column.endswith("_ms")):
+        if not ("tpot" in column or column.endswith("_ms")):
             continue
+        tpot = "tpot" in column
         for i, value in df[column].items():
-            tpot = "tpot" in column
-            if (tpot and not (math.isfinite(value) and value > 0)) or (not tpot and (value < 0 or math.isinf(value))):
-                raise SpecterError(f"{path}:{i + 2}: {column} is {value}, which no run gives "
-                                   f"({'a positive finite time' if tpot else 'a time is never negative'}); {fix}")
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, not a number; {fix}") from None
+            if math.isnan(number) and not tpot:
+                continue  # an empty cell: a part or time the row does not have
+            if not (math.isfinite(number) and (number > 0 if tpot else number >= 0) and number <= MAX_TIME_MS):
+                raise SpecterError(f"{path}:{i + 2}: {column} is {value}, which no run gives (a time is "
+                                   f"{'positive' if tpot else 'never negative'}, finite and under a day); {fix}")
     return df
 
 

@@ -175,6 +175,10 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
         raise SpecterError(f"hardware profile {str(path)!r} cannot be read ({err.strerror}); fix its permissions") \
             from None
     profile = _parse_profile(data, str(path))
+    like = next((n for n in preset_names() if n.lower() == profile.name.strip().lower()), None)
+    if like is not None and profile.name != like:
+        raise SpecterError(f"hardware profile {str(path)!r} names itself {profile.name!r}, which reads as the preset "
+                           f"{like!r}; give it a name of its own (e.g. name: {like}-measured)")
     if profile.name in preset_names():
         preset = load_profile(profile.name)
         if profile_digest(profile.to_yaml_dict()) != profile_digest(preset.to_yaml_dict()):
