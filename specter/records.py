@@ -202,15 +202,30 @@ def record_problem(record: dict) -> str | None:
     wall = record.get("wall_s")
     if wall is not None and not (math.isfinite(wall) and wall >= 0):
         return f"wall_s is {wall!r}, and a time is finite and never negative"
-    if not record.get("output_token_ids"):
+    tokens = record.get("output_token_ids")
+    if not tokens:
         return "output_token_ids is empty, and every run commits at least one token"
+    if any(t < 0 for t in [*tokens, *(record.get("prompt_token_ids") or [])]):
+        return "a token id is negative"
+    prompts = (record.get("config") or {}).get("num_prompts")
+    if isinstance(prompts, int) and not 0 <= record.get("prompt_index", 0) < prompts:
+        return f"prompt_index is {record.get('prompt_index')!r} in a run of {prompts} prompts"
+    bound = record.get("lower_bound_tpot_ms")
+    if len(tokens) > 1 and bound is not None and bound <= 0:
+        return f"lower_bound_tpot_ms is {bound!r} over {len(tokens)} tokens (every token reads weights)"
+    experts = record.get("experts_per_layer")
+    if isinstance(experts, int) and experts < 1:
+        return f"experts_per_layer is {experts}, and a MoE layer has at least one expert"
     k = record.get("k")
     if k is not None and not 1 <= k <= MAX_WINDOW:
         return f"k is {k!r}, and a window is 1 to {MAX_WINDOW} tokens"
     histogram = record.get("accepted_length_histogram") or {}
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in histogram.values()):
         return "accepted_length_histogram holds a count that is not a whole number of at least 0"
-    experts = record.get("experts_per_layer")
+    if k is None and histogram:
+        return "accepted_length_histogram is not empty in a run that drafts no window (k is null)"
+    if k is not None and len(tokens) > 1 and not histogram:
+        return "accepted_length_histogram is empty in a speculative run of several tokens"
     working = record.get("window_working_set")
     if working is not None and isinstance(experts, int) and not 0 <= working <= experts:
         return f"window_working_set is {working!r} with {experts} experts a layer"

@@ -421,8 +421,12 @@ def check_config(config: dict) -> None:
         if case["model"] not in config["models"]:
             raise ConfigError(f"config cases.{name}.model: {case['model']!r} is not a configured model; models: "
                               f"{', '.join(config['models'])}")
-    if config["fidelity"]["dataset"] not in DATASETS:  # a shipped set, else a file
-        _check_prompt_file("fidelity.dataset", config["fidelity"]["dataset"])
+    dataset = config["fidelity"]["dataset"]
+    if dataset not in DATASETS:  # a shipped set, else a file
+        if "/" not in str(dataset) and not Path(str(dataset)).suffix:
+            raise ConfigError(f"config fidelity.dataset: {dataset!r} is not a prompt set the suite ships "
+                              f"({', '.join(DATASETS)}) and not a file's path; name one of them, or a FILE.jsonl")
+        _check_prompt_file("fidelity.dataset", dataset)
     _check_positions(config, widths)
     _check_cases(config, widths)
     systems = registry()

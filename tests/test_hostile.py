@@ -595,6 +595,15 @@ CASES = [
      "accepted_length_histogram"),
     ("aggregate_working_set_beyond_experts", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("window_working_set", 50.0)), "--out", "{out}.csv"], "window_working_set is 50.0"),
+    ("aggregate_lower_bound_zero", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("lower_bound_tpot_ms", 0.0)), "--out", "{out}.csv"], "lower_bound_tpot_ms is 0.0"),
+    ("aggregate_token_id_negative", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("output_token_ids", [-5, 74, 74])), "--out", "{out}.csv"], "a token id is negative"),
+    ("aggregate_prompt_beyond_the_run", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("prompt_index", 7)), "--out", "{out}.csv"], "prompt_index is 7 in a run of 1 prompts"),
+    ("aggregate_speculative_without_windows", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("accepted_length_histogram", {})), "--out", "{out}.csv"],
+     "accepted_length_histogram is empty"),
     ("aggregate_profile_missing", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("hardware_profile", None)), "--out", "{out}.csv"], "config.hardware_profile is missing"),
     # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---
@@ -1134,7 +1143,8 @@ def test_a_damaged_file_hash_entry_is_computed_again(entry, tmp_path, monkeypatc
     (lambda c: c["cases"][next(iter(c["cases"]))].update(model="nosuch"),
      "cases.{case}.model: 'nosuch' is not a configured model"),
     (lambda c: c["datasets"].update(nosuch={}), "config datasets.nosuch: not a prompt set the suite ships"),
-], ids=["case_model_unknown", "dataset_unknown"])
+    (lambda c: c["fidelity"].update(dataset="kode"), "config fidelity.dataset: 'kode' is not a prompt set the suite"),
+], ids=["case_model_unknown", "dataset_unknown", "fidelity_dataset_unknown"])
 def test_a_name_the_config_does_not_define_is_refused_with_the_config(edit, message):
     from specter.workflow_checks import ConfigError, check_config
 
