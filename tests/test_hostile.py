@@ -979,7 +979,7 @@ def test_a_damaged_disk_tier_is_found_and_built_again_never_decoded(damage, tiny
     import numpy as np
     import torch
 
-    from specter.models import streaming
+    from specter.models import disk_tier, streaming
 
     monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
     first = _tier_run(tiny_dirs, rtn_drafts, tmp_path)
@@ -987,13 +987,13 @@ def test_a_damaged_disk_tier_is_found_and_built_again_never_decoded(damage, tiny
     layer = tier / "layer-0.bin"
     stat = layer.stat()
     if damage == "manifest_gone":
-        (tier / streaming.MANIFEST).unlink()
+        (tier / disk_tier.MANIFEST).unlink()
     elif damage == "file_gone":
         layer.unlink()
     elif damage == "finite_and_unlisted":  # its entry removed from the manifest, its bytes other
-        manifest = json.loads((tier / streaming.MANIFEST).read_text())
+        manifest = json.loads((tier / disk_tier.MANIFEST).read_text())
         del manifest["files"][layer.name]
-        (tier / streaming.MANIFEST).write_text(json.dumps(manifest))
+        (tier / disk_tier.MANIFEST).write_text(json.dumps(manifest))
         layer.write_bytes(np.random.default_rng(1).standard_normal(stat.st_size // 4).astype(np.float32).tobytes())
     else:
         values = np.full(stat.st_size // 4, np.nan, np.float32) if damage == "nan" else \
@@ -1041,7 +1041,7 @@ def test_a_disk_tier_without_room_or_an_unwritable_cache_is_one_line_and_leaves_
     import torch
 
     from specter.errors import SpecterError
-    from specter.models import streaming
+    from specter.models import disk_tier, streaming
 
     model = tiny_dirs["olmoe"]
     as_file = tmp_path / "a-file"
@@ -1059,7 +1059,7 @@ def test_a_disk_tier_without_room_or_an_unwritable_cache_is_one_line_and_leaves_
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPECTER_CACHE_DIR", str(cache))
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(streaming.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
+    monkeypatch.setattr(disk_tier.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
     with pytest.raises(SpecterError, match=r"needs .* MiB \([0-9]+ bytes\) and 64 MiB spare in .* free"):
         stream_moe_model(model, torch.float32, experts_on="disk")
     monkeypatch.undo()
@@ -1158,7 +1158,7 @@ def test_a_name_the_config_does_not_define_is_refused_with_the_config(edit, mess
 def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(tmp_path):
     import subprocess
 
-    from specter.workflow_checks import ConfigError, check_unique_keys
+    from specter.config_document import ConfigError, check_unique_keys
 
     root = Path(__file__).parents[1]
     text = (root / ".test" / "config.yaml").read_text()

@@ -106,7 +106,8 @@ def test_a_governors_run_is_a_row_of_its_own_compared_with_the_fixed_k(tiny_dirs
     every ratio (its own included) is taken against; a system that does not speculate runs once."""
     from conftest import spec
     from specter.quant.quantize import quantize_draft
-    from specter.report.tables import experiment_table, memory_table, write_table
+    from specter.report.tablefile import write_table
+    from specter.report.tables import experiment_table, memory_table
     from specter.runs import grid, sweep
     from specter.runspec import Window
 
@@ -147,7 +148,8 @@ def test_the_readme_table_reads_what_specter_aggregate_main_writes(tiny_dirs, tm
     """On records of a real sweep: both comparisons, every system, Specter's ratio to itself 1, the profile named."""
     from conftest import spec
     from specter.quant.quantize import quantize_draft
-    from specter.report.tables import experiment_table, write_table
+    from specter.report.tablefile import write_table
+    from specter.report.tables import experiment_table
     from specter.runs import grid, sweep
     from specter.runspec import Budget
 

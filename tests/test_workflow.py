@@ -399,7 +399,8 @@ def _edited(edit, base=".test/config.yaml") -> dict:
 def test_every_config_value_is_checked_naming_its_key(edit, key, message):
     """What the schema lets through (a name ending in a newline, NaN, infinity, numbers past the flag they become or
     the model's positions, a path that climbs out, a non-number option) is refused with the config, naming the key."""
-    from specter.workflow_checks import ConfigError, check_config, check_schema
+    from specter.config_document import check_schema
+    from specter.workflow_checks import ConfigError, check_config
 
     config = _edited(edit)
     with pytest.raises(ConfigError) as err:

@@ -218,7 +218,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
-    from specter.report.tables import build_table, read_table, write_table
+    from specter.report.tablefile import read_table, write_table
+    from specter.report.tables import build_table
 
     table = build_table(args.experiment, args.inputs)
     write_table(table, args.out)
@@ -243,7 +244,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from specter.report.figures import plot
-    from specter.report.tables import read_table
+    from specter.report.tablefile import read_table
 
     plot(args.experiment, read_table(args.table), args.out)
     print(f"wrote {args.out}")

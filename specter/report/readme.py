@@ -60,7 +60,7 @@ def readme_claims(path: str | Path) -> str:
     words, the paper's figure and where it is printed, the suite's figure with its interval, the verdict), and after
     it the headline's statistic over every baseline."""
     from specter.report.claims import figure_text, verdict_counts
-    from specter.report.tables import read_table
+    from specter.report.tablefile import read_table
 
     path = Path(path)
     df = read_table(path)
@@ -107,7 +107,7 @@ def readme_table(path: str | Path) -> str:
     and system, one column per case (the architecture whose shapes price the runs, the hardware profile, simulated or
     measured), each cell the mean TPOT per prompt set and, in brackets, the TPOT over Specter's in that comparison. A
     claims table (`results/tables/claims.csv`) gives the README's claims table instead (`readme_claims`)."""
-    from specter.report.tables import read_table
+    from specter.report.tablefile import read_table
 
     path = Path(path)
     df = read_table(path)

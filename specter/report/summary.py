@@ -96,7 +96,7 @@ NEEDS = {
 
 def _read(path: Path) -> pd.DataFrame | None:
     """A section's table, checked to hold the columns the section reads, or None where it was not written."""
-    from specter.report.tables import read_table
+    from specter.report.tablefile import read_table
 
     if not path.is_file():
         return None
@@ -146,7 +146,7 @@ def _models(results: Path) -> list[str]:
 
 
 def _tables(tables: list[Path]) -> list[str]:
-    from specter.report.tables import read_table
+    from specter.report.tablefile import read_table
 
     rows = [[p.name, str(len(read_table(p))), f"`{_sha256(p)}`"] for p in tables]
     return ["## Tables", "", *_markdown(rows, ["table", "rows", "sha256"])]
@@ -255,7 +255,7 @@ def _claims(df: pd.DataFrame, tracked: Path) -> list[str]:
     from specter.report.claims import figure_text
 
     df = df[df["beside_of"].fillna("").astype(str) == ""]
-    from specter.report.tables import read_table
+    from specter.report.tablefile import read_table
 
     theirs = read_table(tracked).set_index("id") if tracked.is_file() else None
     out = ["## The paper's claims", "",
@@ -303,7 +303,7 @@ def summary(results: str | Path, root: str | Path | None = None) -> str:
 
 
 def _hardware(path: Path) -> list[str]:
-    from specter.report.tables import read_table
+    from specter.report.tablefile import read_table
 
     df = read_table(path)
     if "hardware" not in df:

@@ -12,7 +12,8 @@ from specter.io import cache_bytecode  # noqa: E402
 # the sources, Snakemake's own process (and, under SLURM, each job's) keeps it in the suite's cache, as the suite's
 # commands do, instead of compiling them from source on every start.
 cache_bytecode()
-from specter.workflow_checks import ConfigError, check_config, check_schema, check_unique_keys  # noqa: E402
+from specter.config_document import check_schema, check_unique_keys  # noqa: E402
+from specter.workflow_checks import ConfigError, check_config  # noqa: E402
 
 # The schema, then names, paths, numbers and cross-field checks, before Snakemake plans any job: a problem is one
 # line naming the key, and exit 2 (as the CLI's errors), not a traceback.

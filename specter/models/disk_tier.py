@@ -1,0 +1,170 @@
+"""The disk tier's directory in the suite's cache: where it goes (`disk_tier_dir`), whether the machine's memory
+calls for it (`available_memory`), the checks before it is built (`check_room`: a directory we may write in, room
+for every file) and the build's atomic directory (`building_dir`), and the manifest that every later load checks it
+against (`write_manifest`, `tier_problem`). `specter.models.streaming` builds and maps the files themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from specter.errors import SpecterError
+from specter.io import atomic_dir, cache_root, writable_problem
+from specter.models.integrity import model_hash
+
+
+def available_memory() -> int | None:
+    """The bytes of memory this process can still take: the system's `MemAvailable`, or less where the process's
+    cgroup (a container, a SLURM job) has a memory limit (v2 `memory.max` less `memory.current`, or v1
+    `memory.limit_in_bytes` less `memory.usage_in_bytes`); None where Linux does not say."""
+    def text(path: str) -> str:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    found = [int(line.split()[1]) * 1024 for line in text("/proc/meminfo").splitlines()
+             if line.startswith("MemAvailable:")]
+    for limit, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        cap, now = text(limit).strip(), text(used).strip()
+        if cap.isdigit() and now.isdigit():  # "max": no limit
+            found.append(max(0, int(cap) - int(now)))
+    return min(found) if found else None
+
+
+def disk_tier_dir(path: Path, dtype: torch.dtype, known_hash: str | None = None) -> Path:
+    """Where the disk tier keeps the checkpoint's expert rows at `dtype`: the suite's cache, by the checkpoint's
+    hash."""
+    root = cache_root()
+    if root is None:
+        raise SpecterError("the disk tier keeps the experts in the suite's cache, and SPECTER_CACHE_DIR is set empty; "
+                           "set it to a directory with room for the experts, or keep them in memory")
+    digest = (known_hash or model_hash(path))[:16]
+    return root / "expert-rows" / f"{digest}-{str(dtype).removeprefix('torch.')}"
+
+
+#: the disk tier's manifest: what the build wrote, checked before every later load maps the files
+MANIFEST = "manifest.json"
+_SAMPLES, _BLOCK = 16, 1 << 16  # a file's digest reads 16 blocks of 64 KiB, evenly spaced from its first to its last
+
+
+def _sampled_digest(file: Path, size: int) -> str:
+    """blake2b over the file's size and `_SAMPLES` blocks of `_BLOCK` bytes spread evenly over it (all of a file under
+    1 MiB): a load reads about a megabyte a layer instead of the whole tier, which can be tens of gigabytes."""
+    h = hashlib.blake2b(str(size).encode(), digest_size=16)
+    step = max(0, size - _BLOCK) / max(1, _SAMPLES - 1)
+    starts = sorted({int(i * step) for i in range(_SAMPLES)}) if size > _SAMPLES * _BLOCK else [0]
+    with open(file, "rb") as f:
+        for start in starts:
+            f.seek(start)
+            h.update(f.read(_BLOCK if size > _SAMPLES * _BLOCK else size))
+    return h.hexdigest()
+
+
+def write_manifest(tier: Path) -> None:
+    """Each layer file's size, inode, modification and change times and sampled digest, in `tier`'s manifest, written
+    once the directory is in its place (a tier without a manifest is built again)."""
+    from specter.io import atomic_write_text
+
+    files = {}
+    for file in sorted(tier.glob("layer-*.bin")):
+        st = file.stat()
+        files[file.name] = {"bytes": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns,
+                            "ctime_ns": st.st_ctime_ns, "sampled_blake2b": _sampled_digest(file, st.st_size)}
+    atomic_write_text(tier / MANIFEST, json.dumps({"format": 2, "files": files}, indent=1))
+
+
+def tier_problem(tier: Path, expected: set[str] | None = None) -> str | None:
+    """Why the disk tier in `tier` does not match the manifest its build wrote, or None where it does: a layer file
+    (of `expected`, and every one there) missing or unlisted, a file resized, replaced, written or touched since (its
+    inode, modification or change time: a change time is set by every write and no user can set it back), or other
+    bytes where the digest samples them. A manifest forged to match forged files would pass: the tier is the suite's
+    own cache, and hashing every byte would read the whole tier, tens of gigabytes for a real model, on every load."""
+    try:
+        manifest = json.loads((tier / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return f"no {MANIFEST}"
+    except (OSError, ValueError) as err:
+        return f"{MANIFEST} unreadable ({type(err).__name__})"
+    files = manifest.get("files") if isinstance(manifest, dict) and manifest.get("format") == 2 else None
+    if not isinstance(files, dict) or not files:
+        return f"{MANIFEST} of another format or listing no files"
+    present = {p.name for p in tier.glob("layer-*.bin")}
+    for name in sorted((expected or set()) | present):
+        if name not in files:
+            return f"{name} is not in {MANIFEST}"
+    for name, want in sorted(files.items()):
+        file = tier / str(name)
+        try:
+            st = file.stat()
+        except OSError:
+            return f"{name} missing"
+        if not isinstance(want, dict):
+            return f"{MANIFEST} damaged at {name}"
+        if not file.is_file():
+            return f"{name} is not a file"
+        if st.st_size != want.get("bytes"):
+            return f"{name} is {st.st_size} bytes, built as {want.get('bytes')}"
+        if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (want.get("inode"), want.get("mtime_ns"),
+                                                         want.get("ctime_ns")):
+            return f"{name} was replaced, written or touched after the build"
+        if _sampled_digest(file, st.st_size) != want.get("sampled_blake2b"):
+            return f"{name} holds other bytes than the build wrote"
+    return None
+
+
+def rows_bytes(layer, dtype: torch.dtype) -> int:
+    """The bytes of a layer's expert rows at `dtype` (its file in the disk tier)."""
+    per_expert = layer.experts.gate_up_proj[0].numel() + layer.experts.down_proj[0].numel()
+    return layer.num_experts * per_expert * torch.empty(0, dtype=dtype).element_size()
+
+
+#: room kept free beside the tier's files (the manifest, the file system's own blocks)
+_SPARE = 64 * 2**20
+
+
+def check_room(tier: Path, need: int) -> None:
+    """Refuse, in one line naming the path, the bytes and the fix, a disk tier the cache cannot hold: a cache that is
+    not a directory we may write in, or a file system with less free space than the tier's files."""
+    for path in (tier, *tier.parents):  # a stray file or a dangling link where the tier's directories go
+        if path.is_symlink() and not path.exists():
+            raise SpecterError(f"the disk tier cannot be built: {str(path)!r} is a symbolic link to a path that does "
+                               "not exist; remove the link or point SPECTER_CACHE_DIR at a directory")
+        if path.exists():
+            break
+    if tier.exists() and not tier.is_dir():
+        raise SpecterError(f"the disk tier cannot be built: {str(tier)!r} is a file where its directory goes; remove "
+                           "that file and run again")
+    problem = writable_problem(tier, directory=True)
+    if problem is not None:
+        raise SpecterError(f"the disk tier cannot be built: {problem}; set SPECTER_CACHE_DIR to a directory you can "
+                           "write in, or keep the experts in memory (--host-store memory)")
+    existing = tier.parent
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < need + _SPARE:
+        raise SpecterError(f"the disk tier needs {need / 2**20:.1f} MiB ({need} bytes) and {_SPARE // 2**20} MiB "
+                           f"spare in {str(existing)!r}, which has {free / 2**20:.1f} MiB free; free space there or "
+                           "set SPECTER_CACHE_DIR to a file system with room (or keep the experts in memory: "
+                           "--host-store memory)")
+
+
+@contextlib.contextmanager
+def building_dir(tier: Path):
+    """`atomic_dir(tier)`, an OSError while it fills (a disk filled by another process, an I/O error) one line that
+    names the directory; the partial build is removed either way."""
+    try:
+        with atomic_dir(tier) as into:
+            yield into
+    except OSError as err:
+        raise SpecterError(f"building the disk tier {tier} failed ({err.strerror or err}); nothing of it was kept. "
+                           "Free space in the cache or set SPECTER_CACHE_DIR elsewhere, then run again") from None

@@ -1,0 +1,89 @@
+"""Experiments' tables as files: `write_table` writes a table as CSV with its sha256 beside it, and `read_table`
+reads one back, checked (its checksum, its lines, its times) before anything is drawn or summarized from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from specter.errors import SpecterError
+from specter.io import atomic_write, atomic_write_text
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A table `write_table` wrote (CSV), checked before it is read, or one SpecterError naming the file, the line
+    and the fix: bytes other than its checksum file says (`<table>.csv.sha256`, where there is one: a table cut short
+    or edited), an empty file, a line with another number of fields than the header (a half line), a line given twice,
+    a TPOT that is not a positive finite number, another time that is negative or infinite."""
+    import csv
+    import hashlib
+    import io
+    import math
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecterError(f"table {str(path)!r} does not exist; write it with `specter aggregate`")
+    fix = "write it again with `specter aggregate` (or rerun the workflow)"
+    try:
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.is_file():
+        try:
+            want = sidecar.read_bytes().split()[:1]
+        except OSError:
+            want = []
+        if want != [hashlib.sha256(data).hexdigest().encode()]:
+            raise SpecterError(f"{path} is not the table that was written: its bytes differ from {sidecar.name} (cut "
+                               f"short or edited); {fix}, or delete {sidecar.name} to read it as it is")
+    if "\x00" in text:
+        raise SpecterError(f"{path} holds NUL bytes (a damaged file); {fix}")
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    if not rows or not any(rows[0]):
+        raise SpecterError(f"{path} is empty; {fix}")
+    seen: dict[tuple, int] = {}
+    for number, row in enumerate(rows[1:], 2):
+        if len(row) != len(rows[0]):
+            raise SpecterError(f"{path}:{number} has {len(row)} fields and the header {len(rows[0])} (a table cut "
+                               f"short or edited); {fix}")
+        if tuple(row) in seen:
+            raise SpecterError(f"{path}:{number} repeats line {seen[tuple(row)]}; {fix}")
+        seen[tuple(row)] = number
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
+    from specter.records import MAX_TIME_MS
+
+    for column in df.columns:
+        if not ("tpot" in column or column.endswith("_ms")):
+            continue
+        tpot = "tpot" in column
+        for i, value in df[column].items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, not a number; {fix}") from None
+            if math.isnan(number) and not tpot:
+                continue  # an empty cell: a part or time the row does not have
+            if not (math.isfinite(number) and (number > 0 if tpot else number >= 0) and number <= MAX_TIME_MS):
+                raise SpecterError(f"{path}:{i + 2}: {column} is {value}, which no run gives (a time is "
+                                   f"{'positive' if tpot else 'never negative'}, finite and under a day); {fix}")
+    return df
+
+
+def write_table(table: pd.DataFrame, out: str | Path) -> None:
+    """The table as CSV at `out`, and its sha256 beside it (`<out>.sha256`, as `sha256sum` writes it), which
+    `read_table` holds the table to."""
+    import hashlib
+    import io
+
+    buffer = io.StringIO()
+    table.to_csv(buffer, index=False)
+    data = buffer.getvalue().encode("utf-8")
+    atomic_write(out, lambda f: f.write(data), binary=True)
+    atomic_write_text(Path(str(out) + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {Path(out).name}\n")
