@@ -226,14 +226,21 @@ def record_problem(record: dict) -> str | None:
         return "accepted_length_histogram is not empty in a run that drafts no window (k is null)"
     if k is not None and len(tokens) > 1 and not histogram:
         return "accepted_length_histogram is empty in a speculative run of several tokens"
+    problem = _window_problem(record, k, histogram, len(tokens))
+    if problem:
+        return problem
     working = record.get("window_working_set")
     if working is not None and isinstance(experts, int) and not 0 <= working <= experts:
         return f"window_working_set is {working!r} with {experts} experts a layer"
     tpot, bound = record.get("tpot_ms"), record.get("lower_bound_tpot_ms")
     if record.get("simulated") is True and tpot and bound and tpot < bound * (1 - 1e-9):
         return f"tpot_ms is {tpot!r}, under its own lower bound {bound!r} (a simulated run never is)"
-    if not isinstance((record.get("config") or {}).get("hardware_profile"), dict):
+    profile = (record.get("config") or {}).get("hardware_profile")
+    if not isinstance(profile, dict):
         return "config.hardware_profile is missing (every record carries the profile it ran on)"
+    if record.get("simulated") is True and record.get("hardware") != profile.get("name"):
+        return (f"hardware is {record.get('hardware')!r}, and the profile it was simulated on is named "
+                f"{profile.get('name')!r}")
     for name in _COUNTS:
         if record.get(name) is not None and record[name] < 0:
             return f"{name} is {record[name]!r}, and a count is never negative"
@@ -246,6 +253,32 @@ def record_problem(record: dict) -> str | None:
     slots, experts = record.get("slots_per_layer"), record.get("experts_per_layer")
     if isinstance(slots, int) and isinstance(experts, int) and not 0 <= slots <= experts:
         return f"slots_per_layer is {slots} with {experts} experts a layer"
+    return None
+
+
+def _window_problem(record: dict, k, histogram: dict, tokens: int) -> str | None:
+    """Where a record's K and its accepted-length histogram contradict its settings or its tokens. A window of `a`
+    accepted draft tokens commits a + 1 tokens, and every token after the prefill's first comes from a window: the
+    windows commit at least the tokens after the first, and overshoot them by less than their longest window."""
+    config = record.get("config") or {}
+    settings = config.get("system_settings") or {}
+    fixed = settings["k"] if "k" in settings else config.get("k")
+    if k is not None and isinstance(fixed, int) and not isinstance(fixed, bool) and k != fixed:
+        where = "config.system_settings.k" if "k" in settings else "config.k"
+        return f"k is {k!r}, and the run's window is {where} = {fixed!r}"
+    if not histogram:
+        return None
+    try:
+        lengths = {int(a): count for a, count in histogram.items()}
+    except ValueError:
+        return f"accepted_length_histogram has a key that is not a whole number: {sorted(histogram)!r}"
+    longest = max(lengths)
+    if min(lengths) < 0 or (isinstance(fixed, int) and k is not None and longest > k):
+        return f"accepted_length_histogram holds an accepted length outside 0..K (lengths {sorted(lengths)}, k {k})"
+    committed = sum((a + 1) * count for a, count in lengths.items())
+    if not 0 <= committed - (tokens - 1) <= longest:
+        return (f"accepted_length_histogram's windows commit {committed} tokens, and the run's {tokens} tokens "
+                f"need {tokens - 1} from windows (at most {longest} more, the last window's overshoot)")
     return None
 
 

@@ -346,13 +346,16 @@ def check_config(config: dict) -> None:
                                   f"{', '.join(config['cases'])}")
         if EXPERIMENTS[name].measured:
             _check_measured(name, entry, config)
-        cases = [config["cases"][c].get("hardware") for c in config["cases"]]
-        for profile in [config["hardware"]["main"], *filter(None, cases), *((entry.get("axes") or {}).get("hardware")
-                                                                             or [])]:
+        axes = (entry.get("axes") or {}).get("hardware") or []
+        named = [("hardware.main", config["hardware"]["main"]),
+                 *((f"cases.{c}.hardware", config["cases"][c]["hardware"]) for c in config["cases"]
+                   if config["cases"][c].get("hardware")),
+                 *((f"experiments.{name}.axes.hardware[{i}]", profile) for i, profile in enumerate(axes))]
+        for key, profile in named:
             if "/" in profile or Path(profile).suffix:  # a file, not a preset's name
-                _check_path("hardware", profile)
+                _check_path(key, profile)
             try:
                 load_profile(profile)
             except SpecterError as err:
-                raise ConfigError(f"config hardware: {err}") from None
+                raise ConfigError(f"config {key}: {err}") from None
     _check_same_memory(config)

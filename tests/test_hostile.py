@@ -95,6 +95,15 @@ def _write(w: Path, name: str, content: str | bytes) -> str:
     return str(path)
 
 
+def _table_file(w: Path, name: str, content: str) -> str:
+    """A table file as the suite writes one: its text, and its checksum beside it."""
+    import hashlib
+
+    path = Path(_write(w, name, content))
+    Path(f"{path}.sha256").write_text(f"{hashlib.sha256(content.encode()).hexdigest()}  {name}\n")
+    return str(path)
+
+
 def _mkdir(path: Path) -> str:
     path.mkdir()
     return str(path)
@@ -154,7 +163,8 @@ def _results_with(w: Path, real, name: str, content: str) -> str:
     tables = w / "results" / "tables"
     tables.mkdir(parents=True)
     shutil.copy(real["table"], tables / "main.csv")
-    (tables / name).write_text(content)
+    shutil.copy(str(real["table"]) + ".sha256", tables / "main.csv.sha256")
+    _table_file(tables, name, content)
     return str(w / "results")
 
 
@@ -430,6 +440,9 @@ CASES = [
         "link"].update(h2d_by_size="fast"))), "h2d_by_size"),
     ("hardware_bandwidth_point_huge_size", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
         "link"].update(h2d_by_size=[{"bytes": 1e400, "pinned_gbps": 5.0, "pageable_gbps": 5.0}]))), "h2d_by_size"),
+    ("hardware_pinned_figure_other_than_its_points", lambda w, r: _run(r, "--hardware", _profile(
+        w, r, lambda d: d["link"].update(h2d_by_size=[{"bytes": 4096, "pinned_gbps": 0.5, "pageable_gbps": 0.5}]))),
+     "link.h2d_pinned_gbps is 12, and its largest measured point"),
     ("hardware_link_bandwidth_zero", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
         h2d_pinned_gbps=0))), "h2d_pinned_gbps"),
     ("hardware_device_tflops_inf", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["device"].update(
@@ -604,6 +617,20 @@ CASES = [
     ("aggregate_speculative_without_windows", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("accepted_length_histogram", {})), "--out", "{out}.csv"],
      "accepted_length_histogram is empty"),
+    ("aggregate_hardware_other_than_its_profile", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("hardware", "a100-40gb-pcie4")), "--out", "{out}.csv"],
+     "hardware is 'a100-40gb-pcie4', and the profile it was simulated on is named 't4-pcie3'"),
+    ("aggregate_k_other_than_its_setting", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("k", 5)), "--out", "{out}.csv"], "k is 5, and the run's window is config.k = 2"),
+    ("aggregate_histogram_longer_than_k", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("accepted_length_histogram", {"9": 1})), "--out", "{out}.csv"],
+     "an accepted length outside 0..K"),
+    ("aggregate_histogram_not_the_tokens", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("accepted_length_histogram", {"2": 40})), "--out", "{out}.csv"],
+     "windows commit 120 tokens"),
+    ("aggregate_histogram_key_not_a_number", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("accepted_length_histogram", {"two": 3})), "--out", "{out}.csv"],
+     "a key that is not a whole number"),
     ("aggregate_profile_missing", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("hardware_profile", None)), "--out", "{out}.csv"], "config.hardware_profile is missing"),
     # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---
@@ -637,9 +664,9 @@ CASES = [
      "t.csv"),
     ("plot_table_binary", lambda w, r: ["plot", "main", "--table", _write(w, "t.csv", bytes(range(256)) * 4),
                                         "--out", "{out}.png"], "t.csv"),
-    ("plot_table_wrong_columns", lambda w, r: ["plot", "main", "--table", _write(w, "t.csv", "a,b\n1,2\n"),
+    ("plot_table_wrong_columns", lambda w, r: ["plot", "main", "--table", _table_file(w, "t.csv", "a,b\n1,2\n"),
                                                "--out", "{out}.png"], "columns"),
-    ("plot_table_header_only", lambda w, r: ["plot", "main", "--table", _write(
+    ("plot_table_header_only", lambda w, r: ["plot", "main", "--table", _table_file(
         w, "t.csv", Path(r["table"]).read_text().splitlines()[0] + "\n"), "--out", "{out}.png"], "no rows"),
     ("diff_not_directories", lambda w, r: ["diff", str(w / "a"), str(w / "b")], "directory"),
     # --- outputs: the wrong kind of path, or unwritable, fails before any work ---
@@ -1144,7 +1171,9 @@ def test_a_damaged_file_hash_entry_is_computed_again(entry, tmp_path, monkeypatc
      "cases.{case}.model: 'nosuch' is not a configured model"),
     (lambda c: c["datasets"].update(nosuch={}), "config datasets.nosuch: not a prompt set the suite ships"),
     (lambda c: c["fidelity"].update(dataset="kode"), "config fidelity.dataset: 'kode' is not a prompt set the suite"),
-], ids=["case_model_unknown", "dataset_unknown", "fidelity_dataset_unknown"])
+    (lambda c: c["cases"][next(iter(c["cases"]))].update(hardware="nosuch-gpu"),
+     "config cases.{case}.hardware: unknown hardware preset 'nosuch-gpu'"),
+], ids=["case_model_unknown", "dataset_unknown", "fidelity_dataset_unknown", "case_hardware_unknown"])
 def test_a_name_the_config_does_not_define_is_refused_with_the_config(edit, message):
     from specter.workflow_checks import ConfigError, check_config
 
@@ -1197,3 +1226,23 @@ def test_a_record_names_its_hardware_by_name_and_by_the_hash_of_its_numbers(real
     edited["host"]["dispatch_us"] += 1
     assert profile_digest(edited) != profile_digest(profile)
     assert profile_digest({**profile, "description": "other words"}) == profile_digest(profile)
+
+
+def test_a_table_without_its_checksum_is_read_with_a_warning_that_it_may_be_cut_short(real, tmp_path, capsys):
+    """A table cut exactly at a line's end reads as a whole one: with its checksum gone, nothing in its bytes says it
+    is short, so reading it says (once) that its completeness is unchecked; with the checksum, it is refused."""
+    from specter import progress
+    from specter.errors import SpecterError
+    from specter.report.tablefile import read_table
+
+    progress.configure()
+    lines = Path(real["table"]).read_text().splitlines(keepends=True)
+    out = Path(_table_copy(tmp_path, real, lambda p: p.write_text("".join(lines[:-1]))))
+    with pytest.raises(SpecterError, match="differ from main.csv.sha256"):
+        read_table(out)
+    Path(str(out) + ".sha256").unlink()
+    capsys.readouterr()
+    assert len(read_table(out)) == len(read_table(out)) == len(lines) - 2
+    read_table(real["table"])
+    err = capsys.readouterr().err
+    assert err.count("has no main.csv.sha256 beside it") == 1 and str(out) in err and str(real["table"]) not in err

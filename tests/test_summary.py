@@ -10,6 +10,7 @@ import pytest
 
 from specter.cli import main
 from specter.report.readme import readme_table
+from specter.report.tablefile import write_table
 
 PHI = ("smollm2-moe-16x2", "Phi-3.5-MoE", "a100-40gb-pcie4")
 OWN = ("smollm2-moe", "", "a100-40gb-pcie4")
@@ -95,7 +96,7 @@ def test_the_command_prints_it_from_a_file_or_from_a_results_tree(tmp_path, caps
 ])
 def test_a_wrong_request_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     _main_table(tmp_path / "main.csv")
-    pd.read_csv(tmp_path / "main.csv").drop(columns="speedup_of_specter").to_csv(tmp_path / "other.csv", index=False)
+    write_table(pd.read_csv(tmp_path / "main.csv").drop(columns="speedup_of_specter"), tmp_path / "other.csv")
     assert main([a.format(dir=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specter: error: ") and message in err and err.count("\n") == 1
@@ -106,7 +107,6 @@ def test_a_governors_run_is_a_row_of_its_own_compared_with_the_fixed_k(tiny_dirs
     every ratio (its own included) is taken against; a system that does not speculate runs once."""
     from conftest import spec
     from specter.quant.quantize import quantize_draft
-    from specter.report.tablefile import write_table
     from specter.report.tables import experiment_table, memory_table
     from specter.runs import grid, sweep
     from specter.runspec import Window
@@ -148,7 +148,6 @@ def test_the_readme_table_reads_what_specter_aggregate_main_writes(tiny_dirs, tm
     """On records of a real sweep: both comparisons, every system, Specter's ratio to itself 1, the profile named."""
     from conftest import spec
     from specter.quant.quantize import quantize_draft
-    from specter.report.tablefile import write_table
     from specter.report.tables import experiment_table
     from specter.runs import grid, sweep
     from specter.runspec import Budget

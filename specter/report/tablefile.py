@@ -12,10 +12,13 @@ from specter.errors import SpecterError
 from specter.io import atomic_write, atomic_write_text
 
 
+_UNCHECKED: set[str] = set()  # tables read without a checksum, warned of once a process
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """A table `write_table` wrote (CSV), checked before it is read, or one SpecterError naming the file, the line
-    and the fix: bytes other than its checksum file says (`<table>.csv.sha256`, where there is one: a table cut short
-    or edited), an empty file, a line with another number of fields than the header (a half line), a line given twice,
+    and the fix: bytes other than its checksum file says (`<table>.csv.sha256`; a table without one is read with a
+    warning that its completeness is unchecked), an empty file, a line with another number of fields than the header (a half line), a line given twice,
     a TPOT that is not a positive finite number, another time that is negative or infinite."""
     import csv
     import hashlib
@@ -73,6 +76,13 @@ def read_table(path: str | Path) -> pd.DataFrame:
             if not (math.isfinite(number) and (number > 0 if tpot else number >= 0) and number <= MAX_TIME_MS):
                 raise SpecterError(f"{path}:{i + 2}: {column} is {value}, which no run gives (a time is "
                                    f"{'positive' if tpot else 'never negative'}, finite and under a day); {fix}")
+    if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
+        import logging
+
+        _UNCHECKED.add(str(path.resolve()))
+        logging.getLogger("specter").warning(
+            "%s has no %s beside it: a table cut short at a line's end cannot be told from a whole one (tables "
+            "the suite writes carry one)", path, sidecar.name)
     return df
 
 

@@ -324,6 +324,13 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
                                                         origin),
                                      _number(row["pageable_gbps"], f"{where}.pageable_gbps", 1e-9, MAX_GBPS, origin)))
     points.sort(key=lambda p: p.size_bytes)
+    if points:  # copies are priced from the points; the link's two figures are their largest size's, as measured
+        for key, value in (("h2d_pinned_gbps", points[-1].pinned_gbps), ("h2d_pageable_gbps", points[-1].pageable_gbps)):
+            if not math.isclose(values["link"][key], value, rel_tol=1e-3):
+                raise SpecterError(
+                    f"hardware profile {origin}: link.{key} is {values['link'][key]:g}, and its largest measured "
+                    f"point (link.h2d_by_size, {points[-1].size_bytes} bytes) says {value:g}; copies are priced from "
+                    f"the points, so edit the points (or remove h2d_by_size to price every copy at link.{key})")
     sources = data.get("sources") or {}
     if not isinstance(sources, dict):
         raise SpecterError(f"hardware profile {origin}: sources must map fields to where their numbers come from, got "
