@@ -433,6 +433,16 @@ CASES = [
      "bogus"),
     ("build_set_bad_value", lambda w, r: ["build-model", "smollm2-moe", "--set", "distill_steps=lots",
                                           "--out", "{out}"], "distill_steps"),
+    ("build_tiny_set_unknown_key", lambda w, r: ["build-model", "tiny-mixtral", "--set", "hidden=64", "--out",
+                                                 "{out}"], "--set hidden: not a setting of tiny-mixtral"),
+    ("build_tiny_set_not_a_number", lambda w, r: ["build-model", "tiny-mixtral", "--set", "hidden_size=big",
+                                                  "--out", "{out}"], "hidden_size='big': not a whole number"),
+    ("build_tiny_set_zero", lambda w, r: ["build-model", "tiny-mixtral", "--set", "num_hidden_layers=0",
+                                          "--out", "{out}"], "num_hidden_layers=0"),
+    ("build_tiny_set_heads_not_dividing", lambda w, r: ["build-model", "tiny-mixtral", "--set", "hidden_size=66",
+                                                        "--out", "{out}"], "not a multiple of num_attention_heads"),
+    ("build_tiny_set_dtype_unknown", lambda w, r: ["build-model", "tiny-mixtral", "--set", "dtype=int8",
+                                                   "--out", "{out}"], "--set dtype='int8'"),
     # --- hardware profiles: every field finite and in range, including the per-size bandwidth points ---
     ("hardware_bandwidth_point_nan", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
         h2d_by_size=[{"bytes": 4096, "pinned_gbps": float("nan"), "pageable_gbps": 5.0}]))), "h2d_by_size"),

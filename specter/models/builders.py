@@ -2,7 +2,8 @@
 
 `smollm2-moe` (the embedded default model) and `smollm2-moe-ExK` (proxies of the paper's routing structures):
 SmolLM2-135M-Instruct turned into an MoE (see `moefy.py` and `proxies.py`); `--set key=value` changes a build setting.
-`tiny-<model_type>`: a seeded random tiny checkpoint of a stock class (tests, the workflow's `.test` config).
+`tiny-<model_type>`: a seeded random tiny checkpoint of a stock class (tests, the workflow's `.test` config); `--set`
+gives it other shapes (`hidden_size=4096`, ...) and a dtype (`.ci/gpu-check`'s Mixtral-shaped model).
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ def _proxy(name: str) -> Builder:
 
 def _tiny(model_type: str) -> Builder:
     def build(out: Path, seed: int, overrides: dict) -> Path:
-        if overrides:
-            raise SpecterError(f"tiny-{model_type} has no build settings to --set")
-        return save_tiny_model(model_type, out, seed=seed)
+        return save_tiny_model(model_type, out, seed=seed, overrides=overrides)
     return build
 
 

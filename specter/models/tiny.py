@@ -59,20 +59,58 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 
 
-def tiny_config(model_type: str) -> PretrainedConfig:
-    """The stock config of a tiny `model_type` model (eager attention and experts, so CPU runs are exact and fast)."""
+def tiny_config(model_type: str, shapes: dict[str, int] | None = None) -> PretrainedConfig:
+    """The stock config of a tiny `model_type` model (eager attention and experts, so CPU runs are exact and fast),
+    with `shapes` (whole-number fields of the config, such as hidden_size) in place of the tiny ones."""
     if model_type not in TINY_CONFIGS:
         raise KeyError(f"no tiny config for {model_type!r}; known: {', '.join(sorted(TINY_CONFIGS))}")
-    kwargs = {**_COMMON, **TINY_CONFIGS[model_type]}
+    kwargs = {**_COMMON, **TINY_CONFIGS[model_type], **(shapes or {})}
     config = AutoConfig.for_model(model_type, **kwargs)
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"
     return config
 
 
-def build_tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A randomly initialised tiny model; the same seed gives the same weights."""
-    config = tiny_config(model_type)
+def shape_settings(model_type: str, overrides: dict[str, str]) -> tuple[dict[str, int], torch.dtype]:
+    """`build-model tiny-<model_type> --set KEY=VALUE`'s settings as (the config's shapes, the dtype its weights are
+    made and saved in): any whole-number field of the stock config (hidden_size, intermediate_size,
+    num_hidden_layers, num_attention_heads, ...), and `dtype` (float32, bfloat16 or float16). One SpecterError names
+    a key or value it cannot take."""
+    from specter.errors import SpecterError
+
+    numeric = sorted(key for key, value in tiny_config(model_type).to_dict().items()
+                     if isinstance(value, int) and not isinstance(value, bool) and not key.endswith("token_id"))
+    shapes, dtype = {}, torch.float32
+    for key, text in overrides.items():
+        if key == "dtype":
+            dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+            if text not in dtypes:
+                raise SpecterError(f"--set dtype={text!r}: give one of {', '.join(dtypes)}")
+            dtype = dtypes[text]
+            continue
+        if key not in numeric:
+            raise SpecterError(f"--set {key}: not a setting of tiny-{model_type}; settings: dtype, {', '.join(numeric)}")
+        try:
+            value = int(text)
+        except ValueError:
+            raise SpecterError(f"--set {key}={text!r}: not a whole number") from None
+        if not 1 <= value <= 1 << 20:
+            raise SpecterError(f"--set {key}={value}: give a whole number from 1 to {1 << 20}")
+        shapes[key] = value
+    heads = {**_COMMON, **TINY_CONFIGS[model_type], **shapes}
+    if heads.get("head_dim") is None and heads["hidden_size"] % heads["num_attention_heads"]:
+        raise SpecterError(f"--set: hidden_size {heads['hidden_size']} is not a multiple of num_attention_heads "
+                           f"{heads['num_attention_heads']}; set both so that it is")
+    if heads["num_attention_heads"] % heads["num_key_value_heads"]:
+        raise SpecterError(f"--set: num_attention_heads {heads['num_attention_heads']} is not a multiple of "
+                           f"num_key_value_heads {heads['num_key_value_heads']}; set both so that it is")
+    return shapes, dtype
+
+
+def build_tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32,
+                     shapes: dict[str, int] | None = None) -> torch.nn.Module:
+    """A randomly initialised tiny model (at `shapes`, where given); the same seed gives the same weights."""
+    config = tiny_config(model_type, shapes)
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
@@ -120,12 +158,15 @@ def _bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
-def save_tiny_model(model_type: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Build a tiny model and save it, with its byte tokenizer, to `out_dir`; returns the directory."""
+def save_tiny_model(model_type: str, out_dir: str | Path, seed: int = 0, overrides: dict[str, str] | None = None
+                    ) -> Path:
+    """Build a tiny model (`overrides`: `shape_settings`) and save it, with its byte tokenizer, to `out_dir`; returns
+    the directory."""
     from specter.models.integrity import check_finite
 
     out = Path(out_dir)
-    model = build_tiny_model(model_type, seed=seed)
+    shapes, dtype = shape_settings(model_type, overrides or {})
+    model = build_tiny_model(model_type, seed=seed, dtype=dtype, shapes=shapes)
     check_finite(model, f"tiny-{model_type}", "report this with the seed")  # a random init is finite: a guard
     model.save_pretrained(out)
     byte_tokenizer().save_pretrained(out)
