@@ -89,7 +89,8 @@ def shape_settings(model_type: str, overrides: dict[str, str]) -> tuple[dict[str
             dtype = dtypes[text]
             continue
         if key not in numeric:
-            raise SpecterError(f"--set {key}: not a setting of tiny-{model_type}; settings: dtype, {', '.join(numeric)}")
+            raise SpecterError(f"--set {key}: not a setting of tiny-{model_type}; settings: dtype, "
+                               f"{', '.join(numeric)}")
         try:
             value = int(text)
         except ValueError:

@@ -11,15 +11,15 @@ import pandas as pd
 from specter.errors import SpecterError
 from specter.io import atomic_write, atomic_write_text
 
-
 _UNCHECKED: set[str] = set()  # tables read without a checksum, warned of once a process
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """A table `write_table` wrote (CSV), checked before it is read, or one SpecterError naming the file, the line
     and the fix: bytes other than its checksum file says (`<table>.csv.sha256`; a table without one is read with a
-    warning that its completeness is unchecked), an empty file, a line with another number of fields than the header (a half line), a line given twice,
-    a TPOT that is not a positive finite number, another time that is negative or infinite."""
+    warning that its completeness is unchecked), an empty file, a line with another number of fields than the header
+    (a half line), a line given twice, a TPOT that is not a positive finite number, another time that is negative or
+    infinite."""
     import csv
     import hashlib
     import io

@@ -325,7 +325,8 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
                                      _number(row["pageable_gbps"], f"{where}.pageable_gbps", 1e-9, MAX_GBPS, origin)))
     points.sort(key=lambda p: p.size_bytes)
     if points:  # copies are priced from the points; the link's two figures are their largest size's, as measured
-        for key, value in (("h2d_pinned_gbps", points[-1].pinned_gbps), ("h2d_pageable_gbps", points[-1].pageable_gbps)):
+        largest = points[-1]
+        for key, value in (("h2d_pinned_gbps", largest.pinned_gbps), ("h2d_pageable_gbps", largest.pageable_gbps)):
             if not math.isclose(values["link"][key], value, rel_tol=1e-3):
                 raise SpecterError(
                     f"hardware profile {origin}: link.{key} is {values['link'][key]:g}, and its largest measured "
