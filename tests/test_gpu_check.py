@@ -1,6 +1,6 @@
 """`.ci/gpu-check`, the one script a GPU machine runs, run here as it is written: its own command lines, with its
 Mixtral-shaped build flags (`build-model tiny-mixtral --set hidden_size=... --set dtype=...`) at a reduced size, on the
-CPU as device. What its CPU rehearsal never passed (its GPU-shape flags) is what failed on a GPU first."""
+CPU as device, so that the lines a GPU machine runs are lines the tests ran."""
 
 from __future__ import annotations
 

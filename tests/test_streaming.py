@@ -5,6 +5,7 @@ bytes once (peak resident memory, measured in a fresh process)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -302,3 +303,35 @@ def test_the_disk_tier_keeps_the_experts_out_of_anonymous_memory(large, tiny_dir
     for name in ("build", "mapped"):
         assert measured[name]["on_disk"].startswith(str(tmp_path / "cache" / "expert-rows")), measured[name]
         assert measured[name]["anon"] < 0.25 * experts, (name, measured[name]["anon"] / 2**20, experts / 2**20)
+
+
+def test_a_sharded_checkpoint_is_read_from_the_shards_its_index_lists_and_nothing_beside_them(tiny_dirs, tmp_path):
+    """A checkpoint as Mistral publishes one: shards, their index, and a `consolidated.safetensors` beside them that
+    the index does not list (here of other values). Every loader reads the shards (as transformers does): the
+    streamed model is the model transformers loads from the same folder, and the model's hash is that of its shards."""
+    from safetensors.torch import load_file, save_file
+
+    from specter.models.integrity import model_hash, weight_files
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dirs["mixtral"], model)
+    tensors = load_file(str(model / "model.safetensors"))
+    (model / "model.safetensors").unlink()
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, part in halves.items():
+        save_file({n: tensors[n] for n in part}, str(model / file), metadata={"format": "pt"})
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f for f, part in halves.items() for n in part}}))
+    sharded_hash = model_hash(model)
+    save_file({n: torch.randn_like(t) if t.is_floating_point() else t for n, t in tensors.items()},
+              str(model / "consolidated.safetensors"), metadata={"format": "pt"})
+    assert [f.name for f in weight_files(model)] == sorted(halves)
+    assert model_hash(model) == sharded_hash
+    loaded = load_moe_model(str(model), dtype=torch.float32)
+    streamed = stream_moe_model(str(model), torch.float32)
+    want, got = loaded.model.state_dict(), streamed.model.state_dict()
+    assert set(want) == set(got) and all(torch.equal(want[n], got[n]) for n in want)
+    original = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32).model.state_dict()
+    assert all(torch.equal(original[n], got[n]) for n in original)

@@ -21,9 +21,41 @@ CARD = "model_card.json"
 
 
 def model_hash(model_dir: str | Path) -> str:
-    """sha256 over config.json and every weight file's bytes (sorted by name): the target's identity."""
+    """sha256 over config.json and the bytes of every weights file its loaders read (sorted by name): the target's
+    identity."""
     root = Path(model_dir)
-    return files_sha256([root / "config.json", *sorted(root.glob("*.safetensors")), *sorted(root.glob("*.bin"))])
+    return files_sha256([root / "config.json", *weight_files(root), *sorted(root.glob("*.bin"))])
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files a checkpoint's weights are read from, chosen as transformers chooses them, so that every
+    loader of the suite reads the same tensors: `model.safetensors` where there is one, else the shards that
+    `model.safetensors.index.json` lists, else every `*.safetensors` file. A file the index does not list is not read
+    (a checkpoint published with a `consolidated.safetensors` beside its shards, as Mistral's are). Refused, naming the
+    file: an index that maps no tensor to a file, a shard it lists that is missing, and a `model.safetensors` beside
+    an index that does not list it (transformers would read that file and ignore the index)."""
+    index = path / "model.safetensors.index.json"
+    single = path / "model.safetensors"
+    if not index.is_file():
+        return [single] if single.is_file() else sorted(path.glob("*.safetensors"))
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        shards = sorted(set(weight_map.values()))
+        if not shards or not all(isinstance(s, str) and s and Path(s).name == s for s in shards):
+            raise ValueError("no shards")
+    except (OSError, ValueError, AttributeError, TypeError):
+        raise SpecterError(f"the checkpoint in {str(path)!r}: {index.name} is not an index of its weights (it maps "
+                           "no tensor to a file); restore it from the checkpoint's source") from None
+    if single.is_file() and single.name not in shards:
+        raise SpecterError(f"the checkpoint in {str(path)!r} holds {single.name}, which {index.name} does not list "
+                           "(a file of another checkpoint or an older copy, which transformers reads instead of the "
+                           "shards): remove it, or restore the index")
+    gone = [s for s in shards if not (path / s).is_file()]
+    if gone:
+        more = f" and {len(gone) - 1} more shard(s)" if len(gone) > 1 else ""
+        raise SpecterError(f"the checkpoint in {str(path)!r} lacks {gone[0]}{more}, which {index.name} lists; copy "
+                           "or re-download the missing shard(s)")
+    return [path / s for s in shards]
 
 
 _FINITE_CHUNK = 1 << 20  # elements checked at a time: a check's temporaries stay a few MB, whatever the tensor

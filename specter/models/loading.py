@@ -17,7 +17,7 @@ from transformers.utils import logging as hf_logging
 from specter.errors import SpecterError
 from specter.models.adapter import ARCHITECTURES, MoEModel, supported_list
 from specter.models.config_check import EXPERT_KEYS, check_config
-from specter.models.integrity import check_card, check_finite
+from specter.models.integrity import check_card, check_finite, weight_files
 
 
 def read_model_config(path: str | Path) -> dict:
@@ -96,28 +96,8 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
 
 
 def check_shards(path: Path) -> None:
-    """Refuse a checkpoint that lacks a weights file its index (`model.safetensors.index.json`) lists, naming it."""
-    index = path / "model.safetensors.index.json"
-    if not index.is_file():
-        return
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        shards = sorted(set(weight_map.values()))
-        if not shards or not all(isinstance(s, str) for s in shards):
-            raise ValueError("no shards")
-    except (OSError, ValueError, AttributeError, TypeError):
-        raise SpecterError(f"the checkpoint in {str(path)!r}: {index.name} is not an index of its weights (it maps "
-                           "no tensor to a file); restore it from the checkpoint's source") from None
-    gone = [s for s in shards if not (path / s).is_file()]
-    if gone:
-        more = f" and {len(gone) - 1} more shard(s)" if len(gone) > 1 else ""
-        raise SpecterError(f"the checkpoint in {str(path)!r} lacks {gone[0]}{more}, which {index.name} lists; copy "
-                           "or re-download the missing shard(s)")
-    stale = sorted(p.name for p in path.glob("*.safetensors") if p.name not in shards)
-    if stale:
-        raise SpecterError(f"the checkpoint in {str(path)!r} holds {stale[0]}, which {index.name} does not list (a "
-                           "file of another checkpoint or an older copy, whose tensors a loader may read instead): "
-                           "remove it, or restore the index")
+    """Refuse a checkpoint whose weights files cannot be chosen (`weight_files`), naming the file."""
+    weight_files(path)
 
 
 #: safetensors' dtypes that are not floating point
@@ -135,7 +115,7 @@ def integer_weight(name: str, dtype: str) -> bool:
 def check_weight_dtypes(path: Path) -> None:
     """Refuse, naming the tensor, a checkpoint with a plain weight stored as integers (`integer_weight`), from its
     safetensors headers alone (a header the loader cannot read is the loader's to report)."""
-    for file in sorted(path.glob("*.safetensors")):
+    for file in weight_files(path):
         try:
             with open(file, "rb") as f:
                 length = int.from_bytes(f.read(8), "little")
@@ -172,7 +152,7 @@ def _check_loaded_all(path: Path, info: dict) -> None:
         from safetensors import safe_open
 
         held = set()
-        for file in sorted(path.glob("*.safetensors")):
+        for file in weight_files(path):
             with safe_open(str(file), "pt") as f:
                 held |= {int(k.split(".")[2]) for k in f.keys() if k.startswith("model.layers.")
                          and k.split(".")[2].isdigit()}
@@ -188,7 +168,7 @@ def _unreadable_weights(path: Path) -> Path | None:
     """The first weights file of a checkpoint whose safetensors header or tensors cannot be read, if any."""
     from safetensors import safe_open
 
-    for file in sorted(path.glob("*.safetensors")):
+    for file in weight_files(path):
         try:
             with safe_open(str(file), "pt") as f:
                 for key in f.keys():

@@ -61,7 +61,7 @@ from specter.models.disk_tier import (
     tier_problem,
     write_manifest,
 )
-from specter.models.integrity import check_card, first_nonfinite
+from specter.models.integrity import check_card, first_nonfinite, weight_files
 from specter.models.loading import _check_loaded_all, check_shards, check_weight_dtypes, read_model_config
 from specter.models.trees import experts_path
 from specter.progress import log
@@ -88,8 +88,9 @@ class TensorEntry:
 
 
 def read_headers(path: Path) -> dict[str, TensorEntry]:
-    """Every tensor of the checkpoint in `path`, from the headers of its *.safetensors files (no data read)."""
-    files = sorted(path.glob("*.safetensors"))
+    """Every tensor of the checkpoint in `path`, from the headers of its weights files (`loading.weight_files`: the
+    index's shards where it has one; no data read)."""
+    files = weight_files(path)
     if not files:
         raise SpecterError(f"{str(path)!r} holds no *.safetensors weights; rebuild or re-download the checkpoint")
     entries: dict[str, TensorEntry] = {}
