@@ -138,17 +138,32 @@ def test_a_live_run_that_does_not_fit_the_device_is_refused_before_anything_is_a
 
 
 class _Cudart:
-    """Stands in for `torch.cuda.cudart()`: records each registration, answers `error` to it."""
+    """Stands in for `torch.cuda.cudart()` as CUDA behaves: records each call, refuses memory registered already
+    (712) or not registered (713), answers `error` to a registration, and keeps the last error set, as PyTorch's next
+    kernel launch would find it (`last`), until it is cleared."""
 
-    def __init__(self, error: int = 0) -> None:
-        self.registered, self.unregistered, self.error = [], [], error
+    def __init__(self, error: int = 0, refuse_unregister: int = 0) -> None:
+        self.registered, self.unregistered, self.error, self.refuse = [], [], error, refuse_unregister
+        self.regions: dict[int, int] = {}
+        self.last = 0
 
     def cudaHostRegister(self, address, nbytes, flags):  # noqa: N802 (CUDA's name)
         self.registered.append((address, nbytes, flags))
-        return self.error
+        if any(a < address + nbytes and address < a + n for a, n in self.regions.items()):
+            self.last = 712
+        elif self.error:
+            self.last = self.error
+        else:
+            self.regions[address] = nbytes
+            return 0
+        return self.last
 
     def cudaHostUnregister(self, address):  # noqa: N802
         self.unregistered.append(address)
+        if self.refuse or address not in self.regions:
+            self.last = self.refuse or 713
+            return self.last
+        del self.regions[address]
         return 0
 
 
@@ -175,6 +190,58 @@ def test_the_store_is_page_locked_where_it_lies(tiny_dirs, monkeypatch):
     monkeypatch.setattr(torch.cuda, "cudart", lambda: _Cudart(error=2))
     with pytest.raises(SpecterError, match=r"cudaHostRegister of .* GB of experts failed \(CUDA error 2\).*ulimit -l"):
         ExpertStore(target, pin=True, dtype=torch.float32)
+
+
+def test_page_locking_is_held_by_every_store_over_the_rows_and_its_errors_are_cleared_and_said(tiny_dirs, monkeypatch,
+                                                                                             capsys):
+    """Two stores over the same rows (a sweep's next system adopting the model's rows): the rows are registered once
+    and stay page-locked until the last store goes, and no CUDA error is left set for the next kernel to raise (a
+    second registration answers 712, and the first store's going unregistered the second's memory). A registration
+    refused midway leaves nothing registered and the store unpinned; memory other code registered is one line; a
+    refused unregistration is said in one warning."""
+    from specter import progress
+    from specter.offload import store as stores
+
+    cudart = _Cudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(stores, "clear_cuda_error", lambda: setattr(cudart, "last", 0))
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    first = ExpertStore(target, pin=True, dtype=torch.float32, share=True)
+    second = ExpertStore(target, pin=True, dtype=torch.float32, share=True)
+    rows = {r.data_ptr(): r.numel() * r.element_size() for r in second.layers.values()}
+    assert second.pinned and len(cudart.registered) == len(rows) and cudart.regions == rows and cudart.last == 0
+    del first
+    gc.collect()
+    assert cudart.regions == rows and cudart.unregistered == []  # the second store's rows stay page-locked
+    del second
+    gc.collect()
+    assert cudart.regions == {} and sorted(cudart.unregistered) == sorted(rows) and cudart.last == 0
+
+    class Midway(_Cudart):
+        def cudaHostRegister(self, address, nbytes, flags):  # noqa: N802
+            self.error = 2 if self.regions else 0  # the second layer is refused
+            return super().cudaHostRegister(address, nbytes, flags)
+
+    cudart = Midway()
+    with pytest.raises(SpecterError, match=r"CUDA error 2"):
+        ExpertStore(target, pin=True, dtype=torch.float32, share=True)
+    assert cudart.regions == {} and cudart.last == 0 and stores._REGISTERED == {}
+
+    cudart = _Cudart()
+    layer = ExpertStore(target, dtype=torch.float32, share=True).layers[target.moe_layers[0].layer_index]
+    cudart.regions[layer.data_ptr()] = 64  # registered by some other code
+    with pytest.raises(SpecterError, match=r"page-locked already, by code other than the suite's store"):
+        ExpertStore(target, pin=True, dtype=torch.float32, share=True)
+    assert cudart.last == 0 and stores._REGISTERED == {}
+
+    cudart = _Cudart(refuse_unregister=1)
+    progress.configure()
+    capsys.readouterr()
+    store = ExpertStore(target, pin=True, dtype=torch.float32, share=True)
+    del store
+    gc.collect()
+    err = capsys.readouterr().err
+    assert err.count("cudaHostUnregister refused") == 1 and "CUDA error 1" in err and cudart.last == 0
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3"])

@@ -26,25 +26,83 @@ WEIGHT_DTYPE = torch.float16  # the paper's targets run in FP16/BF16 (offload/wo
 HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 
-def pin_in_place(t: torch.Tensor) -> int | None:
-    """Page-lock the host memory of the contiguous tensor `t` where it lies (`cudaHostRegister`, default flags);
-    returns its address for `unpin`, or None where an earlier store registered it already (that one unregisters
-    it)."""
+CUDART_UNLOADING = 4  # cudaErrorCudartUnloading: the process is ending, and CUDA has let go of everything
+
+#: what this process has page-locked through `pin_in_place`: address -> [bytes, holders]. A second store over the
+#: same rows (a sweep's next system adopting the model's rows) holds them too instead of registering them again:
+#: CUDA refuses a second registration, and the first store's going would unregister memory the second calls pinned.
+_REGISTERED: dict[int, list[int]] = {}
+
+
+def _cudart():
+    return torch.cuda.cudart()
+
+
+def clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error after a runtime call that failed and was handled. PyTorch checks
+    `cudaGetLastError` after every kernel launch, so an error left set (a refused `cudaHostRegister`) would be raised
+    by the next, unrelated kernel. PyTorch binds no `cudaGetLastError`: it is called in the runtime library PyTorch
+    has loaded (found by name, never loaded anew)."""
+    import ctypes
+    import os
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"):
+        try:
+            library = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        library.cudaGetLastError()
+        return
+
+
+def pin_in_place(t: torch.Tensor) -> int:
+    """Page-lock the host memory of the contiguous tensor `t` where it lies (`cudaHostRegister`, default flags), or
+    hold it where this process has page-locked it already; returns its address for `unpin`. One SpecterError where
+    CUDA refuses (too much locked memory, or memory some other code registered)."""
     if not t.is_contiguous() or t.device.type != "cpu":
         raise ValueError("pin_in_place takes a contiguous host tensor")
-    nbytes = t.numel() * t.element_size()
-    err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0))
-    if err not in (0, HOST_MEMORY_ALREADY_REGISTERED):
+    address, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    held = _REGISTERED.get(address)
+    if held is not None and held[0] == nbytes:
+        held[1] += 1
+        return address
+    err = int(_cudart().cudaHostRegister(address, nbytes, 0))
+    if err:
+        clear_cuda_error()
+        if err == HOST_MEMORY_ALREADY_REGISTERED:
+            raise SpecterError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB of experts: that memory is page-locked "
+                               "already, by code other than the suite's store (CUDA error 712); run the suite in a "
+                               "process of its own")
         raise SpecterError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB of experts failed (CUDA error {err}); the host "
                            "cannot page-lock that much memory: raise the locked-memory limit (ulimit -l) or run with "
                            "fewer experts on the host")
-    return None if err == HOST_MEMORY_ALREADY_REGISTERED else t.data_ptr()
+    _REGISTERED[address] = [nbytes, 1]
+    return address
 
 
 def unpin(addresses: list[int]) -> None:
-    """Unregister what `pin_in_place` registered (errors ignored: the memory may be gone already)."""
+    """Let go of what `pin_in_place` returned: memory no other store holds is unregistered. An unregistration CUDA
+    refuses is said in one warning (the memory stays page-locked until the process ends); none is said while the
+    process ends (CUDA has let go of everything then)."""
+    from specter.progress import log
+
+    failed = []
     for address in addresses:
-        torch.cuda.cudart().cudaHostUnregister(address)
+        held = _REGISTERED.get(address)
+        if held is None:
+            continue
+        held[1] -= 1
+        if held[1] > 0:
+            continue
+        del _REGISTERED[address]
+        err = int(_cudart().cudaHostUnregister(address))
+        if err:
+            clear_cuda_error()
+            if err != CUDART_UNLOADING:
+                failed.append(f"{held[0] / 1e9:.2f} GB at {address:#x} (CUDA error {err})")
+    if failed:
+        log.warning("warning: cudaHostUnregister refused %d of the expert store's layers (%s); that memory stays "
+                    "page-locked until the process ends", len(failed), failed[0])
 
 
 @dataclass(frozen=True)
@@ -116,11 +174,11 @@ class ExpertStore:
         registered = []
         try:
             for rows in self.layers.values():
-                address = pin_in_place(rows)
-                if address is not None:
-                    registered.append(address)
-        finally:
-            self._unpin = weakref.finalize(self, unpin, registered)
+                registered.append(pin_in_place(rows))
+        except BaseException:
+            unpin(registered)  # a store is pinned whole or not at all
+            raise
+        self._unpin = weakref.finalize(self, unpin, registered)
         self.pinned = True
 
     def _rows_of(self, layer, dtype: torch.dtype) -> torch.Tensor | None:
