@@ -473,3 +473,34 @@ def test_the_breakdown_partitions_time_by_what_runs_at_each_instant():
         got, want = breakdown(spans, 1.0, 9.0), _breakdown_by_instants(spans, 1.0, 9.0)
         assert got == pytest.approx(want, abs=1e-12)
         assert sum(got.values()) == pytest.approx(8.0)
+
+
+def test_every_cuda_engine_of_a_process_launches_on_one_pair_of_streams(monkeypatch):
+    """A live run makes an engine per decode (the warm-up's, then each timed prompt's): they share the compute and
+    copy streams made once, so the caching allocator's blocks the warm-up freed serve the timed runs (a stream's
+    freed blocks are kept for that stream). Stand-ins for CUDA's streams and events count what is made."""
+    from specter.timing import cuda
+
+    made = []
+
+    class Stream:
+        def __init__(self, device):
+            made.append(device)
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+    monkeypatch.setattr(cuda, "_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    engines = [cuda.CudaEngine(between_ops=True) for _ in range(4)]
+    assert len(made) == 2
+    assert all(e._streams is engines[0]._streams for e in engines)
+    assert engines[0]._streams[COMPUTE] is not engines[0]._streams[H2D]
