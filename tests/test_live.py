@@ -278,3 +278,32 @@ def test_a_session_counts_a_models_kernels_once(tiny_dirs, rtn_drafts, tmp_path,
     again = prepare(spec(**{**request, "k": 2}, engine="live"), session)
     assert len(calls) == 1 and first.work.kernels == again.work.kernels
     assert first.work.kernels.source.startswith("counted")
+
+
+def test_a_sweep_gives_back_each_systems_device_memory_before_the_next_builds_its_own(tiny_dirs, rtn_drafts, tmp_path,
+                                                                                      monkeypatch):
+    """A live sweep of three systems: when each runtime is built, every earlier one has given back its slots, staging
+    buffers and device trees (on a GPU the memory check of the second or third system counted the first's still
+    held). Counted on the CPU as device: the bytes of device tensors the earlier runtimes still hold."""
+    import weakref
+
+    from specter.offload.live import LiveRuntime
+    from specter.runs import sweep
+
+    built, held_then = [], []
+    init = LiveRuntime.__init__
+
+    def counting(self, *args, **kwargs):
+        held_then.append(sum(sum(t.numel() for t in r.slots.values()) + (r.staging is not None)
+                             for r in (ref() for ref in built) if r is not None))
+        init(self, *args, **kwargs)
+        built.append(weakref.ref(self))
+
+    monkeypatch.setattr(LiveRuntime, "__init__", counting)
+    systems = ["on-demand", "mixtral-offloading", "specter"]
+    specs = [spec(**_request(tiny_dirs, rtn_drafts, "mixtral", s, tmp_path, engine="live", out=None))
+             for s in systems]
+    records = sweep(specs, tmp_path / "runs.jsonl", progress=False)
+    assert [r.system for r in records] == systems and len(built) == 3
+    assert held_then == [0, 0, 0]
+    assert all(r() is None or (r().slots == {} and r().model is None) for r in built)

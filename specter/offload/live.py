@@ -131,6 +131,16 @@ class LiveRuntime(ExpertSlots):
         # the MoE layer being computed: (hidden [T, H], top-k index [T, k], top-k weights [T, k], {expert: output})
         self._call: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict] | None = None
 
+    def release(self) -> None:
+        """Give back what the runtime holds on its device (the slots, staging buffers, the trees' copies, the KV
+        caches) before another runtime is built: a sweep's next system checks the device's free memory against its
+        own needs. On a GPU the caching allocator's freed blocks go back to the device too."""
+        self.model = self.draft_model = self.cache = self.draft_cache = self._call = None
+        self.slots, self.staging = {}, None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
     @staticmethod
     def device_bytes(trees: list[torch.nn.Module], work: ModelWork, store: ExpertStore, slots_per_layer: int,
                      device: str, max_context: int, own_draft_kv: bool = False) -> dict[str, int]:

@@ -83,9 +83,14 @@ def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = T
         prepared.device = MEASURED[spec.engine].runtime(prepared, session)
         prepared.common = MEASURED[spec.engine].measured_fields(prepared)
     timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
-    return [run_prompt(prepared, index, prompt, repeat) for index, prompt in
-            enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)
-            for repeat in range(timed)]
+    try:
+        return [run_prompt(prepared, index, prompt, repeat) for index, prompt in
+                enumerate(steps(prepared.prompts, spec.system, unit="prompt") if progress else prepared.prompts)
+                for repeat in range(timed)]
+    finally:
+        if prepared.device is not None:  # the device's memory back before the next run builds its runtime
+            prepared.device.release()
+            prepared.device = None
 
 
 def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedRun:
