@@ -307,3 +307,25 @@ def test_a_sweep_gives_back_each_systems_device_memory_before_the_next_builds_it
     assert [r.system for r in records] == systems and len(built) == 3
     assert held_then == [0, 0, 0]
     assert all(r() is None or (r().slots == {} and r().model is None) for r in built)
+
+
+def test_a_live_run_decodes_at_the_checkpoints_own_dtype_and_a_simulation_at_float32_unless_told(tmp_path):
+    """No --dtype: a live run loads a bfloat16 checkpoint at bfloat16 (its users' precision, and what fits their
+    card), a simulation records at float32; --dtype wins over both. Three timed repeats of a live prompt unless
+    told (the artifact's protocol), one of a simulated prompt (the others would be identical: the record says so)."""
+    from specter.models.tiny import save_tiny_model
+    from specter.runs import run
+
+    model = save_tiny_model("mixtral", tmp_path / "bf16", overrides={"dtype": "bfloat16"})
+    common = dict(system="on-demand", model=str(model), dataset="code", hardware="a100-40gb-pcie4", num_prompts=1,
+                  prefix_tokens=8, max_new_tokens=4, resident_per_layer=2, warmup_prompts=1)
+    live = run(spec(**common, engine="live", out=str(tmp_path / "live.jsonl")), progress=False)
+    assert {r.config["dtype"] for r in live} == {"bfloat16"} and len(live) == 3
+    assert [r.extra["repeat"] for r in live] == [0, 1, 2]
+    simulated = run(spec(**common, out=str(tmp_path / "sim.jsonl")), progress=False)
+    assert [r.config["dtype"] for r in simulated] == ["float32"]
+    assert simulated[0].extra["repeats"] == {"asked": 3, "timed": 1, "collapsed": (
+        "simulated time is deterministic: every repeat would be the same")}
+    told = run(spec(**common, engine="live", dtype="float32", repeats=1, out=str(tmp_path / "told.jsonl")),
+               progress=False)
+    assert [r.config["dtype"] for r in told] == ["float32"]

@@ -12,6 +12,23 @@ from specter.errors import SpecterError
 from specter.runspec import RunSpec, check_positions
 
 
+def with_dtype(spec: RunSpec) -> RunSpec:
+    """`spec` with its numerics' dtype resolved where it gives none: the checkpoint's own (config.json's `dtype`, or
+    `torch_dtype`) for a live run, which measures the model as its users run it (Mixtral in bfloat16 fits where in
+    float32 it does not); float32 for a simulation, whose recorded numerics every committed result used."""
+    if spec.dtype is not None:
+        return spec
+    from specter.models.loading import read_model_config
+    from specter.runspec import DTYPES
+
+    dtype = "float32"
+    if spec.engine == "live":
+        config = read_model_config(spec.model)
+        own = config.get("dtype") or config.get("torch_dtype")
+        dtype = own if own in DTYPES else "float32"
+    return replace(spec, dtype=dtype)
+
+
 def validate(spec: RunSpec, structures: dict | None = None):
     """Every check of `spec` that needs no model weights; returns (the system, the hardware profile).
 

@@ -22,7 +22,7 @@ from specter.offload.work import ModelWork
 from specter.progress import log, steps
 from specter.records import record_of, run_fields, write_records
 from specter.runs import live as on_live
-from specter.runs.checks import validate
+from specter.runs.checks import validate, with_dtype
 from specter.runspec import PROFILE_KS, RunSpec, Window
 from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
@@ -71,7 +71,7 @@ def execute(spec: RunSpec, session: Session | None = None, progress: bool = True
     target's decode to compute with every trace from now on (a sweep names those of all its systems, so a trace is
     decoded once for all of them, not again when a later system needs more)."""
     session = session or Session()
-    prepared = prepare(spec, session, recorders)
+    prepared = prepare(with_dtype(spec), session, recorders)
     walk_windows([prepared])
     return schedule_prompts(prepared, session, progress)
 
@@ -96,6 +96,7 @@ def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = T
 def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedRun:
     from specter.data.prompts import load_prompts
 
+    spec = with_dtype(spec)
     system, profile = validate(spec, session.structures)
     tokenizer = session.tokenizer(spec.model)
     prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)

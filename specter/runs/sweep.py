@@ -12,7 +12,7 @@ from specter.errors import BudgetError, SpecterError
 from specter.metrics import RunRecord
 from specter.progress import log, phase
 from specter.records import write_records
-from specter.runs.checks import validate
+from specter.runs.checks import validate, with_dtype
 from specter.runs.execute import prepare, run, schedule_prompts, walk_windows
 from specter.runspec import SWEEP_AXES, Arm, RunSpec, Window
 from specter.session import Session
@@ -80,6 +80,7 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     from specter.numerics.memo import save_memo
 
     session = session or Session()
+    specs = [with_dtype(spec) for spec in specs]
     recorders = []  # every system's extra numerics, computed with each trace's first decode
     for spec in specs:
         system, _ = validate(spec, session.structures)
@@ -114,7 +115,7 @@ def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Ses
     link bytes."""
     if len(set(systems)) != len(systems):
         raise SpecterError(f"--systems lists a system twice: {systems}")
-    specs = [replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl")) for name in systems]
+    specs = [with_dtype(replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl"))) for name in systems]
     session = session or Session()
     for spec in specs:  # every name is checked before anything runs
         validate(spec, session.structures)

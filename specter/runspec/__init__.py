@@ -144,7 +144,7 @@ class RunSpec:
         "--temperature", "0 = greedy; above 0, sampling at this temperature with rejection sampling (drawn live, "
                          "not replayed from a memo)", float, sweep=True, metavar="T"))
     seed: int = setting(default=42, metadata=_flag("--seed", "seed (the artifact's is 42)", int, metavar="S"))
-    repeats: int = setting(default=1, metadata=_flag(
+    repeats: int = setting(default=3, metadata=_flag(
         "--repeats", "timed runs of each prompt (the artifact's protocol and the workflow's: 3): with --engine live "
                      "each repeat is timed from the same cache state and recorded (extra.repeat); under --engine sim "
                      "every repeat would be identical, so each prompt runs once and its record says so "
@@ -174,8 +174,9 @@ class RunSpec:
                         "exceeds the memory available: MemAvailable, or the cgroup's limit where lower; else "
                         "memory); records say which",
         choices=HOST_STORES))
-    dtype: str = setting(default="float32", metadata=_flag(
-        "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it): "
+    dtype: str | None = setting(default=None, metadata=_flag(
+        "--dtype", "precision of the numerics (the target's and the draft's forwards; the model is loaded at it); "
+                   "default: the checkpoint's own (config.json's dtype) for --engine live, float32 for a simulation; "
                    "float32 is what every committed result used; bfloat16 or float16 halve the memory of a large "
                    "checkpoint, and a verification that flips a near-tie is then recorded in extra.near_ties and the "
                    "run goes on (at float32 it stops the run; a memo of another precision is refused)", choices=DTYPES))
