@@ -260,3 +260,17 @@ def test_every_source_the_presets_and_baselines_cite_resolves_to_a_file_in_the_r
     for name in ("a100-40gb-pcie4", "h100-pcie5", "t4-pcie3"):
         sources = yaml.safe_load((ROOT / "specter" / "presets" / "hardware" / f"{name}.yaml").read_text())["sources"]
         assert "ASSUMED" in sources["host.dispatch_us"] and "docs/references.md" in sources["host.dispatch_us"]
+
+
+GPU_FIT_TABLE = re.compile(r"<!-- plan-memory: begin [^\n]*-->\n(.*?)<!-- plan-memory: end -->", flags=re.S)
+
+
+def test_docs_gpu_fit_table_is_the_memory_plans_own_output(capsys):
+    """docs/gpu.md's table of which card holds which model is what `specter plan-memory --markdown` prints: the memory
+    plan every run makes, never a table kept by hand."""
+    from specter.cli import main
+
+    blocks = GPU_FIT_TABLE.findall((ROOT / "docs" / "gpu.md").read_text())
+    assert len(blocks) == 1, "docs/gpu.md needs one block between <!-- plan-memory: begin ... --> and its end"
+    assert main(["plan-memory", "--markdown"]) == 0
+    assert blocks[0] == capsys.readouterr().out, "regenerate it: specter plan-memory --markdown"

@@ -22,6 +22,7 @@ from specter.cli.commands import (
     cmd_hardware,
     cmd_inspect,
     cmd_models,
+    cmd_plan_memory,
     cmd_plot,
     cmd_profile_bandwidth,
     cmd_quantize,
@@ -38,6 +39,7 @@ EXAMPLES = {
     "systems": "specter systems",
     "architectures": "specter architectures mixtral-8x7b",
     "inspect": "specter inspect results/models/smollm2-moe --json",
+    "plan-memory": "specter plan-memory mixtral-8x7b --hardware h100-pcie5 --context 2048",
     "build-model": "specter build-model smollm2-moe --out results/models/smollm2-moe --threads 1\n"
                    "specter build-model tiny-mixtral --out /tmp/tiny-mixtral",
     "quantize": "specter quantize --model results/models/smollm2-moe --method gptq --bits 4 --group-size 64 "
@@ -105,6 +107,22 @@ def _model_commands(sub) -> None:
     p.add_argument("architectures", nargs="*", metavar="NAME|FILE", help="shipped names or config.json paths "
                                                                           "(default: every shipped one)")
     p.set_defaults(func=cmd_architectures)
+
+    p = sub.add_parser("plan-memory", help="which card holds which published model, at how many expert slots per "
+                                           "MoE layer, for a system without a draft and for Specter (the memory "
+                                           "plan every run makes, the whole device its budget)")
+    p.add_argument("architectures", nargs="*", metavar="NAME|FILE", help="shipped names or config.json paths "
+                                                                          "(default: every shipped one)")
+    p.add_argument("--hardware", action="append", metavar="NAME|FILE",
+                   help="a hardware preset or profile; repeat for several (default: every preset)")
+    p.add_argument("--context", type=_count(1, 1 << 24), default=2048,
+                   help="positions the KV cache holds, prompt and output (default 2048); the window adds --k")
+    p.add_argument("--k", type=_count(1, 1024), default=8, help="the draft window's positions (default 8)")
+    p.add_argument("--draft-bits", type=int, choices=(2, 3, 4, 8), default=4,
+                   help="the draft's bits (default 4, the paper's GPTQ INT4)")
+    p.add_argument("--group-size", type=_count(16, 1 << 20), default=128, help="the draft's group size (default 128)")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/gpu.md holds one)")
+    p.set_defaults(func=cmd_plan_memory)
 
     p = sub.add_parser("inspect", help="layers, experts, top-k and bytes of a local checkpoint (no weights are read)")
     p.add_argument("model_dir", metavar="DIR", help="a checkpoint directory written by save_pretrained")

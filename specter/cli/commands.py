@@ -59,6 +59,37 @@ def cmd_architectures(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan_memory(args: argparse.Namespace) -> int:
+    from specter.models.architectures import architecture_names, load_architecture
+    from specter.offload.memory import device_fits
+    from specter.offload.work import ModelWork
+    from specter.timing import load_profile, preset_names
+
+    profiles = [load_profile(name) for name in (args.hardware or preset_names())]
+    rows = []
+    for name in args.architectures or architecture_names():
+        arch = load_architecture(name)
+        work = ModelWork.of(arch.meta_model())  # at 2 bytes a weight: bfloat16 or float16, as a GPU runs it
+        for profile in profiles:
+            for fit in device_fits(work, profile.device_memory_bytes, args.context + args.k,
+                                   work.quantized_expert_bytes(args.draft_bits, args.group_size)):
+                rows.append((arch.name, profile.name, f"{profile.device_memory_bytes / 1e9:g}", fit.system,
+                             f"{fit.resident_bytes / 1e9:.1f}",
+                             f"{fit.slots_per_layer} of {fit.experts_per_layer}" if fit.slots_per_layer
+                             else "does not fit"))
+    header = ("model", "hardware", "device GB", "system", "resident GB", "slots per MoE layer")
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join("---" for _ in header) + "|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+        for row in (header, *rows):
+            print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from specter.models.loading import describe_model
 

@@ -105,3 +105,33 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget_kind:
     fits = None if device_bytes is None else resident + slots * per_slot_row <= device_bytes
     return MemoryPlan(slots_per_layer=slots, expert_slot_bytes=slots * per_slot_row, budget_bytes=budget_bytes,
                       fits_device=fits, **plan)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether a model runs on a device, for one kind of system: the slots per MoE layer its memory plan leaves when
+    the whole device is the budget (0: the resident part and one slot per layer do not fit), and the resident part."""
+
+    system: str  # "on-demand" (no draft: every byte not resident is slots) or "specter" (its INT4 draft resident)
+    slots_per_layer: int
+    experts_per_layer: int
+    resident_bytes: int
+    device_bytes: int
+
+
+def device_fits(work: ModelWork, device_bytes: int, positions: int, draft_expert_bytes: int) -> list[Fit]:
+    """`plan_memory` with the device's whole memory as the budget (`--device-memory-gb` at the device's size), for a
+    system without a draft and for Specter with its draft's experts (`draft_expert_bytes` each) resident, over KV for
+    `positions` positions."""
+    fits = []
+    for system, draft in (("on-demand", 0),
+                          ("specter", draft_expert_bytes * len(work.moe_layers) * work.experts_per_layer)):
+        try:
+            plan = plan_memory(work, positions, draft, "gb", device_bytes / 1e9, device_bytes=device_bytes)
+            slots, resident = plan.slots_per_layer, plan.resident_bytes
+        except BudgetError:
+            slots = 0
+            resident = (work.non_expert_bytes() + draft + work.kv_bytes(positions)
+                        + STAGING_BUFFERS * work.expert_bytes)
+        fits.append(Fit(system, slots, work.experts_per_layer, resident, device_bytes))
+    return fits
