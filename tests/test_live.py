@@ -54,7 +54,7 @@ def test_every_system_decodes_live_and_commits_generates_greedy_tokens(arch, tin
                 reference = target.model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
                                                   eos_token_id=None, pad_token_id=target.config.pad_token_id
                                                   )[0, len(prompt):].tolist()
-        live, timeline = on_live.live_run(p, prompt, p.config, schedule)
+        live, timeline, _ = on_live.live_run(p, prompt, p.config, schedule)
         assert live.tokens == reference, (arch, system)
         assert timeline.spans and all(s.end >= s.start for s in timeline.spans)
         simulated, _ = schedule(p.system, on_live.timing.make_engine("sim", p.profile), p.work, p.service,
@@ -84,7 +84,7 @@ def test_a_draft_with_its_own_kv_drafts_live_what_the_simulator_drafts(tiny_dirs
     p.device = on_live.runtime(p, session)
     assert p.device.own_draft_kv
     prompt = p.prompts[0]
-    live, _ = on_live.live_run(p, prompt, p.config, schedule)
+    live, _, _ = on_live.live_run(p, prompt, p.config, schedule)
     simulated, _ = schedule(p.system, on_live.timing.make_engine("sim", p.profile), p.work, p.service,
                             p.service.trace(prompt, 24), p.config, p.cost, p.warmup, online=p.online)
     assert live.tokens == simulated.tokens
@@ -167,8 +167,8 @@ def test_live_records_say_measured_on_the_cpu_beside_the_simulated_twin(tiny_dir
         s = simulated[r.prompt_index]
         assert r.engine == "live" and not r.simulated and r.hardware.startswith("cpu")
         assert r.output_token_ids == s.output_token_ids
-        assert r.extra["live"] == {"device": "cpu", "tokens_as_recorded": True, "first_divergence": None,
-                                   "acceptance_as_twin": True}
+        assert r.extra["live"] == {"device": "cpu", "twin": "this live decode", "tokens_as_recorded": None,
+                                   "first_divergence": None, "acceptance_as_twin": None}
         assert r.extra["simulated_on"] == "a100-40gb-pcie4"
         # the twin prices what the live engine runs: float32 weights and the modules' counted kernels, so it takes
         # longer than the simulator's run of fused kernels at 2 bytes a weight, part by part
@@ -191,7 +191,8 @@ def test_sim_vs_measured_sets_each_part_beside_its_twin(tiny_dirs, rtn_drafts, t
 
     session = Session()
     records = [r.as_dict() for system in ("on-demand", "specter") for r in execute(spec(**_request(
-        tiny_dirs, rtn_drafts, "mixtral", system, tmp_path, num_prompts=2, engine="live")), session, progress=False)]
+        tiny_dirs, rtn_drafts, "mixtral", system, tmp_path, num_prompts=2, engine="live", repeats=1)), session,
+        progress=False)]
     table = experiment_table("sim_vs_measured", records)
     assert set(table["system"]) == {"on-demand", "specter"} and list(table["part"][:7]) == ["TPOT", *BREAKDOWN]
     assert table["measured_on"].str.startswith("measured on cpu").all() and not table["simulated"].any()
@@ -301,7 +302,7 @@ def test_a_sweep_gives_back_each_systems_device_memory_before_the_next_builds_it
 
     monkeypatch.setattr(LiveRuntime, "__init__", counting)
     systems = ["on-demand", "mixtral-offloading", "specter"]
-    specs = [spec(**_request(tiny_dirs, rtn_drafts, "mixtral", s, tmp_path, engine="live", out=None))
+    specs = [spec(**_request(tiny_dirs, rtn_drafts, "mixtral", s, tmp_path, engine="live", out=None, repeats=1))
              for s in systems]
     records = sweep(specs, tmp_path / "runs.jsonl", progress=False)
     assert [r.system for r in records] == systems and len(built) == 3
@@ -329,3 +330,33 @@ def test_a_live_run_decodes_at_the_checkpoints_own_dtype_and_a_simulation_at_flo
     told = run(spec(**common, engine="live", dtype="float32", repeats=1, out=str(tmp_path / "told.jsonl")),
                progress=False)
     assert [r.config["dtype"] for r in told] == ["float32"]
+
+
+def test_a_live_run_decodes_on_its_device_first_and_prices_its_twin_from_that_decode(tmp_path):
+    """A live sweep of a 4-layer Mixtral-class checkpoint in a fresh session: no forward of the CPU's numerics runs
+    (no trace, no window decoded beforehand: each twin is priced from the tokens, routes and windows its live run
+    committed), and every record still carries its twin (TPOT and parts). A system that reads the recorded decode
+    (Mixtral-Offloading's gate guesses) still decodes it on the CPU, and its record says so."""
+    from specter.models.tiny import save_tiny_model
+    from specter.quant.quantize import quantize_draft
+    from specter.runs import sweep
+
+    model = save_tiny_model("mixtral", tmp_path / "model", overrides={"num_hidden_layers": "4"})
+    quantize_draft(str(model), tmp_path / "draft", method="rtn", bits=4, group_size=32)
+    common = dict(model=str(model), draft=str(tmp_path / "draft"), dataset="code", hardware="a100-40gb-pcie4",
+                  num_prompts=1, prefix_tokens=16, max_new_tokens=NEW, resident_per_layer=2, k=3, engine="live",
+                  repeats=1, warmup_prompts=0, live_draft_kernel="packed")
+    session = Session()
+    records = sweep([spec(system=s, **common) for s in ("on-demand", "specter")], None, session=session,
+                    progress=False)
+    assert len(records) == 2 and all(service.forward_calls == 0 for _, service in session._targets.values())
+    for r in records:
+        assert r.extra["live_forwards"] == 0 and r.extra["live"]["twin"] == "this live decode"
+        assert r.extra["simulated_tpot_ms"] > 0 and sum(r.extra["simulated_breakdown_ms"].values()) > 0
+    simulation = {k: v for k, v in common.items() if k not in ("engine", "live_draft_kernel")}
+    sim = sweep([spec(system=s, **simulation) for s in ("on-demand", "specter")], None, session=Session(),
+                progress=False)
+    assert [r.output_token_ids for r in records] == [r.output_token_ids for r in sim]  # the target's own tokens
+    recorded = sweep([spec(system="mixtral-offloading", **common)], None, session=session, progress=False)
+    assert recorded[0].extra["live"]["twin"] == "the recorded decode (the CPU's)"
+    assert recorded[0].extra["live"]["tokens_as_recorded"] and recorded[0].extra["live_forwards"] > 0

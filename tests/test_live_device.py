@@ -258,9 +258,9 @@ def test_experts_computed_without_a_host_synchronization_decode_the_same(arch, s
     p = prepare(spec(**request), session)
     p.device = on_live.runtime(p, session)
     prompt = p.prompts[0]
-    gathered, _ = on_live.live_run(p, prompt, p.config, schedule)
+    gathered, _, _ = on_live.live_run(p, prompt, p.config, schedule)
     p.device.gathers = False
-    weighted, _ = on_live.live_run(p, prompt, p.config, schedule)
+    weighted, _, _ = on_live.live_run(p, prompt, p.config, schedule)
     assert weighted.tokens == gathered.tokens and weighted.accepted_lengths == gathered.accepted_lengths
     torch.testing.assert_close(weighted.executor.last_pass.logits, gathered.executor.last_pass.logits, rtol=1e-5,
                                atol=1e-5)
@@ -311,7 +311,7 @@ def test_the_live_engine_decodes_on_a_gpu(system, tiny_dirs, rtn_drafts, tmp_pat
     with torch.no_grad():
         reference = on_gpu.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW, do_sample=False,
                                     eos_token_id=None, pad_token_id=on_gpu.config.pad_token_id)[0, len(prompt):]
-    live, timeline = on_live.live_run(p, prompt, p.config, schedule)
+    live, timeline, _ = on_live.live_run(p, prompt, p.config, schedule)
     assert live.tokens == reference.tolist()
     assert all(b >= a for a, b in zip(live.commit_times, live.commit_times[1:]))
     assert timeline.busy_seconds("h2d") > 0 or system == "fiddler"

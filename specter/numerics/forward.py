@@ -180,10 +180,15 @@ class ForwardService:
         SpecMoEOff's) instead of reading the target's."""
         return self.windows([(trace, t, k)], own_kv)[0]
 
+    def window_key(self, own_kv: bool = False) -> str:
+        """What a trace's windows are memoized under (`PromptTrace.windows[(key, t)]`): the draft, and whether it
+        keeps a KV of its own."""
+        return self.draft_key + (":own-kv" if own_kv else "")
+
     def windows(self, requests: list[tuple[PromptTrace, int, int]], own_kv: bool = False) -> list[DraftWindow]:
         """The windows of `requests` (trace, rebase point t, at least k proposals), those not memoized computed
         together: one batch per draft step and one per verification length (`_compute`)."""
-        key = self.draft_key + (":own-kv" if own_kv else "")
+        key = self.window_key(own_kv)
         missing: dict[tuple[int, int], list] = {}
         for trace, t, k in requests:
             cached = trace.windows.get((key, t))
@@ -201,7 +206,7 @@ class ForwardService:
         every window memoized."""
         pending = [p for p in paths if not p.done]
         while pending:
-            key = self.draft_key + (":own-kv" if own_kv else "")
+            key = self.window_key(own_kv)
             need = []
             for path in pending:
                 while not path.done:
@@ -262,6 +267,39 @@ class ForwardService:
                 trace, t, _ = rows[b]
                 trace.windows[(key, t)] = DraftWindow(t, drafted[b], draft_routes[b], argmax[i], routes[i])
             start = end
+
+
+class LiveNumerics:
+    """The numerics one live decode computed, served to its simulated twin in place of the forward service's: the
+    prompt's trace is the live run's (its tokens, the prefill's and every step's routes) and each window is the one the
+    live draft proposed and the live target verified (`decode.py` keeps them on the trace as a recorded trace keeps
+    its own). Nothing is decoded again: a twin that asks for a window the live run did not visit is a bug, and says
+    so. Anything else (a warm-up's calibration prompts, the draft's key) comes from the run's forward service."""
+
+    def __init__(self, service: ForwardService, trace: PromptTrace) -> None:
+        self.service, self.live = service, trace
+
+    def __getattr__(self, name: str):
+        return getattr(self.service, name)
+
+    def trace(self, prompt: list[int], max_new_tokens: int, calibration: bool = False) -> PromptTrace:
+        if list(prompt) == self.live.prompt and not calibration:
+            return self.live
+        return self.service.trace(prompt, max_new_tokens, calibration)
+
+    def window(self, trace: PromptTrace, t: int, k: int, own_kv: bool = False) -> DraftWindow:
+        return self.windows([(trace, t, k)], own_kv)[0]
+
+    def windows(self, requests: list[tuple[PromptTrace, int, int]], own_kv: bool = False) -> list[DraftWindow]:
+        key = self.service.window_key(own_kv)
+        out = []
+        for trace, t, k in requests:
+            window = trace.windows.get((key, t)) if trace is self.live else None
+            if window is None or window.kmax < k:
+                raise RuntimeError(f"the twin of a live run asked for a window of {k} at position {t} that the live "
+                                   "run did not draft; please report this")
+            out.append(window)
+        return out
 
 
 @dataclass

@@ -213,7 +213,8 @@ def sim_vs_measured_table(records: list[dict]) -> pd.DataFrame:
     its N - 1 tokens; TPOT from the record and `extra.simulated_tpot_ms`), means over prompts and timed repeats, and
     their ratio (measured over simulated; empty where the twin spent no time on a part). `measured_on` says what the
     times are (on the CPU as device: never a calibration of a GPU); `simulated_on` names the twins' profile;
-    `tokens_as_recorded` is the share of runs whose live tokens are the recorded ones."""
+    `tokens_as_recorded` is the share of runs whose live tokens are the recorded ones, of those whose twin decoded the
+    recorded trace (empty where every twin was priced from its live decode itself)."""
     from specter.metrics import BREAKDOWN
 
     rows = []
@@ -229,7 +230,8 @@ def sim_vs_measured_table(records: list[dict]) -> pd.DataFrame:
                     measured_on=(cfg.get("device") or {}).get("measured_on", ""),
                     system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
                     slots_per_layer=r["slots_per_layer"],
-                    tokens_as_recorded=float(bool(extra["live"]["tokens_as_recorded"])))
+                    tokens_as_recorded=(float(bool(extra["live"]["tokens_as_recorded"]))
+                                        if extra["live"].get("tokens_as_recorded") is not None else float("nan")))
         rows.append({**base, "part": "TPOT", "measured_ms": r["tpot_ms"],
                      "simulated_ms": extra["simulated_tpot_ms"]})
         rows += [{**base, "part": part, "measured_ms": float(measured.get(part, 0.0)) / (tokens - 1),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specter import timing
 from specter.metrics import RunRecord, breakdown, tpot_seconds
+from specter.numerics.forward import LiveNumerics
 from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
 from specter.progress import log, steps
@@ -143,7 +144,7 @@ def walk_windows(runs: list[PreparedRun]) -> None:
     _prepare_sampled(runs)
     groups: dict[tuple, tuple] = {}  # (the model's service, own KV) -> (service, [(run, paths)])
     for p in runs:
-        if not p.system.speculative or p.config.temperature > 0:
+        if not p.system.speculative or p.config.temperature > 0 or _twin_from_live(p):
             continue
         tokens = p.config.max_new_tokens
         paths = []
@@ -164,6 +165,11 @@ def walk_windows(runs: list[PreparedRun]) -> None:
         before = service.forward_calls
         service.walk([path for _, paths in members for path in paths], own_kv=own_kv)
         members[0][0].walked_forwards += service.forward_calls - before
+
+
+def _twin_from_live(p: PreparedRun) -> bool:
+    """A measured run whose twin is priced from its own live decode: none of its windows is computed beforehand."""
+    return p.spec.engine in MEASURED and p.system.twin_from_live
 
 
 def _prepare_sampled(runs: list[PreparedRun]) -> None:
@@ -349,16 +355,25 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
     config = p.config
     if config.temperature > 0:
         config = replace(config, seed=p.spec.seed + index)
-        trace = p.service.sampled_trace(prompt, config.max_new_tokens, config.temperature, config.seed)
-    else:
-        trace = p.service.trace(prompt, config.max_new_tokens)
-    result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
-                                p.cost, p.warmup, online=p.online)
     measured = {}
-    if p.device is not None:  # the simulated run above is the twin: now decoded live
-        first = index == repeat == 0  # the warm-up's turn
-        result_sim, timeline_sim = result, timeline
-        result, timeline, measured = MEASURED[p.spec.engine].timed(p, index, prompt, config, result, warm_up=first)
+    if p.device is not None and p.system.twin_from_live:  # decoded live first, its twin priced from what it computed
+        engine = MEASURED[p.spec.engine]
+        result, timeline, trace = engine.timed(p, prompt, config, warm_up=index == repeat == 0)
+        result_sim, timeline_sim = schedule(p.system, timing.make_engine("sim", p.profile), p.work,
+                                            LiveNumerics(p.service, trace), trace, config, p.cost, p.warmup,
+                                            online=p.online)
+        measured = engine.compared(p, result, result_sim, recorded=False)
+    else:
+        trace = (p.service.sampled_trace(prompt, config.max_new_tokens, config.temperature, config.seed)
+                 if config.temperature > 0 else p.service.trace(prompt, config.max_new_tokens))
+        result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
+                                    p.cost, p.warmup, online=p.online)
+        if p.device is not None:  # the simulated run above is the twin: now decoded live
+            result_sim, timeline_sim = result, timeline
+            engine = MEASURED[p.spec.engine]
+            result, timeline, _ = engine.timed(p, prompt, config, warm_up=index == repeat == 0)
+            measured = engine.compared(p, result, result_sim, recorded=True)
+    if p.device is not None:
         twin = breakdown(timeline_sim.spans, result_sim.commit_times[0], result_sim.commit_times[-1])
         measured = {**measured, "simulated_breakdown_ms": {part: s * 1e3 for part, s in twin.items()},
                     "repeat": repeat, "repeats": {"asked": p.spec.repeats, "timed": p.spec.repeats}}

@@ -5,12 +5,16 @@ On the CPU as device the slots are plain tensors and the clock is the wall clock
 (`--device cuda`) the model's non-expert weights, the slots and the draft's packed experts sit on the device, the store
 is page-locked in place, and the copies and kernels run on CUDA streams timed with events (`specter.timing.cuda`).
 
-Per prompt the system runs twice: simulated on the --hardware profile from the recorded trace (the target's own greedy
-decode), and live, where the trace starts empty and the live model fills it (`specter.systems.decode`). The first
-prompt also runs live once untimed first (warm-up: the allocator and lazily sized buffers). Every prompt starts from
-the same cache state, set outside the timed region. The record is the live run's, measured on its device;
-beside it stand the simulated TPOT and whether the live tokens are the recorded ones (the CPU computes the same
-arithmetic in another order, so a near-tie may decode otherwise: the record says where, and the run goes on).
+Per prompt the system runs twice: live, where the trace starts empty and the live model fills it
+(`specter.systems.decode`: its tokens, the prefill's and each step's routes, and every window the draft proposed and
+the target verified), and simulated on the --hardware profile from that trace (`LiveNumerics`): the twin prices what
+the live run computed, and nothing is decoded on the CPU first. A system that reads what a live pass does not compute
+(Mixtral-Offloading's gate guesses, the oracle's recorded future) has its twin decode the recorded trace on the CPU
+first, as a simulation does, and its record says whether the live tokens were the recorded ones (the CPU computes the
+same arithmetic in another order, so a near-tie may decode otherwise: the record says where, and the run goes on).
+The first prompt also runs live once untimed first (warm-up: the allocator and lazily sized buffers). Every prompt
+starts from the same cache state, set outside the timed region. The record is the live run's, measured on its device;
+beside it stand the twin's TPOT and parts, and which decode the twin priced (`extra.live.twin`).
 """
 
 from __future__ import annotations
@@ -99,21 +103,30 @@ def measured_fields(p) -> dict:
                                          "measured_on": measured_on}}}
 
 
-def timed(p, index: int, prompt: list[int], config, simulated, warm_up: bool):
-    """The prompt decoded live: (result, timeline, the record's measured extras)."""
+def timed(p, prompt: list[int], config, warm_up: bool):
+    """The prompt decoded live, after an untimed decode where `warm_up`: (result, timeline, the trace it filled)."""
     if warm_up:
         live_run(p, prompt, config, schedule)
-    result, timeline = live_run(p, prompt, config, schedule)
+    return live_run(p, prompt, config, schedule)
+
+
+def compared(p, result, simulated, recorded: bool) -> dict:
+    """The record's measured extras beside its twin: the twin's TPOT and profile, and, where the twin decoded the
+    recorded trace (`recorded`), whether the live tokens and acceptance were the recorded ones (a twin priced from the
+    live decode itself has the live tokens by construction: those fields are null)."""
     diverged = next((i for i, (a, b) in enumerate(zip(result.tokens, simulated.tokens)) if a != b), None)
-    measured = {"simulated_tpot_ms": tpot_seconds(simulated.commit_times) * 1e3, "simulated_on": p.profile.name,
-                "live": {"device": p.spec.live_device, "tokens_as_recorded": diverged is None,
-                         "first_divergence": diverged,
-                         "acceptance_as_twin": result.accepted_lengths == simulated.accepted_lengths}}
-    return result, timeline, measured
+    return {"simulated_tpot_ms": tpot_seconds(simulated.commit_times) * 1e3, "simulated_on": p.profile.name,
+            "live": {"device": p.spec.live_device,
+                     "twin": "the recorded decode (the CPU's)" if recorded else "this live decode",
+                     "tokens_as_recorded": diverged is None if recorded else None,
+                     "first_divergence": diverged if recorded else None,
+                     "acceptance_as_twin": result.accepted_lengths == simulated.accepted_lengths if recorded else None}}
 
 
 def live_run(p, prompt, config, schedule):
-    """One live decode of `prompt` from the run's start state: (result, timeline)."""
+    """One live decode of `prompt` from the run's start state: (result, timeline, the trace it filled: its tokens,
+    routes and windows)."""
     trace = PromptTrace(list(prompt), [], [], [])
-    return schedule(p.system, timing.make_engine("live", p.profile, p.spec.live_device), p.work, p.service, trace,
-                    config, p.cost, p.warmup, p.device, p.online)
+    result, timeline = schedule(p.system, timing.make_engine("live", p.profile, p.spec.live_device), p.work,
+                                p.service, trace, config, p.cost, p.warmup, p.device, p.online)
+    return result, timeline, trace

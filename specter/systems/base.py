@@ -160,6 +160,8 @@ class System:
     fixed_slots: Callable[[ModelWork], int] | None = None
     #: extra numerics of the target's decode this system reads from `ctx.trace.extras`
     trace_recorders: tuple[TraceRecorder, ...] = ()
+    #: its live run reads the recorded decode of the prompt (an oracle of the future), which the CPU then computes
+    live_reads_recording: bool = False
     #: the kernels and host reads its upstream code makes per part (`--pricing upstream`); default: the suite's own
     upstream: Upstream = Upstream()
     options: dict[str, tuple] = {}
@@ -177,6 +179,13 @@ class System:
         if getattr(self, "draft_kv", "shared") == "copied":
             return "draft-kv=copied is an ablation of the simulator (the live draft reads the target's KV cache)"
         return None
+
+    @property
+    def twin_from_live(self) -> bool:
+        """Whether a live run's simulated twin is priced from the live decode itself (its tokens, routes and windows),
+        with no decode of the prompt on the CPU: unless the system reads numerics a live pass does not compute (a
+        recorder's values) or the recorded decode itself."""
+        return not self.trace_recorders and not self.live_reads_recording
 
     def settings(self) -> dict:
         return {key: getattr(self, key.replace("-", "_")) for key in self.options}

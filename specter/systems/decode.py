@@ -87,6 +87,7 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
             accepted = window.accepted(k)
             new_tokens = window.draft_tokens[:accepted] + [window.verify_argmax[accepted]]
             result.decode_routes += window.verify_routes[: accepted + 1]
+            trace.windows[(ctx.service.window_key(system.separate_draft), t)] = window  # its twin's, as recorded
         else:
             end = ex.target_pass(window.verify_routes[: k + 1], context=t - 1, tag=f"c{cycle}.verify")
         verify = window.verify_routes[: k + 1]
@@ -102,6 +103,8 @@ def decode_speculatively(system, ctx: PromptContext, result: PromptResult) -> Pr
         _book_prediction(ctx, result, forecast, verify, placed, k)
         ctx.cache.unprotect_all()
         t += accepted + 1
+    if ex.live:  # each committed token's decode routes, as a recorded trace holds them
+        trace.step_routes[:] = result.decode_routes[: cfg.max_new_tokens - 1]
     if ctx.online is not None:  # the record's K: the median window chosen (every cycle's is in extra)
         result.k = sorted(result.ks)[len(result.ks) // 2]
     return result

@@ -105,6 +105,7 @@ class SpecterOracle(Specter):
     others."""
 
     name = "specter-oracle"
+    live_reads_recording = True
     options = {**Specter.options,
                "noise": (float, 0.0, "share of the target's expert identities replaced at random", (0.0, 1.0))}
 
