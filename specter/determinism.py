@@ -25,6 +25,7 @@ model cards carry `settings()`: to reproduce a number, match its CPU capability 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2",
               "PYTHONHASHSEED": "0"}
@@ -58,3 +59,25 @@ def settings() -> dict:
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
             "pinned": os.environ.get(NATIVE) != "1", "torch": torch.__version__}
+
+
+#: what a timed live decode on a GPU runs without, and why the rest stays (records carry it)
+TIMED_ON_CUDA = ("deterministic algorithms off while timed (CUDA's fastest kernels: a GPU's greedy tokens do not "
+                 "depend on them); the CPU's AVX2 pins hold process-wide (a host expert's output decides tokens)")
+
+
+@contextmanager
+def timed_on(device: str):
+    """A timed live decode on `device`: on CUDA without deterministic algorithms (their kernels are slower, and the
+    live tokens are the GPU's own either way), restored after; on the CPU as pinned."""
+    import torch
+
+    if device != "cuda":
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -311,11 +311,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "(commit timestamps, the cache state restored outside the timed region). Beside it stands its simulated twin: "
         "the same system on the tokens, routes and draft windows the live decode computed (the recorded decode for "
         "Mixtral-Offloading, whose gate guesses a live pass does not compute), scheduled on the profile ``specter "
-        "profile-bandwidth`` measured on this machine. ``results/tables/sim_vs_measured.csv`` gives both TPOTs and their ratio (measured over "
-        "simulated), and the same for each part of the breakdown (draft, target compute, compute with copies "
-        "overlapped, stalls on copies, host compute, host syncs and idle), in ms per token, means over prompts. On "
-        "the CPU as device the times are the CPU's: the ratios say how well the simulator prices this machine, never "
-        "how well it prices a GPU.",
+        "profile-bandwidth`` measured on this machine. ``results/tables/sim_vs_measured.csv`` gives both TPOTs and "
+        "their ratio (measured over simulated), and the same for each part of the breakdown (draft, target "
+        "compute, compute with copies overlapped, stalls on copies, host compute, host syncs and idle), in ms per "
+        "token, means over prompts. On the CPU as device the times are the CPU's: the ratios say how well the "
+        "simulator prices this machine, never how well it prices a GPU.",
         measured=True),
     Experiment(
         "fidelity", "fidelity",

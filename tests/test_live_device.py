@@ -319,3 +319,20 @@ def test_the_live_engine_decodes_on_a_gpu(system, tiny_dirs, rtn_drafts, tmp_pat
     assert len(records) == 4 and all(r.engine == "live" and not r.simulated and r.tpot_ms > 0 for r in records)
     assert all(r.config["device"]["measured_on"].startswith(f"measured on {torch.cuda.get_device_name()}")
                for r in records)
+
+
+def test_a_timed_gpu_decode_runs_without_deterministic_algorithms_and_the_record_says_so(monkeypatch):
+    """Deterministic algorithms slow a GPU's kernels and decide none of its greedy tokens: a timed decode on CUDA runs
+    without them and puts them back after (an error inside included); on the CPU as device they stay."""
+    from specter.determinism import TIMED_ON_CUDA, timed_on
+
+    torch.use_deterministic_algorithms(True)
+    seen = []
+    with timed_on("cuda"):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+    with pytest.raises(RuntimeError), timed_on("cuda"):
+        raise RuntimeError("a failed decode")
+    with timed_on("cpu"):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+    assert seen == [False, True] and torch.are_deterministic_algorithms_enabled()
+    assert "deterministic algorithms off" in TIMED_ON_CUDA

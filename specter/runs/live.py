@@ -22,6 +22,7 @@ from __future__ import annotations
 import platform
 
 from specter import timing
+from specter.determinism import TIMED_ON_CUDA
 from specter.metrics import tpot_seconds
 from specter.numerics.forward import PromptTrace
 from specter.systems import schedule
@@ -100,14 +101,20 @@ def measured_fields(p) -> dict:
                                          "store_pinned": "cudaHostRegister, in place" if store.pinned else False,
                                          "loader": p.target.loaded_by, "experts_on_host": held,
                                          "draft_kernel": p.device.draft_kernel,
+                                         "timed_numerics": TIMED_ON_CUDA if device == "cuda" else "as pinned "
+                                         "(config.numerics: on the CPU as device its numerics decide the tokens)",
                                          "measured_on": measured_on}}}
 
 
 def timed(p, prompt: list[int], config, warm_up: bool):
-    """The prompt decoded live, after an untimed decode where `warm_up`: (result, timeline, the trace it filled)."""
-    if warm_up:
-        live_run(p, prompt, config, schedule)
-    return live_run(p, prompt, config, schedule)
+    """The prompt decoded live, after an untimed decode where `warm_up`: (result, timeline, the trace it filled). On a
+    GPU without deterministic algorithms (`determinism.timed_on`)."""
+    from specter.determinism import timed_on
+
+    with timed_on(p.spec.live_device):
+        if warm_up:
+            live_run(p, prompt, config, schedule)
+        return live_run(p, prompt, config, schedule)
 
 
 def compared(p, result, simulated, recorded: bool) -> dict:
