@@ -99,3 +99,46 @@ def test_bench_draft_windows_per_committed_token(benchmark, setup, batched):
     benchmark.extra_info["committed_tokens"] = tokens
     if benchmark.stats:
         benchmark.extra_info["windows_ms_per_token"] = benchmark.stats.stats.median * 1e3 / tokens
+
+
+def test_bench_live_on_demand_all_resident_beside_the_stock_decode(benchmark, setup, tmp_path):
+    """The runtime's own host work: live on-demand with every expert resident (nothing to copy: what it adds is the
+    executor's and the offloaded modules' work) against the stock transformers model's greedy decode of the same
+    prompt, tokens, dtype and one thread. The benchmark times the live decode; `extra_info` carries the stock
+    decode's median over as many rounds, measured right after, and the ratio (the goal: at most 1.15)."""
+    import statistics
+    import time
+
+    from specter.runs import live as on_live
+    from specter.runs.execute import prepare
+    from specter.systems import schedule
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        request = setup("on-demand", tmp_path / "x.jsonl")
+        session = Session()
+        experts = session.numerics(request.model, None, (), "float32")[0].moe_layers[0].num_experts
+        p = prepare(spec(**{**request.as_dict(), "resident_per_layer": experts, "engine": "live", "repeats": 1,
+                            "num_prompts": 1, "dtype": "float32"}), session)
+        p.device = on_live.runtime(p, session)
+        prompt = p.prompts[0]
+        on_live.live_run(p, prompt, p.config, schedule)  # warm-up
+        live = benchmark.pedantic(lambda: on_live.live_run(p, prompt, p.config, schedule)[0], rounds=5, iterations=1)
+        ids = torch.tensor([prompt])
+        pad = p.target.config.pad_token_id or 0
+        with torch.no_grad():
+            p.target.model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad,
+                                    eos_token_id=None)  # warm-up
+            stock = []
+            for _ in range(5):
+                start = time.perf_counter()
+                out = p.target.model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad,
+                                               eos_token_id=None)
+                stock.append(time.perf_counter() - start)
+        assert out[0, len(prompt):].tolist() == live.tokens  # the same decode, so the times compare
+        if benchmark.stats is not None:
+            benchmark.extra_info["stock_decode_median_s"] = statistics.median(stock)
+            benchmark.extra_info["live_over_stock"] = benchmark.stats.stats.median / statistics.median(stock)
+    finally:
+        torch.set_num_threads(threads)
