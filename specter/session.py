@@ -43,11 +43,11 @@ class Session:
 
     def tokenizer(self, model_dir: str | Path):
         """The checkpoint's tokenizer, loaded once (a sweep's every run reads its prompts through it)."""
-        from transformers import AutoTokenizer
+        from specter.models.loading import load_tokenizer
 
         key = _key(model_dir)
         if key not in self._tokenizers:
-            self._tokenizers[key] = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+            self._tokenizers[key] = load_tokenizer(model_dir)
         return self._tokenizers[key]
 
     def model_hash(self, model_dir: str | Path) -> str:

@@ -570,6 +570,17 @@ CASES = [
                                                                  system="on-demand"), "does not list"),
     ("live_weights_a_stale_file_beside_the_shards", lambda w, r: _live(r, _model_copy(w, r, _stale_beside)),
      "does not list"),
+    ("tokenizer_not_json", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: (
+        d / "tokenizer.json").write_text("{garbage")), system="on-demand"), "the tokenizer of the checkpoint"),
+    ("weights_index_nested_too_deeply", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: (
+        d / "model.safetensors.index.json").write_text("[" * 100_000)), system="on-demand"),
+     "is not an index of its weights"),
+    ("weights_a_link_to_a_device", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: (
+        (d / "model.safetensors").unlink(), (d / "model.safetensors").symlink_to("/dev/zero"))),
+        system="on-demand"), "is not a regular file"),
+    ("live_weights_a_link_to_a_device", lambda w, r: _live(r, _model_copy(w, r, lambda d: (
+        (d / "model.safetensors").unlink(), (d / "model.safetensors").symlink_to("/dev/zero")))),
+     "is not a regular file"),
     ("weights_index_garbage", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: (
         d / "model.safetensors.index.json").write_text('{"weight_map": 7}')), system="on-demand"),
      "is not an index of its weights"),

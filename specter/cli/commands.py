@@ -158,10 +158,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoTokenizer
 
     from specter.data.prompts import load_prompts
-    from specter.models.loading import load_moe_model, read_model_config
+    from specter.models.loading import load_moe_model, load_tokenizer, read_model_config
     from specter.quant.draft import load_draft
     from specter.quant.fidelity import fidelity, write_fidelity
     from specter.runspec import check_positions
@@ -171,7 +170,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                                                     "--new-tokens": args.new_tokens})  # as `run` checks its own
     target = load_moe_model(args.model, dtype=getattr(torch, args.dtype))
     draft = load_draft(target, args.draft)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
+    tokenizer = load_tokenizer(args.model)
     prompts = load_prompts(args.dataset, tokenizer, args.num_prompts, args.prefix_tokens)
     summary, rows = fidelity(target, draft.moe, prompts, new_tokens=args.new_tokens, stride=args.stride)
     meta = {"model": str(args.model), "draft": str(args.draft), "method": draft.meta.method, "bits": draft.meta.bits,

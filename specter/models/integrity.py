@@ -37,25 +37,40 @@ def weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     single = path / "model.safetensors"
     if not index.is_file():
-        return [single] if single.is_file() else sorted(path.glob("*.safetensors"))
+        return _regular([single] if single.is_file() else sorted(path.glob("*.safetensors")))
     try:
         weight_map = json.loads(index.read_text()).get("weight_map")
         shards = sorted(set(weight_map.values()))
         if not shards or not all(isinstance(s, str) and s and Path(s).name == s for s in shards):
             raise ValueError("no shards")
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
         raise SpecterError(f"the checkpoint in {str(path)!r}: {index.name} is not an index of its weights (it maps "
                            "no tensor to a file); restore it from the checkpoint's source") from None
-    if single.is_file() and single.name not in shards:
+    if (single.exists() or single.is_symlink()) and single.name not in shards:
         raise SpecterError(f"the checkpoint in {str(path)!r} holds {single.name}, which {index.name} does not list "
                            "(a file of another checkpoint or an older copy, which transformers reads instead of the "
                            "shards): remove it, or restore the index")
-    gone = [s for s in shards if not (path / s).is_file()]
+    gone = [s for s in shards if not (path / s).exists() and not (path / s).is_symlink()]
     if gone:
         more = f" and {len(gone) - 1} more shard(s)" if len(gone) > 1 else ""
         raise SpecterError(f"the checkpoint in {str(path)!r} lacks {gone[0]}{more}, which {index.name} lists; copy "
                            "or re-download the missing shard(s)")
-    return [path / s for s in shards]
+    return _regular([path / s for s in shards])
+
+
+def _regular(files: list[Path]) -> list[Path]:
+    """`files`, each a regular file (a link to a device, a pipe or a directory would hang or fail a loader)."""
+    import stat
+
+    for file in files:
+        try:
+            mode = file.stat().st_mode
+        except OSError:
+            mode = 0
+        if not stat.S_ISREG(mode):
+            raise SpecterError(f"the checkpoint's weights file {str(file)!r} is not a regular file (a link to a "
+                               "device, a pipe or a directory, or a dangling link); put the weights file itself there")
+    return files
 
 
 _FINITE_CHUNK = 1 << 20  # elements checked at a time: a check's temporaries stay a few MB, whatever the tensor

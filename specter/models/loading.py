@@ -95,6 +95,22 @@ def load_moe_model(path: str | Path, dtype: torch.dtype | str = "auto", device: 
     return moe
 
 
+def load_tokenizer(model_dir: str | Path):
+    """The checkpoint's own tokenizer (local files only), or one SpecterError naming the checkpoint and the fix where
+    its files cannot make one (a damaged tokenizer.json or tokenizer_config.json, a missing vocabulary)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except BaseException as err:  # noqa: BLE001 - transformers and tokenizers raise many kinds for a damaged file
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise SpecterError(f"the tokenizer of the checkpoint in {str(model_dir)!r} cannot be read "
+                           f"({type(err).__name__}: {first}); restore its tokenizer files (tokenizer.json, "
+                           "tokenizer_config.json) from the checkpoint's source") from None
+
+
 def check_shards(path: Path) -> None:
     """Refuse a checkpoint whose weights files cannot be chosen (`weight_files`), naming the file."""
     weight_files(path)
