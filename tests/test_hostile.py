@@ -1058,6 +1058,38 @@ def test_a_damaged_disk_tier_is_found_and_built_again_never_decoded(damage, tiny
     assert streaming.tier_problem(tier) is None
 
 
+def test_a_tier_directory_swapped_with_another_models_is_built_again(tiny_dirs, rtn_drafts, tmp_path, monkeypatch):
+    """Two models' disk tiers swapped by renaming their directories (a rename keeps every file's inode and times):
+    each manifest names the model and dtype its rows are of, so the next live run of the first model finds another
+    model's rows, builds its tier again and decodes its own tokens; a manifest nested too deeply to read, or naming a
+    file with a NUL, is damage like any other."""
+    import shutil
+
+    import torch
+
+    from specter.models import disk_tier, streaming
+    from specter.models.tiny import save_tiny_model
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    first = _tier_run(tiny_dirs, rtn_drafts, tmp_path)
+    other = save_tiny_model("mixtral", tmp_path / "other", seed=1)
+    streaming.stream_moe_model(str(other), torch.float32, experts_on="disk")
+    mine = streaming.disk_tier_dir(Path(tiny_dirs["mixtral"]), torch.float32)
+    theirs = streaming.disk_tier_dir(other, torch.float32)
+    mine.rename(tmp_path / "swap")
+    theirs.rename(mine)
+    (tmp_path / "swap").rename(theirs)
+    warned = []
+    monkeypatch.setattr(streaming.log, "warning", lambda message, *args: warned.append(message % args))
+    again = _tier_run(tiny_dirs, rtn_drafts, tmp_path)
+    assert again[0].output_token_ids == first[0].output_token_ids
+    assert len(warned) == 1 and "a directory of another model" in warned[0], warned
+    for manifest in ("[" * 100_000, json.dumps({"format": 3, "model": "x", "files": {"layer-\u0000.bin": {}}})):
+        (mine / disk_tier.MANIFEST).write_text(manifest)
+        assert disk_tier.tier_problem(mine) is not None
+    shutil.rmtree(theirs)
+
+
 def test_damage_the_tier_check_cannot_see_ends_a_live_run_in_one_line_before_any_record(tiny_dirs, rtn_drafts,
                                                                                        tmp_path, monkeypatch):
     """Rows damaged where the manifest's check does not look (here: the check told to pass) are found by the live
@@ -1073,7 +1105,7 @@ def test_damage_the_tier_check_cannot_see_ends_a_live_run_in_one_line_before_any
     (tmp_path / "x.jsonl").unlink(missing_ok=True)
     for layer in streaming.disk_tier_dir(Path(tiny_dirs["mixtral"]), torch.float32).glob("layer-*.bin"):
         layer.write_bytes(np.full(layer.stat().st_size // 4, np.nan, np.float32).tobytes())
-    monkeypatch.setattr(streaming, "tier_problem", lambda tier, expected=None: None)
+    monkeypatch.setattr(streaming, "tier_problem", lambda tier, expected=None, identity=None: None)
     with pytest.raises(SpecterError, match="NaN or infinite logits"):
         _tier_run(tiny_dirs, rtn_drafts, tmp_path)
     assert not (tmp_path / "x.jsonl").exists()

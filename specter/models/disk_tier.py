@@ -69,9 +69,17 @@ def _sampled_digest(file: Path, size: int) -> str:
     return h.hexdigest()
 
 
-def write_manifest(tier: Path) -> None:
-    """Each layer file's size, inode, modification and change times and sampled digest, in `tier`'s manifest, written
-    once the directory is in its place (a tier without a manifest is built again)."""
+def tier_identity(model_sha256: str, dtype: torch.dtype) -> str:
+    """What a tier holds, as its manifest names it: the checkpoint's whole hash and the dtype of its rows (the
+    directory's name keeps a prefix of the hash: a directory renamed or swapped with another model's still names its
+    own in the manifest)."""
+    return f"{model_sha256}-{str(dtype).removeprefix('torch.')}"
+
+
+def write_manifest(tier: Path, identity: str) -> None:
+    """Each layer file's size, inode, modification and change times and sampled digest, and the model and dtype the
+    tier holds (`tier_identity`), in `tier`'s manifest, written once the directory is in its place (a tier without a
+    manifest is built again)."""
     from specter.io import atomic_write_text
 
     files = {}
@@ -79,10 +87,10 @@ def write_manifest(tier: Path) -> None:
         st = file.stat()
         files[file.name] = {"bytes": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns,
                             "ctime_ns": st.st_ctime_ns, "sampled_blake2b": _sampled_digest(file, st.st_size)}
-    atomic_write_text(tier / MANIFEST, json.dumps({"format": 2, "files": files}, indent=1))
+    atomic_write_text(tier / MANIFEST, json.dumps({"format": 3, "model": identity, "files": files}, indent=1))
 
 
-def tier_problem(tier: Path, expected: set[str] | None = None) -> str | None:
+def tier_problem(tier: Path, expected: set[str] | None = None, identity: str | None = None) -> str | None:
     """Why the disk tier in `tier` does not match the manifest its build wrote, or None where it does: a layer file
     (of `expected`, and every one there) missing or unlisted, a file resized, replaced, written or touched since (its
     inode, modification or change time: a change time is set by every write and no user can set it back), or other
@@ -92,11 +100,16 @@ def tier_problem(tier: Path, expected: set[str] | None = None) -> str | None:
         manifest = json.loads((tier / MANIFEST).read_bytes())
     except FileNotFoundError:
         return f"no {MANIFEST}"
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         return f"{MANIFEST} unreadable ({type(err).__name__})"
-    files = manifest.get("files") if isinstance(manifest, dict) and manifest.get("format") == 2 else None
+    files = manifest.get("files") if isinstance(manifest, dict) and manifest.get("format") == 3 else None
     if not isinstance(files, dict) or not files:
         return f"{MANIFEST} of another format or listing no files"
+    if identity is not None and manifest.get("model") != identity:
+        return f"it holds {str(manifest.get('model'))[:80]!r}, not {identity!r} (a directory of another model)"
+    if any(not isinstance(name, str) or not name.startswith("layer-") or "/" in name or "\0" in name
+           for name in files):
+        return f"{MANIFEST} names a file that is no layer file"
     present = {p.name for p in tier.glob("layer-*.bin")}
     for name in sorted((expected or set()) | present):
         if name not in files:

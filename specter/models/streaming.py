@@ -58,10 +58,11 @@ from specter.models.disk_tier import (
     check_room,
     disk_tier_dir,
     rows_bytes,
+    tier_identity,
     tier_problem,
     write_manifest,
 )
-from specter.models.integrity import check_card, first_nonfinite, weight_files
+from specter.models.integrity import check_card, first_nonfinite, model_hash, weight_files
 from specter.models.loading import _check_loaded_all, check_shards, check_weight_dtypes, read_model_config
 from specter.models.trees import experts_path
 from specter.progress import log
@@ -183,6 +184,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
     available = available_memory()
     disk = experts_on == "disk" or (experts_on == "auto" and available is not None and need > available)
     tier = disk_tier_dir(path, dtype, known_hash) if disk else None
+    identity = tier_identity(known_hash or model_hash(path), dtype) if disk else None
     built = tier is not None and tier.is_dir()  # mapped once checked against its manifest; else built below
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     verbosity = hf_logging.get_verbosity()
@@ -201,7 +203,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
     experts = _expert_converters(converters)
     layers = {experts_path(moe, m): m for m in moe.moe_layers}
     if built:
-        problem = tier_problem(tier, {f"layer-{m.layer_index}.bin" for m in moe.moe_layers})
+        problem = tier_problem(tier, {f"layer-{m.layer_index}.bin" for m in moe.moe_layers}, identity)
         if problem is not None:
             log.warning("the disk tier %s is damaged (%s); building it again from the checkpoint", tier, problem)
             built = False
@@ -256,7 +258,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
                 _check_rows_finite(path, rows, dtype)
                 del rows
         if building:  # last, once the files are in place and their permissions set: a tier without it is rebuilt
-            write_manifest(tier)
+            write_manifest(tier, identity)
         if tier is not None:
             rows = {m.layer_index: _expert_rows(m, dtype, tier, writable=False) for m in moe.moe_layers}
     finally:
