@@ -195,6 +195,11 @@ def record_problem(record: dict) -> str | None:
     experts."""
     from specter.runspec import MAX_WINDOW
 
+    for name in ("output_token_ids", "prompt_token_ids"):
+        ids = record.get(name)
+        if ids is not None and not (isinstance(ids, list)
+                                    and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+            return f"{name} holds something other than whole numbers"
     for name in _TIMES:
         value = record.get(name)
         if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_TIME_MS):
@@ -253,6 +258,58 @@ def record_problem(record: dict) -> str | None:
     slots, experts = record.get("slots_per_layer"), record.get("experts_per_layer")
     if isinstance(slots, int) and isinstance(experts, int) and not 0 <= slots <= experts:
         return f"slots_per_layer is {slots} with {experts} experts a layer"
+    return _consistency_problem(record)
+
+
+def _consistency_problem(record: dict) -> str | None:
+    """Where a record's fields contradict each other or its own config (each holds on every record a reproduce
+    writes): its run's names, engine and slots against its config, its hardware's hash against its profile, its hit
+    rate against its hits and misses, its TPOT and TTFT against its commit times, its repeat and forwards counts."""
+    from specter.timing.hardware import profile_digest
+
+    config = record.get("config") or {}
+    for name in ("system", "model", "dataset"):
+        if name in config and record.get(name) != config[name]:
+            return f"{name} is {record.get(name)!r}, and its run's config.{name} is {config[name]!r}"
+    if record.get("engine") not in ("sim", "live"):
+        return f"engine is {record.get('engine')!r}, and a run's engine is sim or live"
+    if record.get("simulated") is not (record.get("engine") == "sim"):
+        return f"simulated is {record.get('simulated')!r} on engine {record.get('engine')!r}"
+    if "slots_per_layer" in config and record.get("slots_per_layer") != config["slots_per_layer"]:
+        return (f"slots_per_layer is {record.get('slots_per_layer')!r}, and its run's config.slots_per_layer is "
+                f"{config['slots_per_layer']!r}")
+    digest = config.get("hardware_sha256")
+    if digest is not None:
+        try:
+            ours = profile_digest(config["hardware_profile"])
+        except (TypeError, ValueError, AttributeError, KeyError):
+            return "config.hardware_profile is not a profile"
+        if digest != ours:
+            return "config.hardware_sha256 is not the hash of config.hardware_profile (the profile was edited)"
+    hits, misses, rate = record.get("demand_hits"), record.get("demand_misses"), record.get("hit_rate")
+    if None not in (hits, misses, rate) and hits + misses > 0 and not math.isclose(rate, hits / (hits + misses),
+                                                                                   rel_tol=1e-9, abs_tol=1e-12):
+        return f"hit_rate is {rate!r}, and its hits and misses give {hits / (hits + misses)!r}"
+    extra = record.get("extra") or {}
+    if not isinstance(extra, dict):
+        return "extra is not an object"
+    commits, tokens = extra.get("commit_ms"), len(record.get("output_token_ids") or [])
+    if commits is not None:
+        if not (isinstance(commits, list) and len(commits) == tokens
+                and all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in commits)):
+            return f"extra.commit_ms is not one finite time for each of the {tokens} tokens"
+        if any(b < a for a, b in zip(commits, commits[1:])):
+            return "extra.commit_ms goes back in time"
+        if not math.isclose(record.get("ttft_ms"), commits[0], rel_tol=1e-9, abs_tol=1e-9):
+            return f"ttft_ms is {record.get('ttft_ms')!r}, and its first commit is at {commits[0]!r} ms"
+        if tokens > 1 and not math.isclose(record.get("tpot_ms"), (commits[-1] - commits[0]) / (tokens - 1),
+                                           rel_tol=1e-9, abs_tol=1e-9):
+            given = (commits[-1] - commits[0]) / (tokens - 1)
+            return f"tpot_ms is {record.get('tpot_ms')!r}, and its commit times give {given!r}"
+    for name in ("repeat", "live_forwards"):
+        value = extra.get(name)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return f"extra.{name} is {value!r}, not a whole number of at least 0"
     return None
 
 
@@ -280,6 +337,12 @@ def _window_problem(record: dict, k, histogram: dict, tokens: int) -> str | None
         return (f"accepted_length_histogram's windows commit {committed} tokens, and the run's {tokens} tokens "
                 f"need {tokens - 1} from windows (at most {longest} more, the last window's overshoot)")
     return None
+
+
+def run_key(record: dict) -> str:
+    """What the records of one run share (`record_key` without the prompt and the repeat)."""
+    return json.dumps([record.get("config"), record.get("system"), record.get("model"), record.get("dataset"),
+                       record.get("engine"), record.get("hardware")], sort_keys=True, default=str)
 
 
 def record_key(record: dict) -> str:

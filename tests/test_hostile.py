@@ -182,12 +182,17 @@ def _shard_gone(d: Path) -> None:
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def _other_machine(path: Path) -> None:
-    """Every record as if run on another machine under the same hardware name (a profile of other numbers)."""
+def _other_machine(path: Path, rehash: bool = True) -> None:
+    """Every record as if run on another machine under the same hardware name (a profile of other numbers, and its
+    hash; `rehash` False: the profile edited under the hash it was run with)."""
+    from specter.timing.hardware import profile_digest
+
     out = []
     for line in path.read_text().splitlines():
         record = json.loads(line)
         record["config"]["hardware_profile"]["device"]["memory_gb"] = 80.0
+        if rehash:
+            record["config"]["hardware_sha256"] = profile_digest(record["config"]["hardware_profile"])
         out.append(json.dumps(record))
     path.write_text("\n".join(out) + "\n")
 
@@ -599,7 +604,7 @@ CASES = [
                                                                   _records_copy(w, r, lambda p: None),
                                                                   "--out", "{out}.csv"], "repeats record 1"),
     ("aggregate_a_second_record_for_a_prompt", lambda w, r: ["aggregate", "main", _records_copy(w, r, _second_record(
-        tpot_ms=1.0)), "--out", "{out}.csv"], "repeats record 1"),
+        wall_s=1.0)), "--out", "{out}.csv"], "repeats record 1"),
     ("aggregate_two_profiles_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
         w, r, _other_machine), "--out", "{out}.csv"], "both name their hardware 't4-pcie3', with other numbers"),
     ("aggregate_tpot_negative", lambda w, r: ["aggregate", "main", _records_copy(
@@ -652,6 +657,28 @@ CASES = [
     ("aggregate_histogram_key_not_a_number", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("accepted_length_histogram", {"two": 3})), "--out", "{out}.csv"],
      "a key that is not a whole number"),
+    ("aggregate_system_other_than_its_config", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("system", "on-demand")), "--out", "{out}.csv"],
+     "system is 'on-demand', and its run's config.system is 'specter'"),
+    ("aggregate_simulated_flag_off_on_a_simulation", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("simulated", False)), "--out", "{out}.csv"], "simulated is False on engine 'sim'"),
+    ("aggregate_slots_other_than_its_config", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("slots_per_layer", 3)), "--out", "{out}.csv"], "slots_per_layer is 3"),
+    ("aggregate_hit_rate_against_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("hit_rate", 0.99)), "--out", "{out}.csv"], "and its hits and misses give"),
+    ("aggregate_tpot_against_its_commits", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", 0.2 + json.loads(Path(r["records"]).read_text().splitlines()[0])[
+            "lower_bound_tpot_ms"])), "--out", "{out}.csv"], "and its commit times give"),
+    ("aggregate_token_ids_not_numbers", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("output_token_ids", ["a", "b"])), "--out", "{out}.csv"],
+     "output_token_ids holds something other than whole numbers"),
+    ("aggregate_profile_edited_under_its_hash", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, lambda path: _other_machine(path, rehash=False)), "--out", "{out}.csv"],
+     "config.hardware_sha256 is not the hash"),
+    ("aggregate_a_run_cut_short", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("num_prompts", 2)), "--out", "{out}.csv"], "has 2 prompts and lacks prompt(s) [1]"),
+    ("aggregate_a_field_of_another_shape", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("system_options", ["abc"])), "--out", "{out}.csv"], "of another type or shape"),
     ("aggregate_profile_missing", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("hardware_profile", None)), "--out", "{out}.csv"], "config.hardware_profile is missing"),
     # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---
@@ -667,6 +694,8 @@ CASES = [
                                                                 checksum=False)), "tpot_ms is nan"),
     ("summary_table_empty", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_text(""), checksum=False)),
      "is empty"),
+    ("summary_table_tpot_with_an_underscore", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "5_439"),
+                                                                              checksum=False)), "not a number"),
     ("summary_table_tpot_not_a_number", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "abc"),
                                                                          checksum=False)), "tpot_ms is 'abc'"),
     ("summary_table_header_again_midway", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_text(

@@ -251,7 +251,14 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     from specter.report.tablefile import read_table, write_table
     from specter.report.tables import build_table
 
-    table = build_table(args.experiment, args.inputs)
+    try:
+        table = build_table(args.experiment, args.inputs)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as err:
+        # a field of a type or shape this suite never writes, past the records' own checks: one line, not a traceback
+        raise SpecterError(f"the inputs of {args.experiment} ({', '.join(map(str, args.inputs))[:200]}) hold a field "
+                           f"of another type or shape than this suite writes ({type(err).__name__}: "
+                           f"{str(err)[:120]}); the files are damaged or were edited: run the rules that write them "
+                           "again") from None
     write_table(table, args.out)
     print(f"{args.experiment}: {len(table)} rows from {len(args.inputs)} files; wrote {args.out}")
     if args.figure or args.html:
@@ -276,7 +283,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from specter.report.figures import plot
     from specter.report.tablefile import read_table
 
-    plot(args.experiment, read_table(args.table), args.out)
+    table = read_table(args.table)
+    try:
+        plot(args.experiment, table, args.out)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as err:
+        raise SpecterError(f"{args.table} holds a cell of another type than `specter aggregate {args.experiment}` "
+                           f"writes ({type(err).__name__}: {str(err)[:120]}); write it again with `specter "
+                           "aggregate`") from None
     print(f"wrote {args.out}")
     return 0
 
@@ -297,10 +310,15 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if args.front and (args.readme or args.results is None):
         raise SpecterError("--front writes the report's front page of a results DIR; give the DIR without --readme "
                            "(e.g. `specter summary results --out results/summary.md --front results/report/front.rst`)")
-    if args.readme:
-        text = readme_table(args.table if args.table is not None else Path(args.results) / "tables" / "main.csv")
-    else:
-        text = summary(args.results)
+    try:
+        if args.readme:
+            text = readme_table(args.table if args.table is not None else Path(args.results) / "tables" / "main.csv")
+        else:
+            text = summary(args.results)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as err:
+        raise SpecterError(f"a table of {args.table or args.results} holds a cell of another type than `specter "
+                           f"aggregate` writes ({type(err).__name__}: {str(err)[:120]}); write it again with "
+                           "`specter aggregate` (or rerun the workflow)") from None
     if args.front:
         from specter.report.readme import front_page
 

@@ -5,6 +5,7 @@ figures (`specter.report.calibration`) are built on them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -36,7 +37,32 @@ def read_records(paths: list[str | Path]) -> list[dict]:
             records.append(record)
     if not records:
         raise SpecterError(f"no records in {', '.join(map(str, paths))}; the runs wrote nothing")
+    _whole_runs(records, seen)
     return records
+
+
+def _whole_runs(records: list[dict], where: dict) -> None:
+    """Refuse a run some of whose records are missing (a file cut at a line's end, a record deleted): every run
+    records each of its `num_prompts` prompts, each as often as the others."""
+    from collections import Counter
+
+    from specter.records import record_key, run_key
+
+    runs: dict[str, Counter] = {}
+    first: dict[str, tuple] = {}
+    for record in records:
+        key = run_key(record)
+        runs.setdefault(key, Counter())[record.get("prompt_index")] += 1
+        first.setdefault(key, where[record_key(record)])
+    for key, prompts in runs.items():
+        wanted = (json.loads(key)[0] or {}).get("num_prompts")
+        if isinstance(wanted, int) and (set(prompts) != set(range(wanted)) or len(set(prompts.values())) != 1):
+            path, number = first[key]
+            lacking = sorted(set(range(wanted)) - set(prompts))
+            said = (f"lacks prompt(s) {lacking[:5]}" if lacking else
+                    f"records its prompts {dict(sorted(prompts.items()))} times")
+            raise SpecterError(f"the run of record {number} of {path} ({json.loads(key)[1]}) has {wanted} prompts and "
+                               f"{said}: a file cut short or edited; run it again")
 
 
 def _same_hardware(record: dict, path, number: int, profiles: dict) -> None:

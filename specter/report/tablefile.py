@@ -4,6 +4,7 @@ reads one back, checked (its checksum, its lines, its times) before anything is 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,7 @@ import pandas as pd
 from specter.errors import SpecterError
 from specter.io import atomic_write, atomic_write_text
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE | re.ASCII)
 _UNCHECKED: set[str] = set()  # tables read without a checksum, warned of once a process
 
 
@@ -68,6 +70,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
         tpot = "tpot" in column
         for i, value in df[column].items():
             try:
+                if isinstance(value, str) and not _NUMBER.fullmatch(value.strip()):
+                    raise ValueError(value)  # float() also reads "5_439" and other scripts' digits
                 number = float(value)
             except (TypeError, ValueError):
                 raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, not a number; {fix}") from None
