@@ -273,7 +273,7 @@ def _guard_bytecode(prefix: str) -> None:
     def unmarshal_whole(data, name=None, bytecode_path=None, source_path=None):
         try:
             return unmarshal(data, name, bytecode_path, source_path)
-        except (EOFError, ValueError, TypeError):
+        except (EOFError, ValueError, TypeError, ImportError):  # ImportError: a file that holds no code object
             if source_path is None or not str(bytecode_path or "").startswith(ours):
                 raise
             with contextlib.suppress(OSError):

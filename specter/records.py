@@ -268,6 +268,10 @@ def _consistency_problem(record: dict) -> str | None:
     from specter.timing.hardware import profile_digest
 
     config = record.get("config") or {}
+    for name in ("system", "hardware", "dataset"):
+        value = record.get(name)
+        if isinstance(value, str) and not (value.isprintable() and not any(c in value for c in "|`")):
+            return f"{name} is {value!r:.60}, which no run names (tables and reports print it)"
     for name in ("system", "model", "dataset"):
         if name in config and record.get(name) != config[name]:
             return f"{name} is {record.get(name)!r}, and its run's config.{name} is {config[name]!r}"
@@ -306,6 +310,23 @@ def _consistency_problem(record: dict) -> str | None:
                                            rel_tol=1e-9, abs_tol=1e-9):
             given = (commits[-1] - commits[0]) / (tokens - 1)
             return f"tpot_ms is {record.get('tpot_ms')!r}, and its commit times give {given!r}"
+    for entry in record.get("expert_prediction") or []:
+        if not (isinstance(entry, dict) and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool)
+                                                for k in ("layer", "distance"))
+                and all(isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)
+                        and 0 <= entry[k] <= 1 for k in ("precision", "recall"))):
+            return f"expert_prediction holds {str(entry)[:80]}, not a layer, a distance and two shares in [0, 1]"
+    for name in ("breakdown_ms", "simulated_breakdown_ms"):
+        parts = extra.get(name)
+        if parts is not None and not (isinstance(parts, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= MAX_TIME_MS
+                for v in parts.values())):
+            return f"extra.{name} is not a time, finite and never negative, for each part"
+    memory = config.get("memory")
+    if memory is not None and not (isinstance(memory, dict) and all(
+            v is None or isinstance(v, bool) or isinstance(v, str) or (isinstance(v, int) and v >= 0)
+            for v in memory.values())):
+        return "config.memory holds a byte count or slot count that is not a whole number of at least 0"
     for name in ("repeat", "live_forwards"):
         value = extra.get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):

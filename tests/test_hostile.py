@@ -458,6 +458,19 @@ CASES = [
     ("hardware_pinned_figure_other_than_its_points", lambda w, r: _run(r, "--hardware", _profile(
         w, r, lambda d: d["link"].update(h2d_by_size=[{"bytes": 4096, "pinned_gbps": 0.5, "pageable_gbps": 0.5}]))),
      "link.h2d_pinned_gbps is 12, and its largest measured point"),
+    ("hardware_a_point_size_twice", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
+        h2d_by_size=[{"bytes": 4096, "pinned_gbps": 1.0, "pageable_gbps": 1.0},
+                     {"bytes": 4096, "pinned_gbps": 12.0, "pageable_gbps": 7.47}]))), "gives 4096 bytes twice"),
+    ("hardware_a_point_key_misspelt", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
+        h2d_by_size=[{"bytes": 4096, "pinned_gbps": 12.0, "pageable_gbps": 7.47, "pinned_gpbs": 1.0}]))),
+     "and nothing else"),
+    ("hardware_a_point_of_fractional_bytes", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
+        "link"].update(h2d_by_size=[{"bytes": 1.9, "pinned_gbps": 12.0, "pageable_gbps": 7.47}]))),
+     "a whole number of bytes"),
+    ("hardware_measured_as_text", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.update(
+        measured="false", name="mine"))), "measured must be true or false"),
+    ("hardware_a_lookalike_of_a_presets_name", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d.update(
+        name="t4\u2011pcie3"))), "is not a name of printable ASCII"),
     ("hardware_link_bandwidth_zero", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
         h2d_pinned_gbps=0))), "h2d_pinned_gbps"),
     ("hardware_device_tflops_inf", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["device"].update(
@@ -679,6 +692,12 @@ CASES = [
         w, r, _config_field("num_prompts", 2)), "--out", "{out}.csv"], "has 2 prompts and lacks prompt(s) [1]"),
     ("aggregate_a_field_of_another_shape", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("system_options", ["abc"])), "--out", "{out}.csv"], "of another type or shape"),
+    ("aggregate_prediction_share_above_one", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("expert_prediction", [{"layer": 0, "distance": 1, "precision": 5.0, "recall": 1.0}])),
+        "--out", "{out}.csv"], "expert_prediction holds"),
+    ("aggregate_system_with_a_bar", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, lambda path: (_record_field("system", "spec|ter")(path), _config_field("system", "spec|ter")(path))),
+        "--out", "{out}.csv"], "which no run names"),
     ("aggregate_profile_missing", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("hardware_profile", None)), "--out", "{out}.csv"], "config.hardware_profile is missing"),
     # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---

@@ -36,6 +36,8 @@ def read_model_config(path: str | Path) -> dict:
         config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SpecterError(f"{config_file} is not valid JSON ({err}); re-save the checkpoint") from None
+    except RecursionError:
+        raise SpecterError(f"{config_file} nests too deeply to be a model's config; re-save the checkpoint") from None
     if not isinstance(config, dict):
         raise SpecterError(f"{config_file} is not a JSON object; re-save the checkpoint")
     model_type = config.get("model_type")
@@ -138,6 +140,9 @@ def check_weight_dtypes(path: Path) -> None:
                 header = json.loads(f.read(length)) if 0 < length <= 100 * 2**20 else {}
         except (OSError, ValueError):
             continue
+        except RecursionError:
+            raise SpecterError(f"the model in {str(path)!r}: {file.name}'s header nests too deeply to be a "
+                               "safetensors header: a damaged checkpoint; rebuild or re-download it") from None
         if not isinstance(header, dict):
             continue
         for name, info in sorted(header.items()):

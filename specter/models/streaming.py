@@ -105,7 +105,7 @@ def read_headers(path: Path) -> dict[str, TensorEntry]:
                 raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}")
             try:
                 header = json.loads(f.read(length))
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}") from None
         base = 8 + length
         for name, info in header.items():

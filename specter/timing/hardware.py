@@ -317,13 +317,21 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
                            f"{{bytes, pinned_gbps, pageable_gbps}} points, got {by_size!r:.80}")
     for i, row in enumerate(by_size):
         where = f"link.h2d_by_size[{i}]"
-        if not isinstance(row, dict) or not {"bytes", "pinned_gbps", "pageable_gbps"} <= set(row):
-            raise SpecterError(f"hardware profile {origin}: {where} needs bytes, pinned_gbps and pageable_gbps")
+        if not isinstance(row, dict) or set(row) != {"bytes", "pinned_gbps", "pageable_gbps"}:
+            raise SpecterError(f"hardware profile {origin}: {where} needs bytes, pinned_gbps and pageable_gbps, and "
+                               f"nothing else; got {sorted(map(str, row)) if isinstance(row, dict) else row!r:.80}")
         size = _number(row["bytes"], f"{where}.bytes", 1, MAX_TRANSFER_BYTES, origin)
+        if size != int(size):
+            raise SpecterError(f"hardware profile {origin}: {where}.bytes must be a whole number of bytes, got "
+                               f"{row['bytes']!r:.40}")
         points.append(BandwidthPoint(int(size), _number(row["pinned_gbps"], f"{where}.pinned_gbps", 1e-9, MAX_GBPS,
                                                         origin),
                                      _number(row["pageable_gbps"], f"{where}.pageable_gbps", 1e-9, MAX_GBPS, origin)))
     points.sort(key=lambda p: p.size_bytes)
+    twice = next((a.size_bytes for a, b in zip(points, points[1:]) if a.size_bytes == b.size_bytes), None)
+    if twice is not None:
+        raise SpecterError(f"hardware profile {origin}: link.h2d_by_size gives {twice} bytes twice (a copy of that "
+                           "size would be priced by whichever comes first); keep one point a size")
     if points:  # copies are priced from the points; the link's two figures are their largest size's, as measured
         largest = points[-1]
         for key, value in (("h2d_pinned_gbps", largest.pinned_gbps), ("h2d_pageable_gbps", largest.pageable_gbps)):
@@ -337,6 +345,15 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         raise SpecterError(f"hardware profile {origin}: sources must map fields to where their numbers come from, got "
                            f"{sources!r:.80}")
     d, link, host = values["device"], values["link"], values["host"]
+    measured = data.get("measured", False)
+    if not isinstance(measured, bool):
+        raise SpecterError(f"hardware profile {origin}: measured must be true or false, got {measured!r:.40}")
+    name = data.get("name")
+    if name is not None and not (isinstance(name, str) and name.isascii() and name.isprintable() and name.strip()
+                                 and not any(c in name for c in "|`")):
+        raise SpecterError(f"hardware profile {origin}: name {name!r:.60} is not a name of printable ASCII letters, "
+                           "digits and signs (tables and reports print it; a lookalike of a preset's would pass for "
+                           "it); give it a plain name")
     synchronous = data["device"].get("synchronous", False)
     if not isinstance(synchronous, bool):
         raise SpecterError(f"hardware profile {origin}: device.synchronous must be true (the device is the host "
@@ -362,7 +379,7 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         host_policy=host["policy_us"] * 1e-6,
         device_synchronous=synchronous,
         h2d_by_size=tuple(points),
-        measured=bool(data.get("measured", False)),
+        measured=measured,
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
