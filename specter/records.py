@@ -331,6 +331,9 @@ def _consistency_problem(record: dict) -> str | None:
         value = extra.get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
             return f"extra.{name} is {value!r}, not a whole number of at least 0"
+    timed = (extra.get("repeats") or {}).get("timed") if isinstance(extra.get("repeats"), dict) else None
+    if isinstance(extra.get("repeat"), int) and isinstance(timed, int) and not extra["repeat"] < timed:
+        return f"extra.repeat is {extra['repeat']}, and its run timed {timed} repeats (0 to {timed - 1})"
     return None
 
 

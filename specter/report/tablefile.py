@@ -55,9 +55,10 @@ def read_table(path: str | Path) -> pd.DataFrame:
         if len(row) != len(rows[0]):
             raise SpecterError(f"{path}:{number} has {len(row)} fields and the header {len(rows[0])} (a table cut "
                                f"short or edited); {fix}")
-        if tuple(row) in seen:
-            raise SpecterError(f"{path}:{number} repeats line {seen[tuple(row)]}; {fix}")
-        seen[tuple(row)] = number
+        cells = tuple(cell.strip() for cell in row)  # a line given twice, a space added or not
+        if cells in seen:
+            raise SpecterError(f"{path}:{number} repeats line {seen[cells]}; {fix}")
+        seen[cells] = number
     try:
         df = pd.read_csv(io.StringIO(text))
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
