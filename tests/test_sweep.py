@@ -228,12 +228,14 @@ def test_sampled_runs_sweep_beside_greedy(tiny_dirs, draft):
 
 def test_simulated_repeats_run_once_and_say_so(tiny_dirs, draft):
     session = Session()
-    once = execute(_req(tiny_dirs, draft, num_prompts=1), session, progress=False)
+    once = execute(_req(tiny_dirs, draft, num_prompts=1, repeats=1), session, progress=False)
     thrice = execute(_req(tiny_dirs, draft, num_prompts=1, repeats=3), session, progress=False)
     assert len(thrice) == 1 and _strip(thrice) == _strip(once)
     assert once[0].extra["repeats"] == {"asked": 1, "timed": 1}
     assert thrice[0].extra["repeats"]["timed"] == 1 and "deterministic" in thrice[0].extra["repeats"]["collapsed"]
     assert thrice[0].config["repeats"] == 3
+    unsaid = execute(_req(tiny_dirs, draft, num_prompts=1), session, progress=False)  # 3 asked unless told
+    assert unsaid[0].extra["repeats"] == thrice[0].extra["repeats"] and len(unsaid) == 1
     with pytest.raises(SpecterError, match="--repeats must be a whole number from 1 to 100, got 0"):
         execute(_req(tiny_dirs, draft, repeats=0), session, progress=False)
 

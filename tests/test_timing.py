@@ -173,6 +173,7 @@ def test_bandwidth_by_size_interpolates_in_log_size():
         {"bytes": 1000, "pinned_gbps": 1.0, "pageable_gbps": 0.5},
         {"bytes": 100000, "pinned_gbps": 3.0, "pageable_gbps": 1.5},
     ]
+    data["link"].update(h2d_pinned_gbps=3.0, h2d_pageable_gbps=1.5)  # the largest point's, as measured
     p = profile_from_dict(data)
     assert p.h2d_bandwidth(10000) == pytest.approx(2e9)
     assert p.h2d_bandwidth(10, pinned=False) == pytest.approx(0.5e9)
@@ -475,11 +476,12 @@ def test_the_breakdown_partitions_time_by_what_runs_at_each_instant():
         assert sum(got.values()) == pytest.approx(8.0)
 
 
-def test_every_cuda_engine_of_a_process_launches_on_one_pair_of_streams(monkeypatch):
+def test_every_cuda_engine_of_a_runtime_launches_on_its_one_pair_of_streams(monkeypatch):
     """A live run makes an engine per decode (the warm-up's, then each timed prompt's): they share the compute and
-    copy streams made once, so the caching allocator's blocks the warm-up freed serve the timed runs (a stream's
-    freed blocks are kept for that stream). Stand-ins for CUDA's streams and events count what is made."""
-    from specter.timing import cuda
+    copy streams their runtime made once (`LiveRuntime.streams`), so the caching allocator's blocks the warm-up freed
+    serve the timed runs (a stream's freed blocks are kept for that stream). Stand-ins for CUDA's streams and events
+    count what is made."""
+    from specter.timing import cuda, make_engine
 
     made = []
 
@@ -494,13 +496,14 @@ def test_every_cuda_engine_of_a_process_launches_on_one_pair_of_streams(monkeypa
         def record(self, stream=None):
             pass
 
-    monkeypatch.setattr(cuda, "_STREAMS", {})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    engines = [cuda.CudaEngine(between_ops=True) for _ in range(4)]
-    assert len(made) == 2
-    assert all(e._streams is engines[0]._streams for e in engines)
-    assert engines[0]._streams[COMPUTE] is not engines[0]._streams[H2D]
+    streams = cuda.make_streams(torch.device("cuda"))
+    engines = [make_engine("live", _unit_profile(), "cuda", streams=streams) for _ in range(4)]
+    assert len(made) == 2 and all(e._streams is streams for e in engines)
+    assert streams[COMPUTE] is not streams[H2D]
+    cuda.CudaEngine()  # an engine of no runtime makes its own pair
+    assert len(made) == 4

@@ -121,6 +121,13 @@ class LiveRuntime(ExpertSlots):
         self.model = moved[0]
         self.draft_model = moved[1] if draft is not None else None
         self.cache = None
+        # the compute and copy streams every live decode of this runtime runs on (one pair, made once: a warm-up on
+        # them warms the timed decodes' allocations); none on the CPU as device
+        self.streams = None
+        if self.device.type == "cuda":
+            from specter.timing.cuda import make_streams
+
+            self.streams = make_streams(self.device)
         # an expert computes its routed tokens gathered (the stock module's way, and bit for bit its result), or, on a
         # GPU, every token of the pass weighted by its routing (0 where it went elsewhere): a gather's indices depend
         # on the routing, so the host would wait for the device at every expert
@@ -135,7 +142,7 @@ class LiveRuntime(ExpertSlots):
         """Give back what the runtime holds on its device (the slots, staging buffers, the trees' copies, the KV
         caches) before another runtime is built: a sweep's next system checks the device's free memory against its
         own needs. On a GPU the caching allocator's freed blocks go back to the device too."""
-        self.model = self.draft_model = self.cache = self.draft_cache = self._call = None
+        self.model = self.draft_model = self.cache = self.draft_cache = self._call = self.streams = None
         self.slots, self.staging = {}, None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -28,11 +28,6 @@ HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 CUDART_UNLOADING = 4  # cudaErrorCudartUnloading: the process is ending, and CUDA has let go of everything
 
-#: what this process has page-locked through `pin_in_place`: address -> [bytes, holders]. A second store over the
-#: same rows (a sweep's next system adopting the model's rows) holds them too instead of registering them again:
-#: CUDA refuses a second registration, and the first store's going would unregister memory the second calls pinned.
-_REGISTERED: dict[int, list[int]] = {}
-
 
 def _cudart():
     return torch.cuda.cudart()
@@ -56,50 +51,38 @@ def clear_cuda_error() -> None:
 
 
 def pin_in_place(t: torch.Tensor) -> int:
-    """Page-lock the host memory of the contiguous tensor `t` where it lies (`cudaHostRegister`, default flags), or
-    hold it where this process has page-locked it already; returns its address for `unpin`. One SpecterError where
-    CUDA refuses (too much locked memory, or memory some other code registered)."""
+    """Page-lock the host memory of the contiguous tensor `t` where it lies (`cudaHostRegister`, default flags);
+    returns its address for `unpin`. One SpecterError where CUDA refuses: too much locked memory, or memory page-locked
+    already (a store pins its rows once, and a session keeps one store a model and dtype: other code registered it)."""
     if not t.is_contiguous() or t.device.type != "cpu":
         raise ValueError("pin_in_place takes a contiguous host tensor")
     address, nbytes = t.data_ptr(), t.numel() * t.element_size()
-    held = _REGISTERED.get(address)
-    if held is not None and held[0] == nbytes:
-        held[1] += 1
-        return address
     err = int(_cudart().cudaHostRegister(address, nbytes, 0))
     if err:
         clear_cuda_error()
         if err == HOST_MEMORY_ALREADY_REGISTERED:
             raise SpecterError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB of experts: that memory is page-locked "
-                               "already, by code other than the suite's store (CUDA error 712); run the suite in a "
-                               "process of its own")
+                               "already (CUDA error 712), by code other than this store; run the suite in a process "
+                               "of its own, with one session a model")
         raise SpecterError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB of experts failed (CUDA error {err}); the host "
                            "cannot page-lock that much memory: raise the locked-memory limit (ulimit -l) or run with "
                            "fewer experts on the host")
-    _REGISTERED[address] = [nbytes, 1]
     return address
 
 
 def unpin(addresses: list[int]) -> None:
-    """Let go of what `pin_in_place` returned: memory no other store holds is unregistered. An unregistration CUDA
-    refuses is said in one warning (the memory stays page-locked until the process ends); none is said while the
-    process ends (CUDA has let go of everything then)."""
+    """Unregister what `pin_in_place` registered. An unregistration CUDA refuses is said in one warning (the memory
+    stays page-locked until the process ends); none is said while the process ends (CUDA has let go of everything
+    then)."""
     from specter.progress import log
 
     failed = []
     for address in addresses:
-        held = _REGISTERED.get(address)
-        if held is None:
-            continue
-        held[1] -= 1
-        if held[1] > 0:
-            continue
-        del _REGISTERED[address]
         err = int(_cudart().cudaHostUnregister(address))
         if err:
             clear_cuda_error()
             if err != CUDART_UNLOADING:
-                failed.append(f"{held[0] / 1e9:.2f} GB at {address:#x} (CUDA error {err})")
+                failed.append(f"{address:#x} (CUDA error {err})")
     if failed:
         log.warning("warning: cudaHostUnregister refused %d of the expert store's layers (%s); that memory stays "
                     "page-locked until the process ends", len(failed), failed[0])

@@ -134,6 +134,7 @@ def live_run(p, prompt, config, schedule):
     """One live decode of `prompt` from the run's start state: (result, timeline, the trace it filled: its tokens,
     routes and windows)."""
     trace = PromptTrace(list(prompt), [], [], [])
-    result, timeline = schedule(p.system, timing.make_engine("live", p.profile, p.spec.live_device), p.work,
-                                p.service, trace, config, p.cost, p.warmup, p.device, p.online)
+    engine = timing.make_engine("live", p.profile, p.spec.live_device, streams=p.device.streams)
+    result, timeline = schedule(p.system, engine, p.work, p.service, trace, config, p.cost, p.warmup, p.device,
+                                p.online)
     return result, timeline, trace

@@ -23,15 +23,16 @@ __all__ = [
 ]
 
 
-def make_engine(kind: str, profile: HardwareProfile, device: str = "cpu") -> Engine:
+def make_engine(kind: str, profile: HardwareProfile, device: str = "cpu", streams: dict | None = None) -> Engine:
     """The engine named `kind` ("sim" or "live"); the profile drives the simulator and labels the live engine's runs.
-    The live engine's `device`: the wall clock on the CPU as device, CUDA's streams and events on a GPU."""
+    The live engine's `device`: the wall clock on the CPU as device, CUDA's streams and events on a GPU (`streams`:
+    the runtime's own pair, made once, `timing.cuda.make_streams`)."""
     if kind == "sim":
         return SimEngine(profile)
     if kind == "live" and device == "cuda":
         from specter.timing.cuda import CudaEngine
 
-        return CudaEngine(between_ops=True)
+        return CudaEngine(between_ops=True, streams=streams)
     if kind == "live":
         from specter.timing.wall import WallEngine
 

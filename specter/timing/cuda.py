@@ -20,30 +20,25 @@ import torch
 
 from specter.timing.engine import COMPUTE, H2D, HOST, SYNC, Engine, Event, Op, Span, Stall, check_stream
 
-_STREAMS: dict[str, dict[str, Any]] = {}  # device -> {COMPUTE, H2D}: one pair for every engine of the process
 
-
-def streams_for(device: torch.device) -> dict[str, Any]:
-    """The compute and copy streams every engine on `device` launches on, made once a process: PyTorch's caching
-    allocator keeps a stream's freed blocks for that stream, so a warm-up on the same streams warms the timed runs that
-    follow, and no run allocates anew inside its timed region."""
-    key = str(device)
-    if key not in _STREAMS:
-        _STREAMS[key] = {COMPUTE: torch.cuda.Stream(device), H2D: torch.cuda.Stream(device)}
-    return _STREAMS[key]
+def make_streams(device: torch.device) -> dict[str, Any]:
+    """A compute and a copy stream on `device`, for every engine of one runtime (`LiveRuntime.streams`): PyTorch's
+    caching allocator keeps a stream's freed blocks for that stream, so a warm-up on the same streams warms the timed
+    runs that follow, and no run allocates anew inside its timed region."""
+    return {COMPUTE: torch.cuda.Stream(device), H2D: torch.cuda.Stream(device)}
 
 
 class CudaEngine(Engine):
     kind = "cuda"
 
-    def __init__(self, device: str = "cuda", between_ops: bool = False) -> None:
+    def __init__(self, device: str = "cuda", between_ops: bool = False, streams: dict[str, Any] | None = None) -> None:
         super().__init__()
         self._between_ops = between_ops
         self._last_end: dict[str, Any] = {}  # each device stream's last op's end event (`between_ops`)
         if not torch.cuda.is_available():
             raise RuntimeError("CudaEngine needs CUDA; use --engine sim on a machine without a GPU")
         self._device = torch.device(device)
-        self._streams = streams_for(self._device)
+        self._streams = streams if streams is not None else make_streams(self._device)
         self._pending_spans: list[tuple[str, str, Any, Any, float]] = []
         self._pending_stalls: list[tuple[str, str, Any, Any]] = []
         self._set_origin()
