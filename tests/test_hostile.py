@@ -154,6 +154,12 @@ def _table_cell(column: str, value: str):
     return damage
 
 
+def _column_twice(path: Path) -> None:
+    """The table with a second tpot_ms column (pandas would read it as tpot_ms.1)."""
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0] + ",tpot_ms", *(line + ",1.0" for line in lines[1:])]) + "\n")
+
+
 def _readme(table: str) -> list[str]:
     return ["summary", "--readme", "--from", table, "--out", "{out}.md"]
 
@@ -715,6 +721,10 @@ CASES = [
      "is empty"),
     ("summary_table_tpot_with_an_underscore", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "5_439"),
                                                                               checksum=False)), "not a number"),
+    ("summary_table_its_checksum_damaged", lambda w, r: _readme(_table_copy(w, r, lambda p: Path(
+        f"{p}.sha256").write_bytes(b"\x00\xff garbage"))), "is not a sha256sum line"),
+    ("summary_table_a_column_twice", lambda w, r: _readme(_table_copy(w, r, _column_twice, checksum=False)),
+     "names the column 'tpot_ms' twice"),
     ("summary_table_tpot_not_a_number", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "abc"),
                                                                          checksum=False)), "tpot_ms is 'abc'"),
     ("summary_table_header_again_midway", lambda w, r: _readme(_table_copy(w, r, lambda p: p.write_text(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -156,6 +157,13 @@ def check_room(tier: Path, need: int) -> None:
     if tier.exists() and not tier.is_dir():
         raise SpecterError(f"the disk tier cannot be built: {str(tier)!r} is a file where its directory goes; remove "
                            "that file and run again")
+    existing = tier
+    while not existing.exists():
+        existing = existing.parent
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise SpecterError(f"the disk tier cannot be built: {str(existing)!r} is on a read-only file system; set "
+                           "SPECTER_CACHE_DIR to a directory on a writable one, or keep the experts in memory "
+                           "(--host-store memory)")
     problem = writable_problem(tier, directory=True)
     if problem is not None:
         raise SpecterError(f"the disk tier cannot be built: {problem}; set SPECTER_CACHE_DIR to a directory you can "

@@ -37,12 +37,17 @@ def read_table(path: str | Path) -> pd.DataFrame:
     except (OSError, UnicodeDecodeError) as err:
         raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
     sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.exists() and not sidecar.is_file():
+        raise SpecterError(f"{sidecar} is not a file; remove it (a table's checksum is a file beside it)")
     if sidecar.is_file():
         try:
             want = sidecar.read_bytes().split()[:1]
         except OSError:
             want = []
-        if want != [hashlib.sha256(data).hexdigest().encode()]:
+        if not (want and re.fullmatch(rb"[0-9a-fA-F]{64}", want[0])):
+            raise SpecterError(f"{sidecar} is not a sha256sum line (damaged); {fix}, or delete {sidecar.name} to read "
+                               "the table as it is")
+        if want[0].lower() != hashlib.sha256(data).hexdigest().encode():
             raise SpecterError(f"{path} is not the table that was written: its bytes differ from {sidecar.name} (cut "
                                f"short or edited); {fix}, or delete {sidecar.name} to read it as it is")
     if "\x00" in text:
@@ -50,6 +55,9 @@ def read_table(path: str | Path) -> pd.DataFrame:
     rows = list(csv.reader(io.StringIO(text, newline="")))
     if not rows or not any(rows[0]):
         raise SpecterError(f"{path} is empty; {fix}")
+    twice = next((name for i, name in enumerate(rows[0]) if name in rows[0][:i]), None)
+    if twice is not None:
+        raise SpecterError(f"{path}'s header names the column {twice!r} twice; {fix}")
     seen: dict[tuple, int] = {}
     for number, row in enumerate(rows[1:], 2):
         if len(row) != len(rows[0]):
