@@ -1171,9 +1171,9 @@ def test_damage_the_tier_check_cannot_see_ends_a_live_run_in_one_line_before_any
 
 def test_a_disk_tier_without_room_or_an_unwritable_cache_is_one_line_and_leaves_nothing(tiny_dirs, tmp_path,
                                                                                        monkeypatch):
-    """The tier's build checks the cache before any file: a cache that is a regular file, a read-only cache, a file
-    system with less room than the tier (the bytes named), and a disk that fills while the files are reserved; each is
-    one SpecterError and leaves no directory and no temporary."""
+    """The tier's build checks the cache before any file: a cache that is a regular file, a read-only cache, one on a
+    file system mounted read-only, a file system with less room than the tier (the bytes named), and a disk that
+    fills while the files are reserved; each is one SpecterError and leaves no directory and no temporary."""
     import collections
 
     import torch
@@ -1196,6 +1196,12 @@ def test_a_disk_tier_without_room_or_an_unwritable_cache_is_one_line_and_leaves_
             stream_moe_model(model, torch.float32, experts_on="disk")
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPECTER_CACHE_DIR", str(cache))
+    statvfs = os.statvfs
+    monkeypatch.setattr(disk_tier.os, "statvfs", lambda p: collections.namedtuple("vfs", "f_flag")(
+        statvfs(p).f_flag | os.ST_RDONLY))  # a file system mounted read-only
+    with pytest.raises(SpecterError, match="is on a read-only file system.*SPECTER_CACHE_DIR"):
+        stream_moe_model(model, torch.float32, experts_on="disk")
+    monkeypatch.setattr(disk_tier.os, "statvfs", statvfs)
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(disk_tier.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
     with pytest.raises(SpecterError, match=r"needs .* MiB \([0-9]+ bytes\) and 64 MiB spare in .* free"):
