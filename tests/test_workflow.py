@@ -302,7 +302,10 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
     assert set(sensitivity["temperature"]) == {0.0, 1.0} and set(sensitivity["dataset"]) == set(config["datasets"])
     measured = pd.read_csv(tmp_path / "results" / "tables" / "sim_vs_measured.csv")  # live on the CPU, beside twins
     assert measured["measured_on"].str.startswith("measured on cpu").all() and not measured["simulated"].any()
-    assert set(measured["simulated_on"]) == {"measured-cpu"} and measured["tokens_as_recorded"].notna().all()
+    assert set(measured["simulated_on"]) == {"measured-cpu"}
+    recorded = measured["system"] == "mixtral-offloading"  # its twin decodes the recorded trace (its gate guesses)
+    assert measured.loc[recorded, "tokens_as_recorded"].notna().all() and recorded.any()
+    assert measured.loc[~recorded, "tokens_as_recorded"].isna().all()  # the others' twins: their live decodes
     priced = main[main["cost_as"] == "mixtral-8x7b"]
     assert len(priced) and (priced["tpot_ms"] > 10).all()  # Mixtral-8x7B's shapes: the paper's regime
     logs = [p for p in (tmp_path / "results" / "logs").rglob("*.log") if not p.name.endswith(".gptqmodel.log")]
