@@ -360,3 +360,22 @@ def test_a_live_run_decodes_on_its_device_first_and_prices_its_twin_from_that_de
     recorded = sweep([spec(system="mixtral-offloading", **common)], None, session=session, progress=False)
     assert recorded[0].extra["live"]["twin"] == "the recorded decode (the CPU's)"
     assert recorded[0].extra["live"]["tokens_as_recorded"] and recorded[0].extra["live_forwards"] > 0
+
+
+def test_a_live_decode_counts_what_the_host_reads_of_the_device(tiny_dirs, rtn_drafts, tmp_path):
+    """Each live decode's record counts the host's reads of device results (each a wait for the device on a GPU): one
+    argmax a pass, one routing a target MoE layer a pass, and for a speculative system one routing a draft MoE layer a
+    draft step. On-demand over N tokens: N passes; Specter: its verifications and draft steps besides the prefill."""
+    session = Session()
+    layers = len(load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32).moe_layers)
+    for system in ("on-demand", "specter"):
+        p = prepare(spec(**_request(tiny_dirs, rtn_drafts, "mixtral", system, tmp_path, engine="live")), session)
+        p.device = on_live.runtime(p, session)
+        live, _, _ = on_live.live_run(p, p.prompts[0], p.config, schedule)
+        reads = live.extra["host_reads"]
+        if system == "on-demand":
+            assert reads == {"argmax": NEW, "target routing": NEW * layers}
+        else:
+            cycles, steps = len(live.ks), sum(live.ks)
+            assert reads == {"argmax": 1 + cycles + steps, "target routing": (1 + cycles) * layers,
+                             "draft routing": steps * layers}

@@ -27,6 +27,7 @@ copy into the wrong slot or an expert computed from a stale buffer changes what 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -79,6 +80,7 @@ class ObservedExperts(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         routes = top_k_index.tolist()  # the host reads the routing once: the executor's hooks and the gathers use it
+        self.runtime.host_reads["draft routing"] += 1
         out = self.inner(hidden_states, top_k_index, top_k_weights, routes=routes)
         self.runtime.reached(self.layer, routes)
         return out
@@ -121,6 +123,9 @@ class LiveRuntime(ExpertSlots):
         self.model = moved[0]
         self.draft_model = moved[1] if draft is not None else None
         self.cache = None
+        # what the host read of the device's results, by kind (each a wait for the device on a GPU): the argmax of a
+        # pass, a target MoE layer's routing, a draft MoE layer's routing
+        self.host_reads: Counter = Counter()
         # the compute and copy streams every live decode of this runtime runs on (one pair, made once: a warm-up on
         # them warms the timed decodes' allocations); none on the CPU as device
         self.streams = None
@@ -197,6 +202,7 @@ class LiveRuntime(ExpertSlots):
         # the argmax and whether any logit is NaN or +inf, read in one transfer: a damaged weight (a disk tier's row
         # changed under the run, a checkpoint damaged after it was checked) ends the run before any record
         read = torch.cat([logits.argmax(-1), (logits.isnan() | logits.isposinf()).any().view(1).long()]).tolist()
+        self.host_reads["argmax"] += 1
         if read[-1]:
             raise SpecterError(f"the live {'draft' if draft else 'target'} pass produced NaN or infinite logits: its "
                                "weights are damaged (a checkpoint, draft or disk tier changed since it was checked); "
@@ -217,6 +223,7 @@ class LiveRuntime(ExpertSlots):
         if self._reach is None:
             raise RuntimeError(f"L{layer}: the live model ran outside a scheduled pass; please report this")
         per_token = _routes(index)
+        self.host_reads["target routing"] += 1
         self._call = (hidden, index, weights, {})
         try:
             self._reach(layer, per_token)

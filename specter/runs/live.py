@@ -135,6 +135,8 @@ def live_run(p, prompt, config, schedule):
     routes and windows)."""
     trace = PromptTrace(list(prompt), [], [], [])
     engine = timing.make_engine("live", p.profile, p.spec.live_device, streams=p.device.streams)
+    before = dict(p.device.host_reads)
     result, timeline = schedule(p.system, engine, p.work, p.service, trace, config, p.cost, p.warmup, p.device,
                                 p.online)
+    result.extra["host_reads"] = {kind: n - before.get(kind, 0) for kind, n in sorted(p.device.host_reads.items())}
     return result, timeline, trace
