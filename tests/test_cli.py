@@ -291,3 +291,15 @@ def test_a_signal_during_an_import_removes_the_open_temporaries_and_exits_at_onc
         "so none is partial" and time.monotonic() - start < 10, err
     assert not os.path.exists(made) and [p.name for p in tmp_path.iterdir() if p.name != "__pycache__"] == [
         "slow_import.py"]
+
+
+def test_a_runs_summary_line_counts_prompts_and_timed_repeats_apart(tiny_dirs, tmp_path, capsys):
+    """`specter run`'s last line says how many prompts it averaged over, and how many timed repeats of each where a
+    live run timed several (the records are prompts x repeats)."""
+    common = ["run", "--system", "on-demand", "--model", tiny_dirs["mixtral"], "--dataset", "code", "--hardware",
+              "a100-40gb-pcie4", "--prefix-tokens", "8", "--max-new-tokens", "4", "--resident-per-layer", "2"]
+    assert main([*common, "--num-prompts", "1", "--engine", "live", "--repeats", "2",
+                 "--out", str(tmp_path / "live.jsonl")]) == 0
+    assert "over 1 prompt x 2 timed repeats," in capsys.readouterr().out
+    assert main([*common, "--num-prompts", "2", "--out", str(tmp_path / "sim.jsonl")]) == 0
+    assert "over 2 prompts, 2/8 experts" in capsys.readouterr().out

@@ -224,9 +224,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     _threads_set(args)
     records = run(from_args(args, args.system, args.out))
     r = summary(args.system, records)
+    prompts = len({record.prompt_index for record in records})
+    timed = f" x {len(records) // prompts} timed repeats" if len(records) > prompts else ""
     print(f"{args.system}: mean TPOT {r['tpot_ms']:.3f} ms ({_timing(r)}; lower bound {r['lower_bound_tpot_ms']:.3f} "
-          f"ms) over {len(records)} prompts, {r['slots_per_layer']}/{records[0].experts_per_layer} experts per layer "
-          f"resident\nwrote {args.out}")
+          f"ms) over {prompts} prompt{'s' if prompts > 1 else ''}{timed}, {r['slots_per_layer']}/"
+          f"{records[0].experts_per_layer} experts per layer resident\nwrote {args.out}")
     return 0
 
 
