@@ -77,7 +77,7 @@ def cmd_plan_memory(args: argparse.Namespace) -> int:
                              f"{fit.resident_bytes / 1e9:.1f}",
                              f"{fit.slots_per_layer} of {fit.experts_per_layer}" if fit.slots_per_layer
                              else "does not fit"))
-    header = ("model", "hardware", "device GB", "system", "resident GB", "slots per MoE layer")
+    header = ("model", "hardware", "device GB", "system", "resident GB, less slots", "slots per MoE layer")
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "|".join("---" for _ in header) + "|")
