@@ -17,7 +17,6 @@ from pathlib import Path
 
 from specter import timing
 from specter.metrics import RunRecord, breakdown, tpot_seconds
-from specter.numerics.forward import LiveNumerics
 from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
 from specter.progress import log, steps
@@ -144,8 +143,9 @@ def walk_windows(runs: list[PreparedRun]) -> None:
     _prepare_sampled(runs)
     groups: dict[tuple, tuple] = {}  # (the model's service, own KV) -> (service, [(run, paths)])
     for p in runs:
-        if not p.system.speculative or p.config.temperature > 0 or _twin_from_live(p):
-            continue
+        if not p.system.speculative or p.config.temperature > 0 or (p.spec.engine in MEASURED
+                                                                     and p.system.twin_from_live):
+            continue  # a measured run whose twin is priced from its own live decode walks nothing beforehand
         tokens = p.config.max_new_tokens
         paths = []
         for prompt in p.prompts:
@@ -165,11 +165,6 @@ def walk_windows(runs: list[PreparedRun]) -> None:
         before = service.forward_calls
         service.walk([path for _, paths in members for path in paths], own_kv=own_kv)
         members[0][0].walked_forwards += service.forward_calls - before
-
-
-def _twin_from_live(p: PreparedRun) -> bool:
-    """A measured run whose twin is priced from its own live decode: none of its windows is computed beforehand."""
-    return p.spec.engine in MEASURED and p.system.twin_from_live
 
 
 def _prepare_sampled(runs: list[PreparedRun]) -> None:
@@ -355,23 +350,17 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
     config = p.config
     if config.temperature > 0:
         config = replace(config, seed=p.spec.seed + index)
-    measured = {}
+    engine, first = MEASURED.get(p.spec.engine), index == repeat == 0
     if p.device is not None and p.system.twin_from_live:  # decoded live first, its twin priced from what it computed
-        engine = MEASURED[p.spec.engine]
-        result, timeline, trace = engine.timed(p, prompt, config, warm_up=index == repeat == 0)
-        result_sim, timeline_sim = schedule(p.system, timing.make_engine("sim", p.profile), p.work,
-                                            LiveNumerics(p.service, trace), trace, config, p.cost, p.warmup,
-                                            online=p.online)
-        measured = engine.compared(p, result, result_sim, recorded=False)
+        result, timeline, trace, (result_sim, timeline_sim), measured = engine.with_twin(p, prompt, config, first)
     else:
         trace = (p.service.sampled_trace(prompt, config.max_new_tokens, config.temperature, config.seed)
                  if config.temperature > 0 else p.service.trace(prompt, config.max_new_tokens))
         result, timeline = schedule(p.system, timing.make_engine("sim", p.profile), p.work, p.service, trace, config,
                                     p.cost, p.warmup, online=p.online)
         if p.device is not None:  # the simulated run above is the twin: now decoded live
-            result_sim, timeline_sim = result, timeline
-            engine = MEASURED[p.spec.engine]
-            result, timeline, _ = engine.timed(p, prompt, config, warm_up=index == repeat == 0)
+            (result_sim, timeline_sim), (result, timeline, _) = (result, timeline), engine.timed(p, prompt, config,
+                                                                                                  first)
             measured = engine.compared(p, result, result_sim, recorded=True)
     if p.device is not None:
         twin = breakdown(timeline_sim.spans, result_sim.commit_times[0], result_sim.commit_times[-1])
@@ -383,7 +372,7 @@ def run_prompt(p: PreparedRun, index: int, prompt: list[int], repeat: int = 0) -
             else {})}}
     lower_bound = _bound(p, index, result, trace)
     # the first record also counts the forwards computed for every prompt together before scheduling
-    live = p.service.forward_calls - forwards + (p.walked_forwards if index == repeat == 0 else 0)
+    live = p.service.forward_calls - forwards + (p.walked_forwards if first else 0)
     return record_of(p, index, prompt, result, timeline, lower_bound, config.seed, time.perf_counter() - wall, live,
                      measured)
 

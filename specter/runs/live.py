@@ -117,6 +117,18 @@ def timed(p, prompt: list[int], config, warm_up: bool):
         return live_run(p, prompt, config, schedule)
 
 
+def with_twin(p, prompt: list[int], config, warm_up: bool):
+    """The prompt decoded live (`timed`), then its simulated twin scheduled on what that decode computed, with no
+    forward of the CPU's numerics (`LiveNumerics`): (result, timeline, trace, (twin result, twin timeline), the
+    record's measured extras)."""
+    from specter.numerics.forward import LiveNumerics
+
+    result, timeline, trace = timed(p, prompt, config, warm_up)
+    twin = schedule(p.system, timing.make_engine("sim", p.profile), p.work, LiveNumerics(p.service, trace), trace,
+                    config, p.cost, p.warmup, online=p.online)
+    return result, timeline, trace, twin, compared(p, result, twin[0], recorded=False)
+
+
 def compared(p, result, simulated, recorded: bool) -> dict:
     """The record's measured extras beside its twin: the twin's TPOT and profile, and, where the twin decoded the
     recorded trace (`recorded`), whether the live tokens and acceptance were the recorded ones (a twin priced from the
