@@ -327,6 +327,9 @@ def _consistency_problem(record: dict) -> str | None:
             v is None or isinstance(v, bool) or isinstance(v, str) or (isinstance(v, int) and v >= 0)
             for v in memory.values())):
         return "config.memory holds a byte count or slot count that is not a whole number of at least 0"
+    problem = _window_counts_problem(record, extra.get("counts"))
+    if problem:
+        return problem
     for name in ("repeat", "live_forwards"):
         value = extra.get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
@@ -360,6 +363,28 @@ def _window_problem(record: dict, k, histogram: dict, tokens: int) -> str | None
     if not 0 <= committed - (tokens - 1) <= longest:
         return (f"accepted_length_histogram's windows commit {committed} tokens, and the run's {tokens} tokens "
                 f"need {tokens - 1} from windows (at most {longest} more, the last window's overshoot)")
+    return None
+
+
+def _window_counts_problem(record: dict, counts) -> str | None:
+    """Where a speculative record's shares contradict its window counts (`extra.counts`: proposed, checked and
+    accepted draft tokens) or its accepted-length histogram: the acceptance rate is accepted over checked, the window
+    utilization accepted over proposed, and the histogram's accepted lengths sum to the accepted tokens."""
+    if not isinstance(counts, dict) or record.get("acceptance_rate") is None:
+        return None
+    try:
+        accepted, checked, proposed = (int(counts[k]) for k in ("accepted", "checked", "proposed"))
+    except (KeyError, TypeError, ValueError):
+        return "extra.counts lacks whole proposed, checked and accepted counts"
+    if not 0 <= accepted <= checked <= proposed:
+        return f"extra.counts has {accepted} accepted of {checked} checked of {proposed} proposed"
+    for name, value in (("acceptance_rate", accepted / checked if checked else None),
+                        ("window_utilization", accepted / proposed if proposed else None)):
+        if value is not None and not math.isclose(record.get(name) or 0.0, value, rel_tol=1e-9, abs_tol=1e-12):
+            return f"{name} is {record.get(name)!r}, and its window counts give {value!r}"
+    histogram = record.get("accepted_length_histogram") or {}
+    if histogram and sum(int(a) * n for a, n in histogram.items()) != accepted:
+        return f"accepted_length_histogram's windows accept other than the {accepted} accepted tokens its counts hold"
     return None
 
 

@@ -704,6 +704,12 @@ CASES = [
     ("aggregate_system_with_a_bar", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, lambda path: (_record_field("system", "spec|ter")(path), _config_field("system", "spec|ter")(path))),
         "--out", "{out}.csv"], "which no run names"),
+    ("aggregate_acceptance_against_its_window_counts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("acceptance_rate", 0.123)), "--out", "{out}.csv"],
+     "acceptance_rate is 0.123, and its window counts give"),
+    ("aggregate_utilization_against_its_window_counts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("window_utilization", 0.123)), "--out", "{out}.csv"],
+     "window_utilization is 0.123, and its window counts give"),
     ("aggregate_profile_missing", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("hardware_profile", None)), "--out", "{out}.csv"], "config.hardware_profile is missing"),
     # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---
