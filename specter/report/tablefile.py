@@ -71,7 +71,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(io.StringIO(text))
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
-    from specter.records import MAX_TIME_MS
+    from specter.record_checks import MAX_TIME_MS
 
     for column in df.columns:
         if not ("tpot" in column or column.endswith("_ms")):
