@@ -4,6 +4,7 @@ command line prints)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 from specter.errors import SpecterError
@@ -249,18 +250,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _of_another_shape(what: str, fix: str):
+    """A record's field or a table's cell of a type or shape this suite never writes, met past the files' own checks
+    while a table, figure or summary is made from them: one line naming the files and the fix, not a traceback."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as err:
+        raise SpecterError(f"{what} of another type or shape than this suite writes ({type(err).__name__}: "
+                           f"{str(err)[:120]}); {fix}") from None
+
+
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from specter.report.tablefile import read_table, write_table
     from specter.report.tables import build_table
 
-    try:
+    with _of_another_shape(f"the inputs of {args.experiment} ({', '.join(map(str, args.inputs))[:200]}) hold a field",
+                           "the files are damaged or were edited: run the rules that write them again"):
         table = build_table(args.experiment, args.inputs)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as err:
-        # a field of a type or shape this suite never writes, past the records' own checks: one line, not a traceback
-        raise SpecterError(f"the inputs of {args.experiment} ({', '.join(map(str, args.inputs))[:200]}) hold a field "
-                           f"of another type or shape than this suite writes ({type(err).__name__}: "
-                           f"{str(err)[:120]}); the files are damaged or were edited: run the rules that write them "
-                           "again") from None
     write_table(table, args.out)
     print(f"{args.experiment}: {len(table)} rows from {len(args.inputs)} files; wrote {args.out}")
     if args.figure or args.html:
@@ -286,12 +293,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from specter.report.tablefile import read_table
 
     table = read_table(args.table)
-    try:
+    with _of_another_shape(f"{args.table} holds a cell", "write it again with `specter aggregate`"):
         plot(args.experiment, table, args.out)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as err:
-        raise SpecterError(f"{args.table} holds a cell of another type than `specter aggregate {args.experiment}` "
-                           f"writes ({type(err).__name__}: {str(err)[:120]}); write it again with `specter "
-                           "aggregate`") from None
     print(f"wrote {args.out}")
     return 0
 
@@ -312,15 +315,12 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if args.front and (args.readme or args.results is None):
         raise SpecterError("--front writes the report's front page of a results DIR; give the DIR without --readme "
                            "(e.g. `specter summary results --out results/summary.md --front results/report/front.rst`)")
-    try:
+    with _of_another_shape(f"a table of {args.table or args.results} holds a cell",
+                           "write it again with `specter aggregate` (or rerun the workflow)"):
         if args.readme:
             text = readme_table(args.table if args.table is not None else Path(args.results) / "tables" / "main.csv")
         else:
             text = summary(args.results)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as err:
-        raise SpecterError(f"a table of {args.table or args.results} holds a cell of another type than `specter "
-                           f"aggregate` writes ({type(err).__name__}: {str(err)[:120]}); write it again with "
-                           "`specter aggregate` (or rerun the workflow)") from None
     if args.front:
         from specter.report.readme import front_page
 
