@@ -59,6 +59,9 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 
 
+_DTYPES = ("float32", "bfloat16", "float16")  # what `--set dtype=` takes
+
+
 def tiny_config(model_type: str, shapes: dict[str, int] | None = None) -> PretrainedConfig:
     """The stock config of a tiny `model_type` model (eager attention and experts, so CPU runs are exact and fast),
     with `shapes` (whole-number fields of the config, such as hidden_size) in place of the tiny ones."""
@@ -83,10 +86,9 @@ def shape_settings(model_type: str, overrides: dict[str, str]) -> tuple[dict[str
     shapes, dtype = {}, torch.float32
     for key, text in overrides.items():
         if key == "dtype":
-            dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-            if text not in dtypes:
-                raise SpecterError(f"--set dtype={text!r}: give one of {', '.join(dtypes)}")
-            dtype = dtypes[text]
+            if text not in _DTYPES:
+                raise SpecterError(f"--set dtype={text!r}: give one of {', '.join(_DTYPES)}")
+            dtype = getattr(torch, text)
             continue
         if key not in numeric:
             raise SpecterError(f"--set {key}: not a setting of tiny-{model_type}; settings: dtype, "
@@ -98,13 +100,13 @@ def shape_settings(model_type: str, overrides: dict[str, str]) -> tuple[dict[str
         if not 1 <= value <= 1 << 20:
             raise SpecterError(f"--set {key}={value}: give a whole number from 1 to {1 << 20}")
         shapes[key] = value
-    heads = {**_COMMON, **TINY_CONFIGS[model_type], **shapes}
-    if heads.get("head_dim") is None and heads["hidden_size"] % heads["num_attention_heads"]:
-        raise SpecterError(f"--set: hidden_size {heads['hidden_size']} is not a multiple of num_attention_heads "
-                           f"{heads['num_attention_heads']}; set both so that it is")
-    if heads["num_attention_heads"] % heads["num_key_value_heads"]:
-        raise SpecterError(f"--set: num_attention_heads {heads['num_attention_heads']} is not a multiple of "
-                           f"num_key_value_heads {heads['num_key_value_heads']}; set both so that it is")
+    merged = {**_COMMON, **TINY_CONFIGS[model_type], **shapes}
+    if merged.get("head_dim") is None and merged["hidden_size"] % merged["num_attention_heads"]:
+        raise SpecterError(f"--set: hidden_size {merged['hidden_size']} is not a multiple of num_attention_heads "
+                           f"{merged['num_attention_heads']}; set both so that it is")
+    if merged["num_attention_heads"] % merged["num_key_value_heads"]:
+        raise SpecterError(f"--set: num_attention_heads {merged['num_attention_heads']} is not a multiple of "
+                           f"num_key_value_heads {merged['num_key_value_heads']}; set both so that it is")
     return shapes, dtype
 
 
