@@ -141,11 +141,12 @@ def _consistency_problem(record: dict) -> str | None:
                                            rel_tol=1e-9, abs_tol=1e-9):
             given = (commits[-1] - commits[0]) / (tokens - 1)
             return f"tpot_ms is {record.get('tpot_ms')!r}, and its commit times give {given!r}"
-    for entry in record.get("expert_prediction") or []:
-        if not (isinstance(entry, dict) and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool)
-                                                for k in ("layer", "distance"))
-                and all(isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)
-                        and 0 <= entry[k] <= 1 for k in ("precision", "recall"))):
+    shares = (int, float)  # JSON's numbers (exact types: a bool is no number here)
+    for entry in record.get("expert_prediction") or []:  # a record holds thousands: plain checks, no generators
+        get = entry.get if type(entry) is dict else {}.get
+        precision, recall = get("precision"), get("recall")
+        if (type(get("layer")) is not int or type(get("distance")) is not int or type(precision) not in shares
+                or type(recall) not in shares or not 0 <= precision <= 1 or not 0 <= recall <= 1):
             return f"expert_prediction holds {str(entry)[:80]}, not a layer, a distance and two shares in [0, 1]"
     for name in ("breakdown_ms", "simulated_breakdown_ms"):
         parts = extra.get(name)
