@@ -1,6 +1,7 @@
-"""The live draft's fused INT4 kernel on the CPU (`specter.quant.kernels`): GPTQModel's `TorchFusedLinear` computes the
-same outputs from the same draft, bit for bit (in a child process: importing GPTQModel patches transformers); the
-products equal the dequantized weights' to bfloat16's rounding; what the kernel cannot compute is said, not guessed."""
+"""The live draft's fused INT4 kernels (`specter.quant.kernels`): on the CPU, GPTQModel's `TorchFusedLinear` computes
+the same outputs from the same draft, bit for bit (in a child process: importing GPTQModel patches transformers); the
+products equal the dequantized weights' to bfloat16's rounding; the GPU kernel's packing holds the same codes (its
+kernel itself runs in the `gpu` tests); what a kernel cannot compute is said, not guessed."""
 
 from __future__ import annotations
 
@@ -119,3 +120,68 @@ def test_a_live_draft_runs_on_the_kernel_its_records_name_and_the_target_keeps_i
     inner = runtime.draft_model.get_submodule(
         "model.layers.0.mlp.experts").inner[0].gate_proj  # the live draft's own module
     assert type(inner).__name__ == ("FusedInt4Linear" if bits == 4 else "PackedQuantLinear")
+
+
+def test_the_gpu_kernels_nibbles_hold_the_codes_the_cpu_kernel_computes_with():
+    """The GPU's tinygemm layout starts from the codes two to a byte, the even input in the high nibble; unpacked, they
+    are the codes the CPU's kernel reads, so on the CPU they compute its outputs bit for bit, with the same scales."""
+    from specter.quant.kernels import codes_of_nibbles, nibbles
+
+    assert nibbles(torch.tensor([[1, 2, 15, 0]], dtype=torch.int32)).tolist() == [[0x12, 0xF0]]
+    for shape in SHAPES:
+        p = _packed(*shape)
+        gpu = FusedInt4Linear(p, None, p.nbytes(), device=torch.device("cuda"))
+        cpu = FusedInt4Linear(p, None, p.nbytes())
+        assert gpu.weight_int4.dtype == torch.uint8 and gpu.weight_int4.shape == (shape[0], shape[1] // 2)
+        assert torch.equal(gpu.scales_and_zeros, cpu.scales_and_zeros)
+        x = torch.randn(4, shape[1])
+        codes = codes_of_nibbles(gpu.weight_int4)
+        with torch.no_grad():
+            again = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16), torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), shape[2],
+                gpu.scales_and_zeros).float()
+            assert torch.equal(again, cpu(x))
+
+
+def test_a_gpu_draft_runs_on_the_fused_kernel_or_is_refused_never_dequantized_per_call():
+    """On a GPU every draft linear runs on the fused kernel (converted there once, after the move; never computed
+    before), and a draft it cannot compute is refused in one line naming the flag that asks for per-call
+    dequantization."""
+    from specter.errors import SpecterError
+    from specter.quant.draft import PackedQuantLinear, QuantizedExpert, QuantizedExperts
+    from specter.quant.kernels import FUSED_KERNELS, with_fused_kernels
+
+    cuda = torch.device("cuda")
+
+    def experts(group):
+        linears = {n: PackedQuantLinear(_packed(64, 128, group, seed=i), None, torch.float32, 0)
+                   for i, n in enumerate(("gate_proj", "up_proj", "down_proj"))}
+        return QuantizedExperts([QuantizedExpert(**linears)], torch.nn.functional.silu, False)
+
+    fused, kernel = with_fused_kernels(experts(32), cuda)
+    assert kernel == FUSED_KERNELS["cuda"]
+    linears = list(fused[0].children())
+    assert len(linears) == 3 and all(isinstance(m, FusedInt4Linear) and m.kernel == "cuda" for m in linears)
+    with pytest.raises(RuntimeError, match="before its codes were converted"):
+        linears[0](torch.randn(1, 128))
+    with pytest.raises(RuntimeError, match="readied on cpu"):
+        linears[0].ready()
+    with pytest.raises(SpecterError, match="3 of the draft's 3 .*groups of 16 inputs.*--live-draft-kernel packed"):
+        with_fused_kernels(experts(16), cuda)
+    _, on_cpu = with_fused_kernels(experts(16), torch.device("cpu"))  # the CPU keeps per-call dequantization, said
+    assert "dequantized on every call" in on_cpu and "3 for groups of 16 inputs" in on_cpu
+
+
+@pytest.mark.gpu
+def test_the_gpu_kernel_computes_the_drafts_weights_to_bfloat16s_rounding():
+    cuda = torch.device("cuda")
+    for shape in SHAPES:
+        p = _packed(*shape)
+        m = FusedInt4Linear(p, None, p.nbytes(), device=cuda)
+        m.weight_int4, m.scales_and_zeros = m.weight_int4.to(cuda), m.scales_and_zeros.to(cuda)
+        m.ready()
+        x = torch.randn(5, shape[1])
+        with torch.no_grad():
+            got = m(x.to(cuda)).cpu()
+        want = x.to(torch.bfloat16).float() @ dequantize(p, torch.float32).T
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())

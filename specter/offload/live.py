@@ -18,8 +18,8 @@ values the separate copy the system keeps on its device would hold, so the devic
 
 The trees are copied onto the device once (`specter.models.trees.moved_to`: what the target and the draft share, once),
 and on a GPU an expert computes every token of the pass weighted by its routing, so that the host never waits for a
-gather's indices. The draft's 4-bit linears may run on the CPU's fused INT4 kernel (`specter.quant.kernels`) instead of
-the simulator's draft modules.
+gather's indices. The draft's 4-bit linears run on PyTorch's fused INT4 kernel for the device, the CPU's or a GPU's
+(`specter.quant.kernels`), instead of the simulator's draft modules, unless the run asks for those.
 
 Nothing here is recorded: the tokens and routes are the ones this pass computed (`LivePass`), so a corrupted slot, a
 copy into the wrong slot or an expert computed from a stale buffer changes what the model decodes.
@@ -42,7 +42,7 @@ from specter.offload.device import ExpertSlots, require_device_memory
 from specter.offload.memory import STAGING_BUFFERS
 from specter.offload.store import ExpertStore
 from specter.offload.work import ModelWork
-from specter.quant.kernels import PACKED_KERNEL, with_fused_kernels
+from specter.quant.kernels import PACKED_KERNEL, FusedInt4Linear, with_fused_kernels
 
 Reach = Callable[[int, list[tuple[int, ...]]], None]  # (MoE layer, each input's routed experts) -> None
 
@@ -122,6 +122,9 @@ class LiveRuntime(ExpertSlots):
         moved = moved_to(trees, self.device)  # on the CPU as device, over the target's own tensors
         self.model = moved[0]
         self.draft_model = moved[1] if draft is not None else None
+        for m in self.draft_model.modules() if self.draft_model is not None else ():
+            if isinstance(m, FusedInt4Linear):
+                m.ready()  # a GPU kernel's layout, made on the GPU
         self.cache = None
         # what the host read of the device's results, by kind (each a wait for the device on a GPU): the argmax of a
         # pass, a target MoE layer's routing, a draft MoE layer's routing

@@ -49,7 +49,12 @@ def counted_kernels(spec, target, draft, counted: dict, architecture=None):
         if draft is not None:
             experts = draft.moe.moe_layers[0].experts
             if spec.live_draft_kernel == "fused":
-                experts, _ = with_fused_kernels(experts, torch.device(spec.live_device))
+                # a GPU's kernel refuses what it cannot compute here, before any weight moves; its modules dispatch
+                # the CPU kernel's ops one for one, and are counted on the CPU's
+                device = torch.device(spec.live_device)
+                experts, _ = with_fused_kernels(experts, device)
+                if device.type != "cpu":
+                    experts, _ = with_fused_kernels(draft.moe.moe_layers[0].experts, torch.device("cpu"))
         model = architecture.tiny_model() if architecture is not None else target
         ops = count_decode_ops(model)
         draft_ops = (count_experts_call(experts, target, next(target.model.parameters()).device)

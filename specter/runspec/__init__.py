@@ -37,8 +37,8 @@ DRAFT_KERNELS = ("fused", "unfused")
 #: its loader placed, the last `slots` experts of each layer by id, least recently used first, restored before every
 #: input outside the timed region), or `empty`
 CACHE_STARTS = ("restored", "empty")
-#: the live draft's INT4 kernel: PyTorch's fused CPU kernel (as GPTQModel's TorchFusedLinear runs it), or the codes
-#: dequantized on every call (`specter.quant.kernels`)
+#: the live draft's INT4 kernel: PyTorch's fused kernel for the device (the CPU's, as GPTQModel's TorchFusedLinear runs
+#: it, or a GPU's tinygemm), or the codes dequantized on every call (`specter.quant.kernels`)
 LIVE_DRAFT_KERNELS = ("fused", "packed")
 #: where a live run keeps the target's routed experts on the host: in memory, on disk (memory-mapped rows in the
 #: suite's cache, paged in as copies read them), or auto (disk where the checkpoint exceeds the memory available)
@@ -162,9 +162,10 @@ class RunSpec:
         choices=LIVE_DEVICES))
     live_draft_kernel: str = setting(default="fused", metadata=_flag(
         "--live-draft-kernel", "the kernel a live run's draft computes its experts with: fused (PyTorch's INT4 kernel "
-                               "on the CPU, as GPTQModel's TorchFusedLinear runs it, bfloat16 activations; 4-bit "
-                               "drafts in groups of 32 to 256: other linears, and drafts on a GPU, fall back to "
-                               "packed) or packed (the codes dequantized on every call to the simulator's draft "
+                               "for the device, bfloat16 activations: on the CPU as GPTQModel's TorchFusedLinear runs "
+                               "it, other linears than 4-bit in groups of 32 to 256 falling back to packed; on a GPU "
+                               "its tinygemm kernel, such a draft refused) or packed (the codes dequantized on every "
+                               "call to the simulator's draft "
                                "weights, bit for bit, so the live draft proposes what the twin's does); records say "
                                "which ran", choices=LIVE_DRAFT_KERNELS))
     host_store: str = setting(default="auto", metadata=_flag(
