@@ -9,10 +9,12 @@ with a sentinel at its output path, and checks afterwards that the sentinel is u
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
 import shutil
+import textwrap
 from functools import partial
 from pathlib import Path
 
@@ -1078,7 +1080,9 @@ def _tier_run(tiny_dirs, rtn_drafts, tmp_path):
     request = dict(system="specter", model=tiny_dirs["mixtral"], draft=rtn_drafts["mixtral"], dataset="code",
                    hardware="a100-40gb-pcie4", out=str(tmp_path / "x.jsonl"), num_prompts=1, prefix_tokens=16,
                    max_new_tokens=8, resident_per_layer=2, k=3, warmup_prompts=0, engine="live", host_store="disk")
-    return execute(spec(**request), Session(), progress=False)
+    records = execute(spec(**request), Session(), progress=False)
+    gc.collect()  # the run's model gone, its tier's leases with it (a CLI run's process ends here)
+    return records
 
 
 @pytest.mark.parametrize("damage", ["nan", "finite", "finite_time_kept", "manifest_gone", "file_gone",
@@ -1223,6 +1227,43 @@ def test_a_disk_tier_without_room_or_an_unwritable_cache_is_one_line_and_leaves_
         stream_moe_model(model, torch.float32, experts_on="disk")
     expert_rows = cache / "expert-rows"
     assert not expert_rows.exists() or list(expert_rows.iterdir()) == []
+
+
+TRUNCATED_UNDER_THE_MAP = textwrap.dedent("""
+    import subprocess, sys, time
+    import torch
+    from specter.errors import SpecterError
+    from specter.models.streaming import stream_moe_model
+
+    moe = stream_moe_model(sys.argv[1], torch.float32, experts_on="disk")
+    rows = moe.moe_layers[0].experts.down_proj
+    file = moe.experts_on_disk / "layer-0.bin"
+    cut = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({str(file)!r}, 0)"])
+    try:
+        for _ in range(200):  # the writer's truncation arrives while the rows are read
+            float(rows.sum())
+            time.sleep(0.02)
+    except SpecterError as e:
+        print("specter: error:", e, flush=True)
+        moe.tier_leases.close()
+        sys.exit(1 if cut.wait(60) == 0 else 3)
+    print("read a truncated map and went on", flush=True)
+""")
+
+
+def test_a_disk_tier_file_truncated_while_mapped_stops_the_run_in_one_line(tiny_dirs, tmp_path):
+    """A writer truncating a mapped disk-tier file while the run reads it: the run stops in one line naming the file
+    (the kernel holds the writer back until the run lets go), where reading a page past the new end of the file was a
+    bus error (exit -7, no line)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECTER_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", TRUNCATED_UNDER_THE_MAP, str(tiny_dirs["olmoe"])], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and "layer-0.bin was opened for writing or truncated" in lines[0], out.stdout
 
 
 def stream_moe_model(*args, **kwargs):

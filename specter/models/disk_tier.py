@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import weakref
 from pathlib import Path
 
 import torch
@@ -189,3 +190,67 @@ def building_dir(tier: Path):
     except OSError as err:
         raise SpecterError(f"building the disk tier {tier} failed ({err.strerror or err}); nothing of it was kept. "
                            "Free space in the cache or set SPECTER_CACHE_DIR elsewhere, then run again") from None
+
+
+class TierLeases:
+    """Read leases (`fcntl(F_SETLEASE, F_RDLCK)`) on a mapped disk tier's files: a writer that opens one for writing or
+    truncates it is held back by the kernel (up to `/proc/sys/fs/lease-break-time`, 45 s by default) and
+    this process is sent SIGIO, which stops it in one line (a `SpecterError` raised in the main thread, no record
+    written) before it reads a page of a file that shrank under its map, which would end it with a bus error. The
+    writer goes on once this process exits or `close`s. Leases are best effort: a file system without them (NFS),
+    a file another process holds open for writing, or a thread other than the main one leaves a file without one."""
+
+    def __init__(self, tier: Path, files: list[Path]) -> None:
+        import fcntl
+        import signal
+        import threading
+
+        self.tier, self._fcntl, self.held = tier, fcntl, []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for file in files:
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+            except OSError:
+                os.close(fd)
+                continue
+            self.held.append((file, fd))
+        if self.held:  # the handler holds the leases weakly: they go (and their files' writers go on) with the model
+            own, before = weakref.ref(self), signal.getsignal(signal.SIGIO)
+
+            def on_break(signum: int, frame) -> None:
+                leases = own()
+                if leases is not None:
+                    leases.stop(signum, frame)
+                elif callable(before):
+                    before(signum, frame)
+
+            self._before = before
+            signal.signal(signal.SIGIO, on_break)
+
+    def stop(self, signum: int, frame) -> None:
+        """SIGIO's handler: end the run if one of these leases is being broken."""
+        broken = [file for file, fd in self.held if self._broken(fd)]
+        if not broken:  # another tier's lease, or a SIGIO of another kind
+            if callable(self._before):
+                self._before(signum, frame)
+            return
+        raise SpecterError(f"the disk tier's {broken[0]} was opened for writing or truncated while this run read it "
+                           "through its memory map; the run stops before any record. Let the writer finish, then "
+                           f"delete {self.tier} (it is rebuilt from the checkpoint) and run again")
+
+    def _broken(self, fd: int) -> bool:
+        try:
+            return self._fcntl.fcntl(fd, self._fcntl.F_GETLEASE) != self._fcntl.F_RDLCK
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        """Give the leases back (the files' writers go on)."""
+        for _, fd in self.held:
+            os.close(fd)
+        self.held = []
+
+    def __del__(self) -> None:
+        self.close()

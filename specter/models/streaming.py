@@ -29,7 +29,9 @@ load checks them against the manifest the build wrote (`manifest.json`: each fil
 hash of sampled blocks, `tier_problem`), builds the directory again where they differ, and maps the files privately (a
 write to the mapped rows never reaches the files). The build first checks that the cache is a directory it may write
 in and that its file system has room for every layer file, and reserves each file's blocks before writing it, so a
-full disk is one line and never a bus error. A damaged row found while a live run decodes (NaN or overflowing logits,
+full disk is one line and never a bus error. While mapped, the files are leased (`TierLeases`): another process that
+opens one for writing or truncates it stops the run in one line, before it could read a page that is no longer there
+(a bus error). A damaged row found while a live run decodes (NaN or overflowing logits,
 `specter.offload.live`) ends the run in one line, before any record.
 """
 
@@ -53,6 +55,7 @@ from transformers.utils import logging as hf_logging
 from specter.errors import SpecterError
 from specter.models.adapter import MoEModel
 from specter.models.disk_tier import (
+    TierLeases,
     available_memory,
     building_dir,
     check_room,
@@ -259,7 +262,8 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
                 del rows
         if building:  # last, once the files are in place and their permissions set: a tier without it is rebuilt
             write_manifest(tier, identity)
-        if tier is not None:
+        if tier is not None:  # leased before the sizes are checked and the files mapped (`TierLeases`)
+            leases = TierLeases(tier, [tier / f"layer-{m.layer_index}.bin" for m in moe.moe_layers])
             rows = {m.layer_index: _expert_rows(m, dtype, tier, writable=False) for m in moe.moe_layers}
     finally:
         reader.close()
@@ -287,6 +291,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
     moe.loaded_by = "safetensors read into place (experts as rows" + (
         f", memory-mapped from the disk tier {tier})" if tier is not None else ")")
     moe.experts_on_disk = tier
+    moe.tier_leases = leases if tier is not None else None  # held as long as the model
     return moe
 
 
