@@ -293,13 +293,12 @@ def files_sha256(paths) -> str:
     hash is computed again."""
     paths = [Path(p) for p in paths]
     key_path = _hash_cache_entry(paths)
-    if key_path is not None and key_path.is_file():
-        try:
-            cached = key_path.read_bytes().strip()  # bytes: an entry is whatever the file holds, valid or not
-        except OSError:
-            cached = b""
-        if len(cached) == 64 and all(c in b"0123456789abcdef" for c in cached):
-            return cached.decode()
+    try:  # an entry that cannot be reached (an unsearchable cache) costs the hashing, as a missing one does
+        cached = key_path.read_bytes().strip() if key_path is not None and key_path.is_file() else None
+    except OSError:
+        cached = b""
+    if cached is not None and len(cached) == 64 and all(c in b"0123456789abcdef" for c in cached):
+        return cached.decode()
     digest = _files_sha256(paths)
     if key_path is not None:
         try:

@@ -24,6 +24,13 @@ def record_problem(record: dict) -> str | None:
     """What in a run record (its fields' types already checked) no run can produce, or None: a time that is negative,
     NaN or infinite, a negative count, a share outside [0, 1], a TPOT of 0 over several tokens, more slots than
     experts."""
+    try:
+        return _record_problem(record)
+    except OverflowError:  # an integer no float holds, or an infinity taken as a count
+        return "a number too large for its field (an integer no float holds, or an infinite count)"
+
+
+def _record_problem(record: dict) -> str | None:
     from specter.runspec import MAX_WINDOW
 
     for name in ("output_token_ids", "prompt_token_ids"):

@@ -741,6 +741,18 @@ CASES = [
         p.read_bytes().replace(b"same", b"sa\x00me")), checksum=False)), "NUL bytes"),
     ("summary_table_tpot_beyond_a_day", lambda w, r: _readme(_table_copy(w, r, _table_cell("tpot_ms", "1e300"),
                                                                          checksum=False)), "under a day"),
+    ("summary_table_hit_rate_above_one", lambda w, r: _readme(_table_copy(w, r, _table_cell("hit_rate", "7.5"),
+                                                                          checksum=False)), "a share is in [0, 1]"),
+    ("summary_table_slots_negative", lambda w, r: _readme(_table_copy(w, r, _table_cell("slots_per_layer", "-3"),
+                                                                      checksum=False)), "never negative"),
+    ("summary_table_slots_infinite", lambda w, r: _readme(_table_copy(w, r, _table_cell("slots_per_layer", "inf"),
+                                                                      checksum=False)), "slots_per_layer is 'inf'"),
+    ("summary_table_n_zero", lambda w, r: _readme(_table_copy(w, r, _table_cell("n", "0"), checksum=False)),
+     "a whole number, at least 1"),
+    ("summary_table_speedup_infinite", lambda w, r: _readme(_table_copy(
+        w, r, _table_cell("speedup_of_specter", "inf"), checksum=False)), "a ratio is finite and positive"),
+    ("aggregate_records_tpot_an_integer_no_float_holds", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("tpot_ms", 10**400)), "--out", "{out}.csv"], "too large for its field"),
     ("summary_results_main_header_only", lambda w, r: ["summary", _results_with(w, r, "main.csv", Path(
         r["table"]).read_text().splitlines()[0] + "\n")], "a header and no rows"),
     ("summary_results_with_an_empty_table", lambda w, r: ["summary", _results_with(w, r, "hardware.csv", "")],
@@ -1410,3 +1422,77 @@ def test_a_table_without_its_checksum_is_read_with_a_warning_that_it_may_be_cut_
     read_table(real["table"])
     err = capsys.readouterr().err
     assert err.count("has no main.csv.sha256 beside it") == 1 and str(out) in err and str(real["table"]) not in err
+
+
+def test_diff_compares_values_as_json_writes_them():
+    """`specter diff`: `true` against `1` (or `1` against `1.0`) is a difference, and NaN in both files is none."""
+    from specter.report.diff import _fields
+
+    def paths(a, b):
+        out: list[str] = []
+        _fields(a, b, "", set(), out)
+        return out
+
+    assert paths({"simulated": True}, {"simulated": 1}) == ["simulated"]
+    assert paths({"n": 1}, {"n": 1.0}) == ["n"]
+    assert paths({"tpot_ms": float("nan")}, {"tpot_ms": float("nan")}) == []
+    assert paths({"a": {"b": [1, 2]}}, {"a": {"b": [1, 2]}}) == []
+
+
+def test_a_full_disk_or_an_unsearchable_directory_is_one_line(real, tmp_path, monkeypatch, capsys):
+    """A file system's refusal met anywhere in a command (a full disk under an output) is one line naming the fix and
+    leaves nothing; an unsearchable file-hash cache costs the hashing and nothing else."""
+    import errno
+
+    from specter import io
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(io.os, "fsync", full)
+    out = tmp_path / "out" / "main.csv"
+    code = main(["aggregate", "main", str(real["records"]), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "No space left on device" in err[0] and "free space" in err[0], err
+    assert list((tmp_path / "out").iterdir()) == []
+    monkeypatch.undo()
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    file = tmp_path / "weights.bin"
+    file.write_bytes(b"weights")
+    want = io.files_sha256([file])
+    is_file = Path.is_file
+
+    def unsearchable(self):
+        if "file-hashes" in str(self):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", unsearchable)
+    assert io.files_sha256([file]) == want
+
+
+def test_a_fifo_as_the_tiers_manifest_is_damage_not_a_wait(tmp_path):
+    import threading
+
+    from specter.models.disk_tier import MANIFEST, tier_problem
+
+    os.mkfifo(tmp_path / MANIFEST)
+    found: list = []
+    reader = threading.Thread(target=lambda: found.append(tier_problem(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert found == [f"{MANIFEST} is not a regular file"]
+
+
+def test_a_presets_name_is_the_preset_whatever_the_working_directory_holds(tmp_path, monkeypatch):
+    from specter.timing.hardware import load_profile
+
+    monkeypatch.chdir(tmp_path)
+    Path("a100-40gb-pcie4").write_text("name: my-a100\n")
+    assert load_profile("a100-40gb-pcie4").name == "a100-40gb-pcie4"
+    Path("mine").mkdir()
+    from specter.errors import SpecterError
+
+    with pytest.raises(SpecterError, match="'mine' is not a file"):
+        load_profile("./mine")

@@ -6,6 +6,7 @@ This module builds the parser and runs a command; `specter.cli.commands` holds w
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -332,10 +333,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout must not raise again
         return 128 + 13  # SIGPIPE
+    except OSError as err:
+        line = _file_system_line(err)
+        if line is None:
+            raise
+        print(f"specter: error: {line}", file=sys.stderr)
+        return 1
     except Exception as err:
         if _caused_by_interrupt(err):  # e.g. transformers' lazy import wraps a Ctrl-C in a RuntimeError
             return _interrupted()
+        if type(err).__name__ == "SafetensorError" and "No space left on device" in str(err):  # safetensors' writer
+            print(f"specter: error: {_file_system_line(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))}",
+                  file=sys.stderr)
+            return 1
         raise
+
+
+#: what the file system refuses, and its fix
+FILE_SYSTEM_FIXES = {errno.ENOSPC: "free space there or write elsewhere", errno.EDQUOT: "free space there or write "
+                     "elsewhere", errno.EROFS: "write elsewhere", errno.EACCES: "make it accessible or use another "
+                     "path", errno.EPERM: "make it accessible or use another path"}
+
+
+def _file_system_line(err: OSError) -> str | None:
+    """One line for a file system's refusal met anywhere in a command (a full disk under an output, a cache directory
+    that cannot be searched), or None for another error. Outputs are written whole or not at all, so nothing
+    partial is left."""
+    if err.errno not in FILE_SYSTEM_FIXES:
+        return None
+    where = f" ({err.filename})" if err.filename else ""
+    return (f"{err.strerror or os.strerror(err.errno)}{where}; {FILE_SYSTEM_FIXES[err.errno]} and run the command "
+            "again (outputs are written whole or not at all)")
 
 
 #: the options a command writes to

@@ -256,7 +256,7 @@ def _of_another_shape(what: str, fix: str):
     while a table, figure or summary is made from them: one line naming the files and the fix, not a traceback."""
     try:
         yield
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as err:
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, ArithmeticError) as err:
         raise SpecterError(f"{what} of another type or shape than this suite writes ({type(err).__name__}: "
                            f"{str(err)[:120]}); {fix}") from None
 

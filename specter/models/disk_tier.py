@@ -99,6 +99,8 @@ def tier_problem(tier: Path, expected: set[str] | None = None, identity: str | N
     bytes where the digest samples them. A manifest forged to match forged files would pass: the tier is the suite's
     own cache, and hashing every byte would read the whole tier, tens of gigabytes for a real model, on every load."""
     try:
+        if (tier / MANIFEST).exists() and not (tier / MANIFEST).is_file():  # a FIFO's read would wait forever
+            return f"{MANIFEST} is not a regular file"
         manifest = json.loads((tier / MANIFEST).read_bytes())
     except FileNotFoundError:
         return f"no {MANIFEST}"

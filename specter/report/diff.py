@@ -9,6 +9,7 @@ assume.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,13 +33,14 @@ class Diff:
 
 
 def _fields(a, b, prefix: str, ignored: set[str], out: list[str]) -> None:
-    """Dotted paths where `a` and `b` differ (dicts compared key by key, anything else by value)."""
+    """Dotted paths where `a` and `b` differ (dicts compared key by key, anything else as JSON writes it: `true` is
+    not `1`, `1` not `1.0`, and NaN is NaN)."""
     if prefix in ignored:
         return
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
             _fields(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else key, ignored, out)
-    elif a != b:
+    elif json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
         out.append(prefix)
 
 
@@ -76,6 +78,11 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
             out.differences.append(f"{name}: only in {a if pa.is_file() else b}")
             continue
         out.tables += 1
-        if pa.read_bytes() != pb.read_bytes():
+        try:
+            same = pa.read_bytes() == pb.read_bytes()
+        except OSError as err:
+            raise SpecterError(f"cannot read a table to compare: {err.strerror}: {err.filename}; make it readable "
+                               "(or compare other directories)") from None
+        if not same:
             out.differences.append(f"{name}: the tables differ")
     return out

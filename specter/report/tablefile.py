@@ -1,9 +1,11 @@
 """Experiments' tables as files: `write_table` writes a table as CSV with its sha256 beside it, and `read_table`
-reads one back, checked (its checksum, its lines, its times) before anything is drawn or summarized from it.
+reads one back, checked (its checksum, its lines, its times, shares, counts and ratios) before anything is drawn or
+summarized from it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -16,12 +18,47 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infin
 _UNCHECKED: set[str] = set()  # tables read without a checksum, warned of once a process
 
 
+def _share(v: float) -> bool:
+    return 0 <= v <= 1
+
+
+def _count(least: int):
+    return lambda v: math.isfinite(v) and v == int(v) and v >= least
+
+
+def _ratio(v: float) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+#: the columns whose cells a table's reader checks beside its times: (the rule, the rule in words)
+VALUE_RULES = {
+    **{name: (_share, "a share is in [0, 1]") for name in (
+        "acceptance_rate", "window_utilization", "window_recall", "hit_rate", "hit_rate_pass", "hit_rate_token",
+        "prefetch_precision", "prefetch_recall", "resident_share")},
+    **{name: (_count(1), "a whole number, at least 1") for name in ("k", "n", "experts_per_layer")},
+    **{name: (_count(0), "a whole number, never negative") for name in (
+        "slots_per_layer", "demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards", "prompts")},
+    **{name: (_ratio, "a ratio is finite and positive") for name in (
+        "speedup_of_specter", "measured_over_simulated", "suite_over_published", "fused_over_published")},
+}
+
+
+def _cell_number(value) -> float | None:
+    """A cell as a number (NaN for an empty cell), or None where it is text."""
+    if isinstance(value, str):
+        return float(value) if _NUMBER.fullmatch(value.strip()) else None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """A table `write_table` wrote (CSV), checked before it is read, or one SpecterError naming the file, the line
     and the fix: bytes other than its checksum file says (`<table>.csv.sha256`; a table without one is read with a
     warning that its completeness is unchecked), an empty file, a line with another number of fields than the header
     (a half line), a line given twice, a TPOT that is not a positive finite number, another time that is negative or
-    infinite."""
+    infinite, a share, count or ratio no run gives (`VALUE_RULES`)."""
     import csv
     import hashlib
     import io
@@ -89,6 +126,15 @@ def read_table(path: str | Path) -> pd.DataFrame:
             if not (math.isfinite(number) and (number > 0 if tpot else number >= 0) and number <= MAX_TIME_MS):
                 raise SpecterError(f"{path}:{i + 2}: {column} is {value}, which no run gives (a time is "
                                    f"{'positive' if tpot else 'never negative'}, finite and under a day); {fix}")
+    for column in df.columns:
+        rule = VALUE_RULES.get(column)
+        for i, value in df[column].items() if rule is not None else ():
+            number = _cell_number(value)
+            if number is not None and math.isnan(number):
+                continue  # an empty cell: a figure the row does not have
+            if number is None or not rule[0](number):
+                raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, which no run gives ({rule[1]}); "
+                                   f"{fix}")
     if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
         import logging
 

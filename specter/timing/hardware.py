@@ -156,9 +156,10 @@ def preset_names() -> list[str]:
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
-    """A preset by name (`specter/presets/hardware/NAME.yaml`) or a profile YAML file by path."""
+    """A preset by name (`specter/presets/hardware/NAME.yaml`) or a profile YAML file by path. A preset's name is the
+    preset, whatever the working directory holds: a file of that name is read as `./NAME`."""
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+    if str(name_or_path) in preset_names() or not (path.suffix in (".yaml", ".yml") or path.exists()):
         preset = _preset_dir().joinpath(f"{name_or_path}.yaml")
         if str(name_or_path) not in preset_names():
             raise SpecterError(
@@ -167,7 +168,8 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
             )
         return _parse_profile(preset.read_bytes(), f"preset {name_or_path}")
     if not path.is_file():
-        raise SpecterError(f"hardware profile file {str(path)!r} does not exist")
+        raise SpecterError(f"hardware profile file {str(path)!r} " + (
+            "is not a file" if path.exists() else "does not exist") + "; pass a profile YAML or a preset's name")
     try:
         with path.open("rb") as f:
             data = f.read(MAX_PROFILE_BYTES + 1)
