@@ -95,7 +95,7 @@ def test_systems_lists_every_registered_system_with_its_options(capsys):
 
 
 def _subcommands():
-    from specter.cli import build_parser
+    from specter.cli.parser import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
@@ -106,7 +106,7 @@ def test_every_subcommand_help_ends_with_an_example_that_parses(capsys):
     """The example each --help shows is a command line the parser accepts (a renamed flag fails this)."""
     import shlex
 
-    from specter.cli import EXAMPLES, build_parser
+    from specter.cli.parser import EXAMPLES, build_parser
 
     commands = _subcommands()
     assert set(EXAMPLES) == set(commands)
@@ -119,7 +119,7 @@ def test_every_subcommand_help_ends_with_an_example_that_parses(capsys):
 
 
 def test_system_choices_come_from_the_registry_and_bad_names_are_named(capsys):
-    from specter.cli import build_parser
+    from specter.cli.parser import build_parser
     from specter.systems import registry
 
     text = _subcommands()["run"].format_help()
@@ -138,7 +138,7 @@ def test_system_choices_come_from_the_registry_and_bad_names_are_named(capsys):
 def test_threads_default_to_the_cores_available():
     import os
 
-    from specter.cli import build_parser
+    from specter.cli.parser import build_parser
 
     args = build_parser().parse_args(["build-model", "tiny-mixtral", "--out", "/tmp/specter-threads-check"])
     assert args.threads == len(os.sched_getaffinity(0))
@@ -146,7 +146,7 @@ def test_threads_default_to_the_cores_available():
 
 def test_help_needs_no_torch():
     """`specter --help` and the torch-free commands start without importing torch (the system names load lazily)."""
-    code = ("import sys; from specter.cli import build_parser; build_parser().format_help(); "
+    code = ("import sys; from specter.cli.parser import build_parser; build_parser().format_help(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -272,7 +272,7 @@ def test_every_sweepable_flag_is_an_axis_a_sweep_keeps():
 def test_a_sweep_over_pricings_and_dispatch_keeps_each_apart_in_its_tables(tiny_dirs, draft, tmp_path):
     """`--pricing` and `--dispatch-us` are axes: every run is priced as its point says, the record carries the
     pricing and the profile as run, and a table keeps each pricing and dispatch time in rows of its own."""
-    from specter.cli import build_parser
+    from specter.cli.parser import build_parser
     from specter.report.tables import experiment_table
     from specter.runspec.flags import sweep_from_args
 
@@ -303,7 +303,7 @@ def test_the_dispatch_experiment_draws_tpot_against_the_host_time_per_kernel(tin
     import matplotlib.axes
 
     from specter import experiments
-    from specter.cli import build_parser
+    from specter.cli.parser import build_parser
     from specter.report.figures import _plot_lines, plot
     from specter.report.tables import experiment_table
     from specter.runspec.flags import sweep_from_args
