@@ -130,11 +130,20 @@ def test_a_live_run_that_does_not_fit_the_device_is_refused_before_anything_is_a
     with pytest.raises(SpecterError) as err:
         LiveRuntime(target, work, store, 2, "cuda", draft=draft, max_context=64)
     assert asked and all(part in str(err.value) for part in (
-        "expert slots", "staging buffers", "non-expert weights and the draft's experts", "KV cache (64 positions)"))
+        "expert slots", "staging buffers", "non-expert weights and the draft's experts", "KV cache (64 positions)",
+        "the draft's codes dequantized on each call"))  # the packed kernel's temporaries, its largest linear's
     parts = LiveRuntime.device_bytes(_trees(target, draft), work, store, 2, "cuda", 64)
     assert parts["expert slots"] == len(work.moe_layers) * 2 * store.expert_bytes
+    from specter.quant.packing import dequantize_peak_bytes
+
+    linear = draft.moe.moe_layers[0].experts[0].gate_proj
+    weights = linear.qweight.shape[1] * linear.g_idx.numel()
+    assert 24 * weights <= dequantize_peak_bytes(linear._packed()) <= 32 * weights  # int64 codes and zeros, floats
+    with pytest.raises(SpecterError) as err:  # the fused kernel dequantizes nothing
+        LiveRuntime(target, work, store, 2, "cuda", draft=draft, max_context=64, draft_kernel="fused")
+    assert "dequantized" not in str(err.value) and "the draft's experts" in str(err.value)
     cpu = LiveRuntime(target, work, store, 2, "cpu", draft=draft)  # nothing is asked off CUDA
-    assert len(asked) == 1 and cpu.slots[work.moe_layers[0]].numel() * 4 == 2 * store.expert_bytes
+    assert len(asked) == 2 and cpu.slots[work.moe_layers[0]].numel() * 4 == 2 * store.expert_bytes
 
 
 class _Cudart:

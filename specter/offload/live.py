@@ -86,6 +86,23 @@ class ObservedExperts(torch.nn.Module):
         return out
 
 
+def _dequantized_bytes(experts: torch.nn.Module, measured: dict[tuple, int]) -> int:
+    """The most bytes one of `experts`' linears that dequantizes its codes on every call (`PackedQuantLinear`)
+    allocates while it computes, measured once a shape across the layers (`measured`;
+    `specter.quant.packing.dequantize_peak_bytes`); 0 where every linear runs on a fused kernel."""
+    from specter.quant.draft import PackedQuantLinear
+    from specter.quant.packing import dequantize_peak_bytes
+
+    found = [0]
+    for m in experts.modules():
+        if isinstance(m, PackedQuantLinear):
+            key = (tuple(m.qweight.shape), tuple(m.scales.shape), m.bits, m.dtype)
+            if key not in measured:
+                measured[key] = dequantize_peak_bytes(m._packed(), m.dtype)
+            found.append(measured[key])
+    return max(found)
+
+
 def _routes(index: torch.Tensor | list[list[int]]) -> list[tuple[int, ...]]:
     return [tuple(sorted(row)) for row in (index.tolist() if isinstance(index, torch.Tensor) else index)]
 
@@ -102,6 +119,7 @@ class LiveRuntime(ExpertSlots):
         trees = [with_replaced(target.model, {experts_path(target, m): OffloadedExperts(self, m.layer_index)
                                               for m in target.moe_layers})]
         self.draft_kernel = None  # which kernel the draft's experts run on, in words
+        transient, measured = 0, {}  # the most a draft linear that dequantizes on every call allocates for it
         if draft is not None:
             observed, kernels, workspace = {}, [], {}
             for m in draft.moe.moe_layers:
@@ -111,12 +129,14 @@ class LiveRuntime(ExpertSlots):
                 else:
                     kernel = PACKED_KERNEL
                 kernels.append(kernel)
+                if torch.device(device).type == "cuda":  # where the memory check runs
+                    transient = max(transient, _dequantized_bytes(experts, measured))
                 observed[experts_path(draft.moe, m)] = ObservedExperts(self, m.layer_index, experts)
             del workspace
             trees.append(with_replaced(draft.model, observed))
             self.draft_kernel = " | ".join(dict.fromkeys(kernels))
         require_device_memory(torch.device(device), self.device_bytes(
-            trees, work, store, slots_per_layer, device, max_context, own_draft_kv))
+            trees, work, store, slots_per_layer, device, max_context, own_draft_kv, transient))
         super().__init__(work, store, slots_per_layer, device, check)
         self.target = target
         moved = moved_to(trees, self.device)  # on the CPU as device, over the target's own tensors
@@ -158,10 +178,12 @@ class LiveRuntime(ExpertSlots):
 
     @staticmethod
     def device_bytes(trees: list[torch.nn.Module], work: ModelWork, store: ExpertStore, slots_per_layer: int,
-                     device: str, max_context: int, own_draft_kv: bool = False) -> dict[str, int]:
+                     device: str, max_context: int, own_draft_kv: bool = False,
+                     draft_transient: int = 0) -> dict[str, int]:
         """What the runtime puts on the device, by part (bytes), before any of it is allocated: the slots and staging
         buffers at the store's dtype, the model's own tensors but its routed experts (the draft's packed experts among
-        them), and the KV cache of `max_context` positions (twice for a draft with its own)."""
+        them), the KV cache of `max_context` positions (twice for a draft with its own), and `draft_transient`, what
+        a draft linear dequantized on every call allocates while it computes (`_dequantized_bytes`)."""
         expert = store.expert_bytes
         item = next(trees[0].parameters()).element_size()
         kv = len(work.layers) * work.kv_heads * max_context * (work.qk_dim + work.v_dim) * item
@@ -172,6 +194,8 @@ class LiveRuntime(ExpertSlots):
                  f"KV cache ({max_context} positions)": kv}
         if own_draft_kv:
             parts["the draft's own KV cache"] = kv
+        if draft_transient:
+            parts["the draft's codes dequantized on each call (its largest linear's temporaries)"] = draft_transient
         return parts
 
     # passes ------------------------------------------------------------------------------------------------------
