@@ -334,3 +334,63 @@ def test_a_timed_gpu_decode_runs_without_deterministic_algorithms_and_the_record
         seen.append(torch.are_deterministic_algorithms_enabled())
     assert seen == [False, True] and torch.are_deterministic_algorithms_enabled()
     assert "deterministic algorithms off" in TIMED_ON_CUDA
+
+
+@pytest.mark.parametrize("slots", [2, 8])
+def test_a_target_layers_routing_is_read_after_the_executors_one_timed_wait(slots, tiny_dirs, monkeypatch):
+    """The host reads a target MoE layer's routing once it has waited for the router in the executor's timed
+    synchronization (so the wait is where the timeline shows it), with slots that can miss and with every expert
+    resident; the read itself then waits for nothing."""
+    from collections import Counter
+
+    from specter.offload import live
+    from specter.runs.execute import execute
+    from specter.timing.wall import WallEngine
+
+    log: list[str] = []
+
+    class Logged(Counter):
+        def __setitem__(self, key, value):
+            log.append(key)
+            super().__setitem__(key, value)
+
+    synchronize = WallEngine.synchronize
+    monkeypatch.setattr(live, "Counter", Logged)
+    monkeypatch.setattr(WallEngine, "synchronize", lambda self, event=None: log.append("sync") or synchronize(
+        self, event))
+    request = dict(system="on-demand", model=tiny_dirs["mixtral"], dataset="code", hardware="a100-40gb-pcie4",
+                   out="unused.jsonl", num_prompts=1, prefix_tokens=16, max_new_tokens=4, resident_per_layer=slots,
+                   warmup_prompts=0, engine="live", repeats=1)
+    execute(spec(**request), Session(), progress=False)
+    reads = [i for i, what in enumerate(log) if what == "target routing"]
+    assert reads and all(log[i - 1] == "sync" for i in reads), log[:12]
+
+
+def test_a_host_expert_takes_its_tokens_from_the_routing_the_host_read(tiny_dirs):
+    """Fiddler's host experts beside a device: which tokens, at which top-k place, come from the routing the host has
+    read, so the router's index never crosses to the host; its tokens' rows are gathered on the device before they
+    do. (A meta tensor stands for the device: no copy leaves it, so the first copy to the host is the one seen.)"""
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.float32)
+    store = ExpertStore(target, dtype=torch.float32)
+    layer = target.moe_layers[0].layer_index
+    rows = [[1, 0], [2, 1], [3, 4]]
+    meta = torch.device("meta")
+    hidden = torch.empty(3, store.layout.views(store.row(layer, 1)).gate.shape[1], device=meta)
+    index, weights = torch.tensor(rows, device=meta), torch.empty(3, 2, device=meta)
+    crossed: list[tuple] = []
+
+    class FirstCopyOut(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].device == meta:
+                crossed.append((args[0].dtype, tuple(args[0].shape)))
+                raise StopIteration
+            return func(*args, **(kwargs or {}))
+
+    runtime = SimpleNamespace(_call=(hidden, index, weights, {}, rows), gathers=False)
+    with FirstCopyOut(), pytest.raises(StopIteration):
+        LiveRuntime._compute(runtime, layer, 1, store.layout.views(store.row(layer, 1)))
+    assert crossed == [(torch.float32, (2, hidden.shape[1]))]  # the two rows routed to expert 1, not the index

@@ -217,22 +217,28 @@ class Executor:
             issued += 1
         return issued
 
-    def layer(self, layer: int, routes: list[tuple[int, ...]], context: int, tag: str) -> None:
-        """One decoder layer of a target pass over len(routes) tokens (routes empty for a dense layer)."""
-        n = max(1, len(routes))
+    def layer(self, layer: int, routes, context: int, tag: str, tokens: int | None = None) -> list:
+        """One decoder layer of a target pass over len(routes) tokens (routes empty for a dense layer); returns the
+        routes. Live, `routes` is a call that reads the router's choices (`tokens` of them), made once the host has
+        waited for the router: the layer's one synchronization, where the timeline shows it."""
+        n = max(1, len(routes) if tokens is None else tokens)
         self._compute(self._attention(layer, n, context, f"{tag}.L{layer}.attn"))
         if layer not in self.work.moe_layers:
-            return
+            return routes
         self.routed = Forecast(self.engine.record(COMPUTE), f"{tag}.L{layer}.attn")  # the router ran in that block
         reads = self.work.kernels.host_reads  # an upstream system's declared reads, else the routing's where read
-        for _ in range(int(self.host_reads_routes) if reads is None else reads):
+        reads = int(self.host_reads_routes) if reads is None else reads
+        for _ in range(max(reads, 1) if callable(routes) else reads):  # live: the host reads them, so it waits
             self.engine.synchronize(self.routed.event)
+        if callable(routes):
+            routes = routes()
         self.engine.policy(f"{tag}.L{layer}.policy")  # the runtime's own work: choosing copies, updating the cache
         for hook in self.hooks:
             hook.on_route(layer, routes)
         self.run_experts(layer, routes, tag)
         for hook in self.hooks:
             hook.after_layer(layer, routes)
+        return routes
 
     def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
         """The routed experts of one layer: resident first, then the missing ones on demand."""
@@ -304,18 +310,19 @@ class Executor:
         routes: list[dict[int, tuple[int, ...]]] = [{} for _ in inputs]
         layers = iter(self.work.layers)
 
-        def reach(moe_layer: int | None, per_token: list[tuple[int, ...]]) -> None:
+        def reach(moe_layer: int | None, per_token) -> list[tuple[int, ...]]:
             for layer in layers:  # the dense layers before this MoE layer, then the layer itself
                 if layer != moe_layer:
                     self._dense_layer(layer, n, context, tag, draft, ops)
                     continue
-                for j, experts in enumerate(per_token):
-                    routes[j][layer] = experts
                 if draft:
                     self._draft_layer(layer, per_token, n, context, tag, ops, expert_bytes)
                 else:
-                    self.layer(layer, per_token, context + n, tag)
-                return
+                    per_token = self.layer(layer, per_token, context + n, tag, tokens=n)
+                for j, experts in enumerate(per_token):
+                    routes[j][layer] = experts
+                return per_token
+            return []
 
         with self.engine.compute_scope():  # the model's own modules run where the compute stream's ops run
             self.last_pass = self.device.forward(inputs, context, reach, draft=draft)

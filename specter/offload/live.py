@@ -44,7 +44,8 @@ from specter.offload.store import ExpertStore
 from specter.offload.work import ModelWork
 from specter.quant.kernels import PACKED_KERNEL, FusedInt4Linear, with_fused_kernels
 
-Reach = Callable[[int, list[tuple[int, ...]]], None]  # (MoE layer, each input's routed experts) -> None
+# (MoE layer, each input's routed experts, or a call that reads them once the host has waited) -> those routes
+Reach = Callable[[int, list[tuple[int, ...]] | Callable[[], list[tuple[int, ...]]]], list[tuple[int, ...]]]
 
 
 @dataclass
@@ -163,7 +164,8 @@ class LiveRuntime(ExpertSlots):
         self.own_draft_kv = own_draft_kv
         self.draft_cache = None  # the draft's own KV cache (`own_draft_kv`)
         self._reach: Reach | None = None
-        # the MoE layer being computed: (hidden [T, H], top-k index [T, k], top-k weights [T, k], {expert: output})
+        # the MoE layer being computed: (hidden [T, H], top-k index [T, k], top-k weights [T, k], {expert: output},
+        # each token's experts as the host read them)
         self._call: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict] | None = None
 
     def release(self) -> None:
@@ -249,11 +251,19 @@ class LiveRuntime(ExpertSlots):
         then each expert from its buffer); the outputs are summed in expert order."""
         if self._reach is None:
             raise RuntimeError(f"L{layer}: the live model ran outside a scheduled pass; please report this")
-        per_token = _routes(index)
-        self.host_reads["target routing"] += 1
-        self._call = (hidden, index, weights, {})
+        # the routing's copy to the host, issued behind the router (on a GPU it lands once the router has run): the
+        # executor waits for it once, in its timed synchronization, then reads it (`read`), so the layer's one wait
+        # for the device is the one its timeline shows
+        on_host, rows = index.to("cpu", non_blocking=True), []
+
+        def read() -> list[tuple[int, ...]]:
+            rows.extend(on_host.tolist())  # each token's experts in the router's order (a host expert's positions)
+            self.host_reads["target routing"] += 1
+            return _routes(rows)
+
+        self._call = (hidden, index, weights, {}, rows)
         try:
-            self._reach(layer, per_token)
+            per_token = self._reach(layer, read)
             outputs = self._call[3]
         finally:
             self._call = None
@@ -279,13 +289,16 @@ class LiveRuntime(ExpertSlots):
         store's row), into the layer's outputs."""
         if self._call is None:
             raise RuntimeError(f"L{layer} expert {expert} computed outside its layer; please report this")
-        hidden, index, top_k_weights, outputs = self._call
+        hidden, index, top_k_weights, outputs, rows = self._call
         where = weights.gate.device
         if where != hidden.device:  # a host expert beside a GPU (Fiddler): its tokens go to the host and back
-            token_idx, position = torch.where(index.to(where) == expert)
-            x = hidden.to(where)[token_idx]
-            y = expert_ffn(x, weights) * top_k_weights.to(where)[token_idx, position, None]
-            outputs[expert] = (token_idx.to(hidden.device), y.to(hidden.device, hidden.dtype))
+            # which tokens, and at which of their top-k places, from the routing the host has read: their rows are
+            # gathered on the device and only they cross
+            pairs = [(t, j) for t, row in enumerate(rows) for j, e in enumerate(row) if e == expert]
+            token_idx, position = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2).T.to(hidden.device)
+            x = hidden[token_idx].to(where)
+            y = expert_ffn(x, weights) * top_k_weights[token_idx, position, None].to(where)
+            outputs[expert] = (token_idx, y.to(hidden.device, hidden.dtype))
         elif not self.gathers:  # no host synchronization (a data-dependent gather would wait for it)
             weight = (top_k_weights * (index == expert)).sum(-1, keepdim=True)  # [T, 1]: 0 where not routed here
             outputs[expert] = (None, (expert_ffn(hidden, weights) * weight).to(hidden.dtype))
