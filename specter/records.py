@@ -158,6 +158,9 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
         except json.JSONDecodeError as err:
             raise SpecterError(f"{path}:{number} is not JSON ({err.msg}); the file is damaged, delete it and run the "
                                "rule that writes it again") from None
+        except (RecursionError, ValueError) as err:  # nested past the parser's depth; an integer of 4,300+ digits
+            raise SpecterError(f"{path}:{number} is no record this suite writes ({type(err).__name__}); the file is "
+                               "damaged, delete it and run the rule that writes it again") from None
         if not isinstance(record, dict):
             raise SpecterError(f"{path}:{number} is not a run record (it is not a JSON object); give files "
                                "`specter run` or `specter sweep` wrote")

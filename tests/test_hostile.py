@@ -1496,3 +1496,58 @@ def test_a_presets_name_is_the_preset_whatever_the_working_directory_holds(tmp_p
 
     with pytest.raises(SpecterError, match="'mine' is not a file"):
         load_profile("./mine")
+
+
+def test_a_tier_file_open_for_writing_is_refused_and_one_that_cannot_be_leased_is_said(tiny_dirs, tmp_path,
+                                                                                         monkeypatch):
+    """A disk-tier file another writer holds open is refused in one line before it is mapped (its rows could change
+    under the run); a file no lease can be had for (a file system without leases, another user's file) is read with a
+    warning, and the loader's line in the record says so."""
+    import errno
+    import fcntl
+
+    import torch
+
+    from specter.errors import SpecterError
+    from specter.models import disk_tier
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    model = tiny_dirs["olmoe"]
+    moe = stream_moe_model(model, torch.float32, experts_on="disk")
+    tier = moe.experts_on_disk
+    moe.tier_leases.close()
+    del moe
+    gc.collect()
+    writer = os.open(tier / "layer-1.bin", os.O_RDWR)
+    try:
+        with pytest.raises(SpecterError, match="holds the disk tier's .*layer-1.bin open for writing"):
+            stream_moe_model(model, torch.float32, experts_on="disk")
+    finally:
+        os.close(writer)
+    warned = []
+    monkeypatch.setattr(disk_tier.log, "warning", lambda message, *args: warned.append(message % args))
+    real = fcntl.fcntl
+
+    def no_leases(fd, cmd, arg=0):
+        if cmd == fcntl.F_SETLEASE:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(fcntl, "fcntl", no_leases)
+    moe = stream_moe_model(model, torch.float32, experts_on="disk")
+    assert len(warned) == 1 and "without a lease" in warned[0] and "is not detected" in warned[0]
+    assert "unleased: layer-" in moe.loaded_by
+
+
+def test_diff_tells_a_missing_field_from_a_null_and_refuses_what_no_parser_reads(tmp_path, capsys):
+    for side, line in (("a", '{"a": 1, "b": null}'), ("b", '{"a": 1}')):
+        (tmp_path / side / "runs").mkdir(parents=True)
+        (tmp_path / side / "runs" / "x.jsonl").write_text(line + "\n")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    assert "b differs" in capsys.readouterr().out
+    for damage in ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", '{"a": ' + "7" * 5000 + "}"):
+        for side in ("a", "b"):
+            (tmp_path / side / "runs" / "x.jsonl").write_text(damage + "\n")
+        assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "x.jsonl:1 is no record this suite writes" in err[0], err

@@ -19,6 +19,7 @@ import torch
 from specter.errors import SpecterError
 from specter.io import atomic_dir, cache_root, writable_problem
 from specter.models.integrity import model_hash
+from specter.progress import log
 
 
 def available_memory() -> int | None:
@@ -199,23 +200,37 @@ class TierLeases:
     truncates it is held back by the kernel (up to `/proc/sys/fs/lease-break-time`, 45 s by default) and
     this process is sent SIGIO, which stops it in one line (a `SpecterError` raised in the main thread, no record
     written) before it reads a page of a file that shrank under its map, which would end it with a bus error. The
-    writer goes on once this process exits or `close`s. Leases are best effort: a file system without them (NFS),
-    a file another process holds open for writing, or a thread other than the main one leaves a file without one."""
+    writer goes on once this process exits or `close`s.
+
+    A file another process holds open for writing is refused in one line: its rows may change under the run. Where
+    no lease can be had (a file another user owns, a file system without leases such as NFS, a thread other than the
+    main one), the run goes on unprotected, warned once, and `unleased` says why (the loader's line in the record
+    carries it)."""
 
     def __init__(self, tier: Path, files: list[Path]) -> None:
+        import errno
         import fcntl
         import signal
         import threading
 
-        self.tier, self._fcntl, self.held = tier, fcntl, []
+        self.tier, self._fcntl, self.held, self.unleased = tier, fcntl, [], None
         if threading.current_thread() is not threading.main_thread():
+            self._unprotected("the tier was mapped outside the main thread, where no signal reaches")
             return
         for file in files:
             fd = os.open(file, os.O_RDONLY)
             try:
                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-            except OSError:
+            except OSError as err:
                 os.close(fd)
+                if err.errno == errno.EAGAIN:
+                    self.close()
+                    raise SpecterError(f"another process holds the disk tier's {file} open for writing, so its rows "
+                                       "could change under this run; let it finish, or delete "
+                                       f"{tier} (it is rebuilt from the checkpoint), and run again") from None
+                self._unprotected(f"{file.name} cannot be leased ({err.strerror}"
+                                  + ("; it belongs to another user: a cache of your own, SPECTER_CACHE_DIR, holds "
+                                     "tiers it can lease)" if err.errno in (errno.EACCES, errno.EPERM) else ")"))
                 continue
             self.held.append((file, fd))
         if self.held:  # the handler holds the leases weakly: they go (and their files' writers go on) with the model
@@ -230,6 +245,13 @@ class TierLeases:
 
             self._before = before
             signal.signal(signal.SIGIO, on_break)
+
+    def _unprotected(self, why: str) -> None:
+        if self.unleased is None:
+            self.unleased = why
+            log.warning("the disk tier %s is read without a lease: %s. A writer that changes or truncates its files "
+                        "during the run is not detected (its tokens could change, or it could end in a bus error)",
+                        self.tier, why)
 
     def stop(self, signum: int, frame) -> None:
         """SIGIO's handler: end the run if one of these leases is being broken."""

@@ -259,7 +259,7 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
                 filled.add((layer.layer_index, name, e, half))
             if building:  # checked before the directory is published, then mapped from its final place, privately
                 _check_rows_finite(path, rows, dtype)
-                del rows
+                rows = span = None  # the writable maps released: a writer's map would keep the files from a lease
         if building:  # last, once the files are in place and their permissions set: a tier without it is rebuilt
             write_manifest(tier, identity)
         if tier is not None:  # leased before the sizes are checked and the files mapped (`TierLeases`)
@@ -289,7 +289,8 @@ def stream_moe_model(path: str | Path, dtype: torch.dtype, known_hash: str | Non
     moe = MoEModel(model.eval())
     moe.path = path
     moe.loaded_by = "safetensors read into place (experts as rows" + (
-        f", memory-mapped from the disk tier {tier})" if tier is not None else ")")
+        f", memory-mapped from the disk tier {tier}" + (f", unleased: {leases.unleased}" if leases.unleased else "")
+        + ")" if tier is not None else ")")
     moe.experts_on_disk = tier
     moe.tier_leases = leases if tier is not None else None  # held as long as the model
     return moe

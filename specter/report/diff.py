@@ -33,13 +33,17 @@ class Diff:
 
 
 def _fields(a, b, prefix: str, ignored: set[str], out: list[str]) -> None:
-    """Dotted paths where `a` and `b` differ (dicts compared key by key, anything else as JSON writes it: `true` is
-    not `1`, `1` not `1.0`, and NaN is NaN)."""
+    """Dotted paths where `a` and `b` differ (dicts compared key by key, a key in one only a difference even where the
+    other's is null; anything else as JSON writes it: `true` is not `1`, `1` not `1.0`, and NaN is NaN)."""
     if prefix in ignored:
         return
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
-            _fields(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else key, ignored, out)
+            path = f"{prefix}.{key}" if prefix else key
+            if (key in a) != (key in b):  # a field missing is not a field that is null
+                out.extend([path] if path not in ignored else [])
+            else:
+                _fields(a[key], b[key], path, ignored, out)
     elif json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
         out.append(prefix)
 
