@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from specter.errors import SpecterError
+
 #: a record's times: finite, never negative, and under a day (no decode takes a day a token)
 _TIMES = ("ttft_ms", "tpot_ms", "lower_bound_tpot_ms", "stall_ms")
 MAX_TIME_MS = 86_400_000.0
@@ -81,6 +83,12 @@ def _record_problem(record: dict) -> str | None:
     profile = (record.get("config") or {}).get("hardware_profile")
     if not isinstance(profile, dict):
         return "config.hardware_profile is missing (every record carries the profile it ran on)"
+    from specter.timing.hardware import profile_from_dict
+
+    try:  # its numbers as a profile file's are checked (a record of a version before its digest has only these)
+        profile_from_dict(profile, "config.hardware_profile")
+    except SpecterError as err:
+        return f"{' '.join(str(err).split())[:200]}"
     if record.get("simulated") is True and record.get("hardware") != profile.get("name"):
         return (f"hardware is {record.get('hardware')!r}, and the profile it was simulated on is named "
                 f"{profile.get('name')!r}")

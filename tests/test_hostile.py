@@ -166,6 +166,39 @@ def _readme(table: str) -> list[str]:
     return ["summary", "--readme", "--from", table, "--out", "{out}.md"]
 
 
+def _resealed(table: str) -> str:
+    """`table` with a checksum beside it for the bytes it now holds (an edit that a checksum cannot tell)."""
+    import hashlib
+
+    Path(f"{table}.sha256").write_text(f"{hashlib.sha256(Path(table).read_bytes()).hexdigest()}  main.csv\n")
+    return table
+
+
+def _claims_with(w: Path, row: int, **cells) -> str:
+    """The committed claims table with row `row`'s `cells` changed, its checksum written for the new bytes."""
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO((Path(__file__).parents[1] / "docs/results/claims.csv").read_text())))
+    for column, value in cells.items():
+        rows[row + 1][rows[0].index(column)] = value
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return _table_file(w, "claims.csv", out.getvalue())
+
+
+def _profile_number(section: str, field: str, value):
+    """A damage: every record's profile with `section.field` set to `value`, its digest dropped (as a record of a
+    version before the digest carries none)."""
+    def damage(path: Path) -> None:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for record in records:
+            record["config"]["hardware_profile"][section][field] = value
+            record["config"].pop("hardware_sha256", None)
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return damage
+
+
 def _results_with(w: Path, real, name: str, content: str) -> str:
     """A results directory holding the real main table and `name` with `content`."""
     tables = w / "results" / "tables"
@@ -753,6 +786,22 @@ CASES = [
         w, r, _table_cell("speedup_of_specter", "inf"), checksum=False)), "a ratio is finite and positive"),
     ("aggregate_records_tpot_an_integer_no_float_holds", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("tpot_ms", 10**400)), "--out", "{out}.csv"], "too large for its field"),
+    ("summary_table_speedup_not_its_tpots", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("speedup_of_specter", "50"), checksum=False))), "and its TPOT over Specter's is"),
+    ("summary_table_memory_unknown", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("memory", "same banana"), checksum=False))), "memory holds 'same banana'"),
+    ("summary_table_simulated_unknown", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("simulated", "banana"), checksum=False))), "simulated holds 'banana'"),
+    ("summary_claims_interval_not_holding_its_value", lambda w, r: _readme(_claims_with(w, 0, low="5")),
+     "does not hold suite"),
+    ("summary_claims_figure_negative", lambda w, r: _readme(_claims_with(w, 0, suite="-1.5")),
+     "suite is -1.5, and a figure is finite and never negative"),
+    ("summary_claims_verdict_not_its_intervals", lambda w, r: _readme(_claims_with(w, 0, verdict="reproduced")),
+     "its interval against the paper's figure gives 'not reproduced'"),
+    ("summary_claims_verdict_unknown", lambda w, r: _readme(_claims_with(w, 0, verdict="banana")),
+     "verdict is 'banana'"),
+    ("aggregate_records_profile_numbers_impossible", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _profile_number("host", "dispatch_us", -10)), "--out", "{out}.csv"], "dispatch_us"),
     ("summary_results_main_header_only", lambda w, r: ["summary", _results_with(w, r, "main.csv", Path(
         r["table"]).read_text().splitlines()[0] + "\n")], "a header and no rows"),
     ("summary_results_with_an_empty_table", lambda w, r: ["summary", _results_with(w, r, "hardware.csv", "")],

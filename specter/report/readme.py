@@ -8,6 +8,7 @@ that wrote it (`run.yaml` beside it), each claim with the suite's figure, its in
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -120,6 +121,12 @@ def readme_table(path: str | Path) -> str:
                            "(results/tables/main.csv), written by `specter aggregate main`")
     if df.empty:
         raise SpecterError(f"{path} holds no rows; run the workflow (snakemake --cores all) first")
+    fix = "the table was edited or damaged: write it again with `specter aggregate main`"
+    for column, allowed in (("simulated", {"True", "False"}), ("memory", {*COMPARISONS, "nan"})):
+        odd = sorted(set(df[column].astype(str)) - allowed) if column in df else []
+        if odd:
+            raise SpecterError(f"{path}: {column} holds {odd[0]!r}, which `main` never writes "
+                               f"({', '.join(sorted(allowed - {'nan'}))}); {fix}")
     df = df.assign(cost_as=df["cost_as"].fillna("").astype(str) if "cost_as" in df else "",
                    memory=df["memory"].fillna("same slots").astype(str) if "memory" in df else "same slots",
                    simulated=df["simulated"].astype(str) == "True",
@@ -144,6 +151,13 @@ def readme_table(path: str | Path) -> str:
         index=False)}, key=lambda c: (*c[:4], rank.get(c[4], len(rank)), c[4]))
     comparisons = [m for m in COMPARISONS if m in set(df["memory"])] + sorted(set(df["memory"]) - set(COMPARISONS))
     cells = {tuple(r[k] for k in key): r for _, r in df.iterrows()}
+    for at, r in cells.items():  # each ratio is its row's TPOT over Specter's in the same comparison and case
+        ours = cells.get((at[0], "specter", *at[2:]))
+        ratio = r["speedup_of_specter"]
+        if ours is not None and not pd.isna(ratio) and not math.isclose(ratio, r["tpot_ms"] / ours["tpot_ms"],
+                                                                          rel_tol=1e-6):
+            raise SpecterError(f"{path}: {r['system']}'s speedup_of_specter ({at[0]}, {at[2]}, {at[-1]}) is "
+                               f"{ratio:g}, and its TPOT over Specter's is {r['tpot_ms'] / ours['tpot_ms']:g}; {fix}")
     rows = []
     for memory in comparisons:
         for system in sorted(set(df.loc[df["memory"] == memory, "system"]), key=_system_key):

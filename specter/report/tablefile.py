@@ -38,6 +38,7 @@ VALUE_RULES = {
     **{name: (_count(1), "a whole number, at least 1") for name in ("k", "n", "experts_per_layer")},
     **{name: (_count(0), "a whole number, never negative") for name in (
         "slots_per_layer", "demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards", "prompts")},
+    "dispatch_us": (lambda v: math.isfinite(v) and v >= 0, "a time is finite and never negative"),
     **{name: (_ratio, "a ratio is finite and positive") for name in (
         "speedup_of_specter", "measured_over_simulated", "suite_over_published", "fused_over_published")},
 }
@@ -135,6 +136,13 @@ def read_table(path: str | Path) -> pd.DataFrame:
             if number is None or not rule[0](number):
                 raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, which no run gives ({rule[1]}); "
                                    f"{fix}")
+    if {"verdict", "rule", "paper", "suite", "low", "high"} <= set(df.columns):  # a claims table's rows
+        from specter.report.claims import row_problem
+
+        for i, row in df.iterrows():
+            problem = row_problem(row)
+            if problem is not None:
+                raise SpecterError(f"{path}:{i + 2}: {problem}, which no run gives; {fix}")
     if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
         import logging
 
