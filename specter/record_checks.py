@@ -88,7 +88,7 @@ def _record_problem(record: dict) -> str | None:
     try:  # its numbers as a profile file's are checked (a record of a version before its digest has only these)
         profile_from_dict(profile, "config.hardware_profile")
     except SpecterError as err:
-        return f"{' '.join(str(err).split())[:200]}"
+        return " ".join(str(err).split())[:200]
     if record.get("simulated") is True and record.get("hardware") != profile.get("name"):
         return (f"hardware is {record.get('hardware')!r}, and the profile it was simulated on is named "
                 f"{profile.get('name')!r}")

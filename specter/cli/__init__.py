@@ -66,9 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 #: what the file system refuses, and its fix
-FILE_SYSTEM_FIXES = {errno.ENOSPC: "free space there or write elsewhere", errno.EDQUOT: "free space there or write "
-                     "elsewhere", errno.EROFS: "write elsewhere", errno.EACCES: "make it accessible or use another "
-                     "path", errno.EPERM: "make it accessible or use another path"}
+FILE_SYSTEM_FIXES = {
+    **dict.fromkeys((errno.ENOSPC, errno.EDQUOT), "free space there or write elsewhere"),
+    errno.EROFS: "write elsewhere",
+    **dict.fromkeys((errno.EACCES, errno.EPERM), "make it accessible or use another path"),
+}
 
 
 def _file_system_line(err: OSError) -> str | None:
