@@ -104,28 +104,6 @@ def registry() -> list[dict]:
     return out
 
 
-def row_problem(row) -> str | None:
-    """What in a claims table's row no `claims` table holds, or None: a verdict it does not give, a figure that is
-    negative or not finite, an interval that does not hold its value, a verdict other than its interval's."""
-    if pd.isna(row.get("verdict")) and pd.isna(row.get("rule")):
-        return None  # a row beside a claim: a figure of another configuration, no verdict of its own
-    if row.get("verdict") not in VERDICTS:
-        return f"verdict is {str(row.get('verdict'))[:40]!r}, not one of {', '.join(VERDICTS)}"
-    figures = {k: row.get(k) for k in ("paper", "suite", "low", "high")}
-    for name, value in figures.items():
-        if not pd.isna(value) and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            return f"{name} is {value!r}, and a figure is finite and never negative"
-    if not any(pd.isna(figures[k]) for k in ("suite", "low", "high")) and not (
-            figures["low"] <= figures["suite"] <= figures["high"]):
-        return f"the interval [{figures['low']:g}, {figures['high']:g}] does not hold suite {figures['suite']:g}"
-    if row.get("rule") in RULES and not pd.isna(figures["paper"]):
-        want = verdict(row["rule"], figures["paper"], None if pd.isna(figures["low"]) else figures["low"],
-                       None if pd.isna(figures["high"]) else figures["high"])
-        if want != row["verdict"]:
-            return f"verdict is {row['verdict']!r}, and its interval against the paper's figure gives {want!r}"
-    return None
-
-
 def verdict(rule: str, paper: float, low: float | None, high: float | None) -> str:
     """The verdict of an interval [low, high] against the paper's figure under `rule` (see the module docstring)."""
     if low is None or high is None or math.isnan(low) or math.isnan(high):

@@ -6,6 +6,7 @@ summarized from it.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from pathlib import Path
 
@@ -52,6 +53,31 @@ def _cell_number(value) -> float | None:
         return float(value)
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def _claims_row_problem(row) -> str | None:
+    """What in a claims table's row no `claims` table holds (`specter.report.claims`), or None: a verdict it does not
+    give, a figure that is negative or not finite, an interval that does not hold its value, a verdict other than its
+    interval's."""
+    from specter.report.claims import RULES, VERDICTS, verdict
+
+    if pd.isna(row.get("verdict")) and pd.isna(row.get("rule")):
+        return None  # a row beside a claim: a figure of another configuration, no verdict of its own
+    if row.get("verdict") not in VERDICTS:
+        return f"verdict is {str(row.get('verdict'))[:40]!r}, not one of {', '.join(VERDICTS)}"
+    figures = {k: row.get(k) for k in ("paper", "suite", "low", "high")}
+    for name, value in figures.items():
+        if not pd.isna(value) and not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
+            return f"{name} is {value!r}, and a figure is finite and never negative"
+    if not any(pd.isna(figures[k]) for k in ("suite", "low", "high")) and not (
+            figures["low"] <= figures["suite"] <= figures["high"]):
+        return f"the interval [{figures['low']:g}, {figures['high']:g}] does not hold suite {figures['suite']:g}"
+    if row.get("rule") in RULES and not pd.isna(figures["paper"]):
+        want = verdict(row["rule"], figures["paper"], None if pd.isna(figures["low"]) else figures["low"],
+                       None if pd.isna(figures["high"]) else figures["high"])
+        if want != row["verdict"]:
+            return f"verdict is {row['verdict']!r}, and its interval against the paper's figure gives {want!r}"
+    return None
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -137,10 +163,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
                 raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, which no run gives ({rule[1]}); "
                                    f"{fix}")
     if {"verdict", "rule", "paper", "suite", "low", "high"} <= set(df.columns):  # a claims table's rows
-        from specter.report.claims import row_problem
-
         for i, row in df.iterrows():
-            problem = row_problem(row)
+            problem = _claims_row_problem(row)
             if problem is not None:
                 raise SpecterError(f"{path}:{i + 2}: {problem}, which no run gives; {fix}")
     if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
