@@ -32,6 +32,23 @@ def record_problem(record: dict) -> str | None:
         return "a number too large for its field (an integer no float holds, or an infinite count)"
 
 
+def _config_problem(record: dict, config: dict) -> str | None:
+    """Where a record's run settings are none a run takes: a temperature that is negative or not finite, a prefix or
+    output length, repeat count or seed that is not a whole number in its range, more tokens than it asked for."""
+    temperature = config.get("temperature")
+    if temperature is not None and not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+                                        and math.isfinite(temperature) and temperature >= 0):
+        return f"config.temperature is {temperature!r}, and a temperature is finite and never negative"
+    for name, least in (("prefix_tokens", 0), ("max_new_tokens", 1), ("repeats", 1), ("num_prompts", 1)):
+        value = config.get(name)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+            return f"config.{name} is {value!r}, and it is a whole number, at least {least}"
+    tokens, most = record.get("output_token_ids"), config.get("max_new_tokens")
+    if isinstance(tokens, list) and isinstance(most, int) and len(tokens) > most:
+        return f"output_token_ids holds {len(tokens)} tokens, and its run asked for at most {most}"
+    return None
+
+
 def _record_problem(record: dict) -> str | None:
     from specter.runspec import MAX_WINDOW
 
@@ -84,6 +101,10 @@ def _record_problem(record: dict) -> str | None:
     if not isinstance(profile, dict):
         return "config.hardware_profile is missing (every record carries the profile it ran on)"
     from specter.timing.hardware import profile_from_dict
+
+    problem = _config_problem(record, record.get("config") or {})
+    if problem is not None:
+        return problem
 
     try:  # its numbers as a profile file's are checked (a record of a version before its digest has only these)
         profile_from_dict(profile, "config.hardware_profile")

@@ -174,17 +174,28 @@ def _resealed(table: str) -> str:
     return table
 
 
-def _claims_with(w: Path, row: int, **cells) -> str:
-    """The committed claims table with row `row`'s `cells` changed, its checksum written for the new bytes."""
+def _committed_with(w: Path, name: str, row: int, **cells) -> str:
+    """The committed table `name` (docs/results) with row `row`'s `cells` changed, its checksum written for the new
+    bytes."""
     import csv
     import io
 
-    rows = list(csv.reader(io.StringIO((Path(__file__).parents[1] / "docs/results/claims.csv").read_text())))
+    rows = list(csv.reader(io.StringIO((Path(__file__).parents[1] / "docs/results" / name).read_text())))
     for column, value in cells.items():
         rows[row + 1][rows[0].index(column)] = value
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows(rows)
-    return _table_file(w, "claims.csv", out.getvalue())
+    return _table_file(w, name, out.getvalue())
+
+
+def _claims_with(w: Path, row: int, **cells) -> str:
+    return _committed_with(w, "claims.csv", row, **cells)
+
+
+def _beside(table: str, name: str, content: str) -> str:
+    """`table`, with a file `name` of `content` beside it."""
+    (Path(table).parent / name).write_text(content)
+    return table
 
 
 def _profile_number(section: str, field: str, value):
@@ -802,6 +813,30 @@ CASES = [
      "verdict is 'banana'"),
     ("aggregate_records_profile_numbers_impossible", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _profile_number("host", "dispatch_us", -10)), "--out", "{out}.csv"], "dispatch_us"),
+    ("summary_claims_rule_unknown", lambda w, r: _readme(_claims_with(w, 0, rule="value ", verdict="reproduced")),
+     "a verdict under rule 'value '"),
+    ("summary_claims_paper_empty", lambda w, r: _readme(_claims_with(w, 0, paper="", verdict="reproduced")),
+     "and a verdict is against the paper's figure"),
+    ("summary_claims_run_seconds_negative", lambda w, r: _readme(_beside(_claims_with(w, 0), "run.yaml", yaml.safe_dump(
+        {**yaml.safe_load((Path(__file__).parents[1] / "docs/results/run.yaml").read_text()), "seconds": -5}))),
+     "seconds is -5"),
+    ("summary_table_speedup_without_specter", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("system", "on-demand"), checksum=False))), "holds no Specter row it could be over"),
+    ("summary_table_tpot_under_its_lower_bound", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("lower_bound_tpot_ms", "99999"), checksum=False))), "under its own lower bound"),
+    ("plot_calibration_ratio_not_its_columns", lambda w, r: ["plot", "calibration", "--table", _committed_with(
+        w, "calibration.csv", 0, suite_over_published="1.0"), "--out", "{out}.png"], "and suite over published is"),
+    ("plot_calibration_comparable_unknown", lambda w, r: ["plot", "calibration", "--table", _committed_with(
+        w, "calibration.csv", 0, comparable="maybe"), "--out", "{out}.png"], "neither True nor False"),
+    ("plot_sim_vs_measured_ratio_not_its_columns", lambda w, r: ["plot", "sim_vs_measured", "--table", _committed_with(
+        w, "sim_vs_measured.csv", 0, measured_over_simulated="50"), "--out", "{out}.png"],
+     "and measured_ms over simulated_ms is"),
+    ("aggregate_records_temperature_negative", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("temperature", -0.7)), "--out", "{out}.csv"], "config.temperature is -0.7"),
+    ("aggregate_records_prefix_negative", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("prefix_tokens", -16)), "--out", "{out}.csv"], "config.prefix_tokens is -16"),
+    ("aggregate_records_more_tokens_than_asked", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("max_new_tokens", 1)), "--out", "{out}.csv"], "asked for at most 1"),
     ("summary_results_main_header_only", lambda w, r: ["summary", _results_with(w, r, "main.csv", Path(
         r["table"]).read_text().splitlines()[0] + "\n")], "a header and no rows"),
     ("summary_results_with_an_empty_table", lambda w, r: ["summary", _results_with(w, r, "hardware.csv", "")],
@@ -1600,3 +1635,16 @@ def test_diff_tells_a_missing_field_from_a_null_and_refuses_what_no_parser_reads
         assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "x.jsonl:1 is no record this suite writes" in err[0], err
+
+
+def test_a_bar_in_a_cell_stays_in_its_cell_and_diff_names_the_side_that_holds_a_file(tmp_path):
+    from specter.report.diff import diff_results
+    from specter.report.summary import _markdown
+
+    assert _markdown([["fiddler|x", "1"]], ["system", "tpot"])[2] == "| fiddler\\|x | 1 |"
+    for side in ("a", "b"):
+        (tmp_path / side / "tables").mkdir(parents=True)
+    (tmp_path / "a" / "tables" / "t.csv").mkdir()
+    (tmp_path / "b" / "tables" / "t.csv").write_text("x\n1\n")
+    assert diff_results(tmp_path / "a", tmp_path / "b").differences == [
+        f"tables/t.csv: a file only in {tmp_path / 'b'}"]

@@ -48,6 +48,13 @@ def _fields(a, b, prefix: str, ignored: set[str], out: list[str]) -> None:
         out.append(prefix)
 
 
+def _one_side(name: str, pa: Path, pb: Path, a: Path, b: Path) -> str:
+    """How `name` differs where it is not a file on both sides: a file on one side only, or a file on neither."""
+    if pa.is_file() != pb.is_file():
+        return f"{name}: a file only in {a if pa.is_file() else b}"
+    return f"{name}: not a file in either"
+
+
 def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT_IGNORED) -> Diff:
     a, b = Path(a), Path(b)
     for root in (a, b):
@@ -60,7 +67,7 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
         for name in names:
             pa, pb = a / name, b / name
             if not (pa.is_file() and pb.is_file()):
-                out.differences.append(f"{name}: only in {a if pa.is_file() else b}")
+                out.differences.append(_one_side(name, pa, pb, a, b))
                 continue
             ra, rb = read_jsonl(pa, strict=False), read_jsonl(pb, strict=False)
             out.record_files += 1
@@ -79,7 +86,7 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
     for name in names:
         pa, pb = a / name, b / name
         if not (pa.is_file() and pb.is_file()):
-            out.differences.append(f"{name}: only in {a if pa.is_file() else b}")
+            out.differences.append(_one_side(name, pa, pb, a, b))
             continue
         out.tables += 1
         try:

@@ -52,6 +52,11 @@ def _run_line(path: Path) -> str:
     missing = [k for k in ("date", "machine", "command", "config") if not isinstance(run, dict) or k not in run]
     if missing:
         raise SpecterError(f"{run_file} lacks {', '.join(missing)}; give each, as docs/results/run.yaml does")
+    seconds = run.get("seconds")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                    and math.isfinite(seconds) and seconds >= 0):
+        raise SpecterError(f"{run_file}: seconds is {seconds!r}, and a run's wall time is a number of seconds, never "
+                           "negative; write the time the run took, or leave seconds out")
     return (f"Run: `{run['command']}` on `{run['config']}`, {run['date']}, on {run['machine']}"
             + (f" ({run['seconds']:,} s)" if run.get("seconds") else "") + ".")
 
@@ -154,6 +159,9 @@ def readme_table(path: str | Path) -> str:
     for at, r in cells.items():  # each ratio is its row's TPOT over Specter's in the same comparison and case
         ours = cells.get((at[0], "specter", *at[2:]))
         ratio = r["speedup_of_specter"]
+        if ours is None and not pd.isna(ratio):
+            raise SpecterError(f"{path}: {r['system']}'s speedup_of_specter ({at[0]}, {at[2]}, {at[-1]}) is {ratio:g}, "
+                               f"and the table holds no Specter row it could be over; {fix}")
         if ours is not None and not pd.isna(ratio) and not math.isclose(ratio, r["tpot_ms"] / ours["tpot_ms"],
                                                                           rel_tol=1e-6):
             raise SpecterError(f"{path}: {r['system']}'s speedup_of_specter ({at[0]}, {at[2]}, {at[-1]}) is "

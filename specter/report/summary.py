@@ -66,11 +66,12 @@ def fmt_ms(x) -> str:
 
 
 def _markdown(rows: list[list[str]], header: list[str], tight: bool = False) -> list[str]:
-    """A markdown table; `tight`: no padding around the cells (a wide table within the README's line length)."""
+    """A markdown table (a `|` within a cell escaped); `tight`: no padding around the cells (a wide table within the
+    README's line length)."""
     bar, rule = ("|", "---|") if tight else (" | ", " --- |")
     edge = "|" if tight else "| "
     out = [edge + bar.join(header) + edge[::-1], "|" + rule * len(header)]
-    out += [edge + bar.join(str(c) for c in row) + edge[::-1] for row in rows]
+    out += [edge + bar.join(str(c).replace("|", "\\|") for c in row) + edge[::-1] for row in rows]
     return out + [""]
 
 

@@ -40,9 +40,35 @@ VALUE_RULES = {
     **{name: (_count(0), "a whole number, never negative") for name in (
         "slots_per_layer", "demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards", "prompts")},
     "dispatch_us": (lambda v: math.isfinite(v) and v >= 0, "a time is finite and never negative"),
+    **{name: (lambda v: math.isfinite(v) and v >= 0, "finite and never negative") for name in (
+        "temperature", "published")},
     **{name: (_ratio, "a ratio is finite and positive") for name in (
         "speedup_of_specter", "measured_over_simulated", "suite_over_published", "fused_over_published")},
 }
+
+
+#: ratio columns and the columns they are the ratio of
+RATIOS_OF = {"measured_over_simulated": ("measured_ms", "simulated_ms"), "suite_over_published": ("suite", "published")}
+#: columns of True or False
+FLAGS = ("simulated", "in_band", "comparable")
+
+
+def _row_problem(row) -> str | None:
+    """What in one row contradicts itself: a ratio other than its columns', a flag neither True nor False, a simulated
+    TPOT under its own lower bound."""
+    for ratio, (num, den) in RATIOS_OF.items():
+        values = [_cell_number(row.get(c)) for c in (ratio, num, den)]
+        if all(v is not None and math.isfinite(v) for v in values) and values[2] > 0 and not math.isclose(
+                values[0], values[1] / values[2], rel_tol=1e-6):
+            return f"{ratio} is {values[0]:g}, and {num} over {den} is {values[1] / values[2]:g}"
+    for flag in FLAGS:
+        value = row.get(flag)
+        if flag in row and not pd.isna(value) and str(value) not in ("True", "False"):
+            return f"{flag} is {str(value)[:40]!r}, neither True nor False"
+    tpot, bound = _cell_number(row.get("tpot_ms")), _cell_number(row.get("lower_bound_tpot_ms"))
+    if str(row.get("simulated")) == "True" and tpot and bound and tpot < bound * (1 - 1e-9):
+        return f"tpot_ms is {tpot:g}, under its own lower bound {bound:g} (a simulated run never is)"
+    return None
 
 
 def _cell_number(value) -> float | None:
@@ -59,12 +85,17 @@ def _claims_row_problem(row) -> str | None:
     """What in a claims table's row no `claims` table holds (`specter.report.claims`), or None: a verdict it does not
     give, a figure that is negative or not finite, an interval that does not hold its value, a verdict other than its
     interval's."""
-    from specter.report.claims import RULES, VERDICTS, verdict
+    from specter.report.claims import RULES, UNITS, VERDICTS, verdict
 
     if pd.isna(row.get("verdict")) and pd.isna(row.get("rule")):
         return None  # a row beside a claim: a figure of another configuration, no verdict of its own
     if row.get("verdict") not in VERDICTS:
         return f"verdict is {str(row.get('verdict'))[:40]!r}, not one of {', '.join(VERDICTS)}"
+    if row.get("rule") not in RULES or ("unit" in row and row.get("unit") not in UNITS):
+        return (f"a verdict under rule {str(row.get('rule'))[:20]!r} in unit {str(row.get('unit'))[:20]!r}, where "
+                f"claims are judged by {', '.join(RULES)} in {', '.join(UNITS)}")
+    if _cell_number(row.get("paper")) is None or pd.isna(row.get("paper")):
+        return f"paper is {str(row.get('paper'))[:40]!r}, and a verdict is against the paper's figure"
     figures = {k: row.get(k) for k in ("paper", "suite", "low", "high")}
     for name, value in figures.items():
         if not pd.isna(value) and not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
@@ -72,11 +103,10 @@ def _claims_row_problem(row) -> str | None:
     if not any(pd.isna(figures[k]) for k in ("suite", "low", "high")) and not (
             figures["low"] <= figures["suite"] <= figures["high"]):
         return f"the interval [{figures['low']:g}, {figures['high']:g}] does not hold suite {figures['suite']:g}"
-    if row.get("rule") in RULES and not pd.isna(figures["paper"]):
-        want = verdict(row["rule"], figures["paper"], None if pd.isna(figures["low"]) else figures["low"],
-                       None if pd.isna(figures["high"]) else figures["high"])
-        if want != row["verdict"]:
-            return f"verdict is {row['verdict']!r}, and its interval against the paper's figure gives {want!r}"
+    want = verdict(row["rule"], figures["paper"], None if pd.isna(figures["low"]) else figures["low"],
+                   None if pd.isna(figures["high"]) else figures["high"])
+    if want != row["verdict"]:
+        return f"verdict is {row['verdict']!r}, and its interval against the paper's figure gives {want!r}"
     return None
 
 
@@ -162,11 +192,11 @@ def read_table(path: str | Path) -> pd.DataFrame:
             if number is None or not rule[0](number):
                 raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, which no run gives ({rule[1]}); "
                                    f"{fix}")
-    if {"verdict", "rule", "paper", "suite", "low", "high"} <= set(df.columns):  # a claims table's rows
-        for i, row in df.iterrows():
-            problem = _claims_row_problem(row)
-            if problem is not None:
-                raise SpecterError(f"{path}:{i + 2}: {problem}, which no run gives; {fix}")
+    claims = {"verdict", "rule", "paper", "suite", "low", "high"} <= set(df.columns)
+    for i, row in df.iterrows():
+        problem = _row_problem(row) or (_claims_row_problem(row) if claims else None)
+        if problem is not None:
+            raise SpecterError(f"{path}:{i + 2}: {problem}, which no run gives; {fix}")
     if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
         import logging
 
