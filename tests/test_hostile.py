@@ -802,7 +802,7 @@ CASES = [
     ("summary_table_memory_unknown", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _table_cell("memory", "same banana"), checksum=False))), "memory holds 'same banana'"),
     ("summary_table_simulated_unknown", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("simulated", "banana"), checksum=False))), "simulated holds 'banana'"),
+        w, r, _table_cell("simulated", "banana"), checksum=False))), "simulated is 'banana', neither True nor False"),
     ("summary_claims_interval_not_holding_its_value", lambda w, r: _readme(_claims_with(w, 0, low="5")),
      "does not hold suite"),
     ("summary_claims_figure_negative", lambda w, r: _readme(_claims_with(w, 0, suite="-1.5")),
