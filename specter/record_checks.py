@@ -139,6 +139,10 @@ def _consistency_problem(record: dict) -> str | None:
         value = record.get(name)
         if isinstance(value, str) and not (value.isprintable() and not any(c in value for c in "|`")):
             return f"{name} is {value!r:.60}, which no run names (tables and reports print it)"
+    from specter.system_names import system_names
+
+    if isinstance(record.get("system"), str) and record["system"] not in system_names():
+        return f"system is {record['system']!r:.60}, which the suite does not have ({', '.join(sorted(system_names()))})"
     for name in ("system", "model", "dataset"):
         if name in config and record.get(name) != config[name]:
             return f"{name} is {record.get(name)!r}, and its run's config.{name} is {config[name]!r}"

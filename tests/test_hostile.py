@@ -249,6 +249,14 @@ def _other_machine(path: Path, rehash: bool = True) -> None:
     path.write_text("\n".join(out) + "\n")
 
 
+def _both(*damages):
+    """A damage: each of `damages` in turn."""
+    def damage(path: Path) -> None:
+        for each in damages:
+            each(path)
+    return damage
+
+
 def _config_field(field, value):
     """A damage: the first record's `config.<field>` set to `value` (None: removed)."""
     def damage(path: Path) -> None:
@@ -800,7 +808,7 @@ CASES = [
     ("summary_table_speedup_not_its_tpots", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _table_cell("speedup_of_specter", "50"), checksum=False))), "and its TPOT over Specter's is"),
     ("summary_table_memory_unknown", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("memory", "same banana"), checksum=False))), "memory holds 'same banana'"),
+        w, r, _table_cell("memory", "same banana"), checksum=False))), "memory is 'same banana', which no run"),
     ("summary_table_simulated_unknown", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _table_cell("simulated", "banana"), checksum=False))), "simulated is 'banana', neither True nor False"),
     ("summary_claims_interval_not_holding_its_value", lambda w, r: _readme(_claims_with(w, 0, low="5")),
@@ -826,11 +834,24 @@ CASES = [
         w, r, _table_cell("lower_bound_tpot_ms", "99999"), checksum=False))), "under its own lower bound"),
     ("plot_calibration_ratio_not_its_columns", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 0, suite_over_published="1.0"), "--out", "{out}.png"], "and suite over published is"),
+    ("plot_calibration_in_band_not_its_ratio", lambda w, r: ["plot", "calibration", "--table", _committed_with(
+        w, "calibration.csv", 0, in_band="True"), "--out", "{out}.png"], "in_band is 'True', and suite_over_published"),
+    ("plot_calibration_in_band_without_a_ratio", lambda w, r: ["plot", "calibration", "--table", _committed_with(
+        w, "calibration.csv", 2, in_band="False"), "--out", "{out}.png"], "is no ratio"),
+    ("summary_table_system_unknown", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("system", "specter-turbo"), checksum=False))), "system is 'specter-turbo', which no run"),
+    ("summary_table_system_governor_unknown", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("system", "specter (K magic)"), checksum=False))), "system is 'specter (K magic)'"),
+    ("summary_table_pricing_unknown", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("pricing", "cheap"), checksum=False))), "pricing is 'cheap', which no run writes"),
     ("plot_calibration_comparable_unknown", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 0, comparable="maybe"), "--out", "{out}.png"], "neither True nor False"),
     ("plot_sim_vs_measured_ratio_not_its_columns", lambda w, r: ["plot", "sim_vs_measured", "--table", _committed_with(
         w, "sim_vs_measured.csv", 0, measured_over_simulated="50"), "--out", "{out}.png"],
      "and measured_ms over simulated_ms is"),
+    ("aggregate_records_system_unknown", lambda w, r: ["aggregate", "main", _records_copy(w, r, _both(
+        _record_field("system", "specter-turbo"), _config_field("system", "specter-turbo"))), "--out", "{out}.csv"],
+     "system is 'specter-turbo', which the suite does not have"),
     ("aggregate_records_temperature_negative", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("temperature", -0.7)), "--out", "{out}.csv"], "config.temperature is -0.7"),
     ("aggregate_records_prefix_negative", lambda w, r: ["aggregate", "main", _records_copy(

@@ -212,3 +212,17 @@ def test_calibration_figure_draws_rows_with_and_without_a_suite_figure(tmp_path)
                                proxy="", simulated=None, note="", source="README")])
     plot("calibration", table, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_system_names_read_from_source_are_the_registrys():
+    """A table's reader checks its systems against `system_names` (no import of torch); it must find exactly what
+    the registry imports."""
+    import subprocess
+    import sys
+
+    from specter.system_names import system_names
+    from specter.systems import registry
+
+    assert system_names() == set(registry())
+    code = "import sys; from specter.system_names import system_names; system_names(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

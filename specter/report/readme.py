@@ -127,10 +127,7 @@ def readme_table(path: str | Path) -> str:
     if df.empty:
         raise SpecterError(f"{path} holds no rows; run the workflow (snakemake --cores all) first")
     fix = "the table was edited or damaged: write it again with `specter aggregate main`"
-    odd = sorted(set(df["memory"].astype(str)) - {*COMPARISONS, "nan"}) if "memory" in df else []
-    if odd:  # (a flag other than True or False the table's reader refuses)
-        raise SpecterError(f"{path}: memory holds {odd[0]!r}, which `main` never writes ({', '.join(COMPARISONS)}); "
-                           f"{fix}")
+    # (a comparison, system or flag no run writes the table's reader refuses)
     df = df.assign(cost_as=df["cost_as"].fillna("").astype(str) if "cost_as" in df else "",
                    memory=df["memory"].fillna("same slots").astype(str) if "memory" in df else "same slots",
                    simulated=df["simulated"].astype(str) == "True",
@@ -153,7 +150,7 @@ def readme_table(path: str | Path) -> str:
     rank = {p: i for i, p in enumerate(PRICINGS)}
     cases = sorted({tuple(c) for c in df[["model", "cost_as", "hardware", "simulated", "pricing"]].itertuples(
         index=False)}, key=lambda c: (*c[:4], rank.get(c[4], len(rank)), c[4]))
-    comparisons = [m for m in COMPARISONS if m in set(df["memory"])] + sorted(set(df["memory"]) - set(COMPARISONS))
+    comparisons = [m for m in COMPARISONS if m in set(df["memory"])]
     cells = {tuple(r[k] for k in key): r for _, r in df.iterrows()}
     for at, r in cells.items():  # each ratio is its row's TPOT over Specter's in the same comparison and case (or,
         # where that comparison has no Specter row, another comparison's in the same case and prompt set)

@@ -53,6 +53,23 @@ RATIOS_OF = {"measured_over_simulated": ("measured_ms", "simulated_ms"), "suite_
 FLAGS = ("simulated", "in_band", "comparable")
 
 
+def _text_rules() -> dict:
+    """{column: (the values a run writes in it, in words)} for the columns whose text names something the suite
+    defines: a system (by its registry name, or `<name> (K <governor>)` for its run at a governor's K), a pricing, a
+    comparison, a prefetch policy, a draft kernel."""
+    from specter.report.readme import COMPARISONS
+    from specter.runspec import DRAFT_KERNELS, PREFETCH_POLICIES, PRICINGS
+    from specter.runspec.parts import GOVERNORS
+    from specter.system_names import system_names
+
+    names = sorted(system_names())
+    systems = set(names) | {f"{name} (K {g})" for name in names for g in GOVERNORS}
+    return {"system": (systems, f"a system the suite has ({', '.join(names)})"),
+            **{column: (set(values), ", ".join(values)) for column, values in (
+                ("pricing", PRICINGS), ("memory", COMPARISONS), ("prefetch", PREFETCH_POLICIES),
+                ("draft_kernel", DRAFT_KERNELS))}}
+
+
 def _row_problem(row) -> str | None:
     """What in one row contradicts itself: a ratio other than its columns', a flag neither True nor False, a simulated
     TPOT under its own lower bound."""
@@ -65,6 +82,14 @@ def _row_problem(row) -> str | None:
         value = row.get(flag)
         if flag in row and not pd.isna(value) and str(value) not in ("True", "False"):
             return f"{flag} is {str(value)[:40]!r}, neither True nor False"
+    ratio = _cell_number(row.get("suite_over_published"))
+    if "in_band" in row and ratio is not None:
+        from specter.report.calibration import BAND
+
+        want = "" if math.isnan(ratio) else str(BAND[0] <= ratio <= BAND[1])
+        if str(row.get("in_band")).replace("nan", "") != want:
+            return (f"in_band is {str(row.get('in_band'))[:10]!r}, and suite_over_published {ratio:g} is "
+                    f"{'no ratio' if not want else 'inside' if want == 'True' else 'outside'} {BAND[0]}-{BAND[1]}")
     tpot, bound = _cell_number(row.get("tpot_ms")), _cell_number(row.get("lower_bound_tpot_ms"))
     if str(row.get("simulated")) == "True" and tpot and bound and tpot < bound * (1 - 1e-9):
         return f"tpot_ms is {tpot:g}, under its own lower bound {bound:g} (a simulated run never is)"
@@ -192,6 +217,12 @@ def read_table(path: str | Path) -> pd.DataFrame:
             if number is None or not rule[0](number):
                 raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, which no run gives ({rule[1]}); "
                                    f"{fix}")
+    texts = _text_rules()
+    for column in set(texts) & set(df.columns) if "system" in df.columns else ():  # a run's table, not a profile's
+        for i, value in df[column].items():
+            if not pd.isna(value) and str(value) not in texts[column][0]:
+                raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.60}, which no run writes (one of "
+                                   f"{texts[column][1]}); {fix}")
     claims = {"verdict", "rule", "paper", "suite", "low", "high"} <= set(df.columns)
     for i, row in df.iterrows():
         problem = _row_problem(row) or (_claims_row_problem(row) if claims else None)

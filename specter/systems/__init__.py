@@ -8,22 +8,19 @@ reimplemented system): a new baseline is one file there, and nothing in the core
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
 from specter.errors import SpecterError
+from specter.system_names import system_modules
 from specter.systems.base import DecodeConfig, PassHooks, PredictionCounts, PromptContext, PromptResult, System
 
 __all__ = ["DecodeConfig", "PassHooks", "PredictionCounts", "PromptContext", "PromptResult", "System", "get_system",
            "registry", "schedule"]
 
-BASELINE_PACKAGE = "baselines"
-_OWN_MODULES = ("specter.systems.reference", "specter.systems.specter")
-
 
 def registry() -> dict[str, type[System]]:
-    """{name: System class} of every system the suite knows."""
-    base = importlib.import_module(BASELINE_PACKAGE)
-    modules = set(_OWN_MODULES) | {f"{BASELINE_PACKAGE}.{m.name}" for m in pkgutil.iter_modules(base.__path__)}
+    """{name: System class} of every system the suite knows (the modules `specter.system_names.system_modules`
+    names)."""
+    modules = system_modules()
     found: dict[str, type[System]] = {}
     for module_name in sorted(modules):
         for obj in vars(importlib.import_module(module_name)).values():
