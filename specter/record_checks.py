@@ -142,7 +142,8 @@ def _consistency_problem(record: dict) -> str | None:
     from specter.system_names import system_names
 
     if isinstance(record.get("system"), str) and record["system"] not in system_names():
-        return f"system is {record['system']!r:.60}, which the suite does not have ({', '.join(sorted(system_names()))})"
+        known = ", ".join(sorted(system_names()))
+        return f"system is {record['system']!r:.60}, which the suite does not have ({known})"
     for name in ("system", "model", "dataset"):
         if name in config and record.get(name) != config[name]:
             return f"{name} is {record.get(name)!r}, and its run's config.{name} is {config[name]!r}"

@@ -345,6 +345,21 @@ def _replay(w, r, memo_edit, system="specter", **forge) -> list[str]:
     return _run(r, "--memo", _forged_memo(w, r, memo_edit, **forge), system=system)
 
 
+def _tensor_twice(d: Path) -> None:
+    """The checkpoint as two shards that both hold one expert's tensor, with other values in the second (which the
+    index names for it)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    os.replace(d / "model.safetensors", d / "model-00001-of-00002.safetensors")
+    with safe_open(str(d / "model-00001-of-00002.safetensors"), "pt") as f:
+        names, other = list(f.keys()), f.get_tensor(_EXPERT) + 1
+    save_file({_EXPERT: other}, str(d / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    weight_map = {**dict.fromkeys(names, "model-00001-of-00002.safetensors"),
+                  _EXPERT: "model-00002-of-00002.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
 def _weights(edit):
     """A damage that rewrites model.safetensors with `edit(tensors)` applied (a readable file of other values)."""
     def damage(d: Path) -> None:
@@ -642,6 +657,10 @@ CASES = [
         w, r, lambda d: d["device"].update(memory_gb=80))), "a preset's name, with other numbers"),
     ("weights_an_expert_stored_as_int32", lambda w, r: _run(r, model=_model_copy(w, r, _weights(lambda t: t.update(
         {_EXPERT: t[_EXPERT].to(__import__("torch").int32)}))), system="on-demand"), "stored as int32"),
+    ("weights_a_tensor_in_two_shards", lambda w, r: _run(r, model=_model_copy(w, r, _tensor_twice),
+                                                         system="on-demand"), "is stored in both"),
+    ("live_weights_a_tensor_in_two_shards", lambda w, r: _live(r, _model_copy(w, r, _tensor_twice)),
+     "is stored in both"),
     ("live_weights_an_expert_stored_as_int32", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
         {_EXPERT: t[_EXPERT].to(__import__("torch").int32)})))), "stored as int32"),
     ("weights_a_stale_file_beside_the_shards", lambda w, r: _run(r, model=_model_copy(w, r, _stale_beside),
@@ -828,6 +847,9 @@ CASES = [
     ("summary_claims_run_seconds_negative", lambda w, r: _readme(_beside(_claims_with(w, 0), "run.yaml", yaml.safe_dump(
         {**yaml.safe_load((Path(__file__).parents[1] / "docs/results/run.yaml").read_text()), "seconds": -5}))),
      "seconds is -5"),
+    ("summary_claims_run_command_a_list", lambda w, r: _readme(_beside(_claims_with(w, 0), "run.yaml", yaml.safe_dump(
+        {**yaml.safe_load((Path(__file__).parents[1] / "docs/results/run.yaml").read_text()), "command": ["rm"]}))),
+     "run.yaml: command is ['rm']"),
     ("summary_table_speedup_without_specter", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _table_cell("system", "on-demand"), checksum=False))), "holds no Specter row it could be over"),
     ("summary_table_tpot_under_its_lower_bound", lambda w, r: _readme(_resealed(_table_copy(

@@ -130,9 +130,18 @@ def integer_weight(name: str, dtype: str) -> bool:
     return name.endswith(".weight") and dtype in _INTEGER_DTYPES
 
 
+def stored_twice(path: Path, name: str, first: str, second: str) -> SpecterError:
+    """The refusal of a checkpoint that stores tensor `name` in two of its files (loaders differ in which they read)."""
+    return SpecterError(f"the model in {str(path)!r}: tensor {name} is stored in both {first} and {second} (a "
+                        "stale shard, or a shard of another checkpoint): remove the stale shard or re-download the "
+                        "checkpoint")
+
+
 def check_weight_dtypes(path: Path) -> None:
-    """Refuse, naming the tensor, a checkpoint with a plain weight stored as integers (`integer_weight`), from its
-    safetensors headers alone (a header the loader cannot read is the loader's to report)."""
+    """Refuse, naming the tensor, a checkpoint with a plain weight stored as integers (`integer_weight`) or a tensor
+    stored in two of its files (loaders differ in which copy they read), from its safetensors headers alone (a header
+    the loader cannot read is the loader's to report)."""
+    held: dict[str, str] = {}
     for file in weight_files(path):
         try:
             with open(file, "rb") as f:
@@ -146,6 +155,8 @@ def check_weight_dtypes(path: Path) -> None:
         if not isinstance(header, dict):
             continue
         for name, info in sorted(header.items()):
+            if name != "__metadata__" and held.setdefault(name, file.name) != file.name:
+                raise stored_twice(path, name, held[name], file.name)
             dtype = info.get("dtype") if isinstance(info, dict) else None
             if isinstance(dtype, str) and integer_weight(name, dtype):
                 raise SpecterError(f"the model in {str(path)!r}: tensor {name} is stored as {_INTEGER_DTYPES[dtype]}, "

@@ -66,7 +66,7 @@ from specter.models.disk_tier import (
     write_manifest,
 )
 from specter.models.integrity import check_card, first_nonfinite, model_hash, weight_files
-from specter.models.loading import _check_loaded_all, check_shards, check_weight_dtypes, read_model_config
+from specter.models.loading import _check_loaded_all, check_shards, check_weight_dtypes, read_model_config, stored_twice
 from specter.models.trees import experts_path
 from specter.progress import log
 
@@ -122,8 +122,7 @@ def read_headers(path: Path) -> dict[str, TensorEntry]:
             if base + end > size or end - start != math.prod(shape) * torch.empty(0, dtype=dtype).element_size():
                 raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}")
             if name in entries:
-                raise SpecterError(f"{str(path)!r}: tensor {name} is in both {entries[name].file.name} and "
-                                   f"{file.name}; remove the stale shard or re-download the checkpoint")
+                raise stored_twice(path, name, entries[name].file.name, file.name)
             entries[name] = TensorEntry(file, base + start, base + end, dtype, shape)
     return entries
 

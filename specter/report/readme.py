@@ -52,6 +52,14 @@ def _run_line(path: Path) -> str:
     missing = [k for k in ("date", "machine", "command", "config") if not isinstance(run, dict) or k not in run]
     if missing:
         raise SpecterError(f"{run_file} lacks {', '.join(missing)}; give each, as docs/results/run.yaml does")
+    import datetime
+
+    for key in ("date", "machine", "command", "config"):
+        value = run[key]
+        if not ((isinstance(value, str) and value.strip() and value.isprintable() and "`" not in value)
+                or (key == "date" and isinstance(value, datetime.date))):
+            raise SpecterError(f"{run_file}: {key} is {value!r:.60}, and it is printed in the README as one line of "
+                               "text; give it as a string without backticks, as docs/results/run.yaml does")
     seconds = run.get("seconds")
     if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
                                     and math.isfinite(seconds) and seconds >= 0):
