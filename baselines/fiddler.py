@@ -109,6 +109,7 @@ class Fiddler(System):
     name = "fiddler"
     upstream = UPSTREAM
     host_compute = True
+    learns_from_history = True
     options = {"decide": (str, "constants", "how a missing expert's side is chosen: constants (the code's 7 per "
                                             "token on the host against 70 on the device) or cost-model (the hardware "
                                             "profile's)", ("constants", "cost-model"))}

@@ -184,6 +184,7 @@ UPSTREAM = Upstream(attention=63, expert=27, head=12, host_reads=8, sources=(
 class MoEInfinity(System):
     name = "moe-infinity"
     upstream = UPSTREAM
+    learns_from_history = True
     options = {
         "prefetch": (bool, False, "the paper's activation-aware prefetch from matched EAMs (off in the released code)"),
         "eviction": (str, "visits", "what the cache evicts: visits (the fewest in-cache visits, the code's) or "

@@ -362,6 +362,37 @@ def test_a_live_run_decodes_on_its_device_first_and_prices_its_twin_from_that_de
     assert recorded[0].extra["live"]["tokens_as_recorded"] and recorded[0].extra["live_forwards"] > 0
 
 
+def test_a_live_run_that_learns_from_history_decodes_its_warm_up_prompts_on_its_device(tmp_path):
+    """Fiddler and MoE-Infinity learn from warm-up prompts' decodes: a live run decodes them on its own device (no
+    forward of the CPU's numerics), its record says so, and they route as the CPU's decode of the same prompts does
+    (the placement Fiddler learns is the same)."""
+    from specter.models.tiny import save_tiny_model
+    from specter.runs import sweep
+    from specter.runs.execute import prepare
+    from specter.runs.live import runtime, warm_up_traces
+
+    model = save_tiny_model("mixtral", tmp_path / "model", overrides={"num_hidden_layers": "4"})
+    common = dict(model=str(model), dataset="code", hardware="a100-40gb-pcie4", num_prompts=1, prefix_tokens=16,
+                  max_new_tokens=NEW, resident_per_layer=2, engine="live", repeats=1, warmup_prompts=2)
+    session = Session()
+    records = sweep([spec(system=s, **common) for s in ("fiddler", "moe-infinity")], None, session=session,
+                    progress=False)
+    assert len(records) == 2 and all(service.forward_calls == 0 for _, service in session._targets.values())
+    for r in records:
+        assert r.extra["live_forwards"] == 0
+        assert r.config["device"]["warmup"].startswith("the calibration split's first 2 prompts decoded live")
+    p = prepare(spec(system="fiddler", **common), session)
+    p.device = runtime(p, session)
+    try:
+        live = warm_up_traces(p)
+    finally:
+        p.device.release()
+    cpu = p.warmup()  # the CPU's decode of the same prompts (what a simulation learns from)
+    assert session._targets and any(service.forward_calls > 0 for _, service in session._targets.values())
+    assert [t.prompt for t in live] == [t.prompt for t in cpu] and len(live) == 2
+    assert [(t.prefill_routes, t.step_routes) for t in live] == [(t.prefill_routes, t.step_routes) for t in cpu]
+
+
 def test_a_live_decode_counts_what_the_host_reads_of_the_device(tiny_dirs, rtn_drafts, tmp_path):
     """Each live decode's record counts the host's reads of device results (each a wait for the device on a GPU): one
     argmax a pass, one routing a target MoE layer a pass, and for a speculative system one routing a draft MoE layer a

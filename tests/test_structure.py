@@ -226,3 +226,15 @@ def test_the_system_names_read_from_source_are_the_registrys():
     assert system_names() == set(registry())
     code = "import sys; from specter.system_names import system_names; system_names(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_every_system_that_reads_warm_up_prompts_says_it_learns_from_history():
+    """A live run decodes warm-up prompts on its device only for systems that declare `learns_from_history`; one that
+    read `ctx.warmup` without it would decode them on the CPU (a whole model's decode, before its first GPU token)."""
+    import inspect
+
+    from specter.systems import registry
+
+    for name, cls in registry().items():
+        reads = "ctx.warmup" in inspect.getsource(inspect.getmodule(cls))
+        assert reads == cls.learns_from_history, name

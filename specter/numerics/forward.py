@@ -274,7 +274,8 @@ class LiveNumerics:
     prompt's trace is the live run's (its tokens, the prefill's and every step's routes) and each window is the one the
     live draft proposed and the live target verified (`decode.py` keeps them on the trace as a recorded trace keeps
     its own). Nothing is decoded again: a twin that asks for a window the live run did not visit is a bug, and says
-    so. Anything else (a warm-up's calibration prompts, the draft's key) comes from the run's forward service."""
+    so. Anything else (the draft's key) comes from the run's forward service; a live run's warm-up prompts were
+    decoded live too (`specter.runs.live.warm_up_traces`)."""
 
     def __init__(self, service: ForwardService, trace: PromptTrace) -> None:
         self.service, self.live = service, trace

@@ -56,6 +56,7 @@ class PreparedRun:
     device: object = None
     online: OnlineGovernor | None = None  # `--k online`: K re-chosen every cycle
     walked_forwards: int = 0  # forwards computed for all prompts together before scheduling (`walk_windows`)
+    calibration: Callable[[int, int], list] | None = None  # (count, length) -> the calibration split's prompts
 
 
 def run(spec: RunSpec, session: Session | None = None, progress: bool = True) -> list[RunRecord]:
@@ -81,6 +82,9 @@ def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = T
     spec = prepared.spec
     if spec.engine in MEASURED and prepared.device is None:
         prepared.device = MEASURED[spec.engine].runtime(prepared, session)
+        if prepared.system.learns_from_history and spec.warmup_prompts:  # decoded on the device, never the CPU
+            traces = MEASURED[spec.engine].warm_up_traces(prepared)
+            prepared.warmup = lambda: traces
         prepared.common = MEASURED[spec.engine].measured_fields(prepared)
     timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
     try:
@@ -129,7 +133,7 @@ def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedR
     common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
                         next(target.model.parameters()).device.type, storage)
     return PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
-                       governor, _warmup(calibration, spec, service), common, online=online)
+                       governor, _warmup(calibration, spec, service), common, online=online, calibration=calibration)
 
 
 def walk_windows(runs: list[PreparedRun]) -> None:

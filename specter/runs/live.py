@@ -12,7 +12,9 @@ the live run computed, and nothing is decoded on the CPU first. A system that re
 (Mixtral-Offloading's gate guesses, the oracle's recorded future) has its twin decode the recorded trace on the CPU
 first, as a simulation does, and its record says whether the live tokens were the recorded ones (the CPU computes the
 same arithmetic in another order, so a near-tie may decode otherwise: the record says where, and the run goes on).
-The first prompt also runs live once untimed first (warm-up: the allocator and lazily sized buffers). Every prompt
+The first prompt also runs live once untimed first (warm-up: the allocator and lazily sized buffers). A system that
+learns from warm-up prompts (Fiddler, MoE-Infinity) has them decoded live on the device too, before the first prompt
+(`warm_up_traces`). Every prompt
 starts from the same cache state, set outside the timed region. The record is the live run's, measured on its device;
 beside it stand the twin's TPOT and parts, and which decode the twin priced (`extra.live.twin`).
 """
@@ -106,6 +108,8 @@ def measured_fields(p) -> dict:
                                          "store_pinned": "cudaHostRegister, in place" if store.pinned else False,
                                          "loader": p.target.loaded_by, "experts_on_host": held,
                                          "draft_kernel": p.device.draft_kernel,
+                                         **({"warmup": WARM_UP.format(n=p.spec.warmup_prompts)}
+                                            if p.system.learns_from_history and p.spec.warmup_prompts else {}),
                                          "timed_numerics": TIMED_ON_CUDA if device == "cuda" else "as pinned "
                                          "(config.numerics: on the CPU as device its numerics decide the tokens)",
                                          "measured_on": measured_on}}}
@@ -134,6 +138,24 @@ def with_twin(p, prompt: list[int], config, warm_up: bool):
     return result, timeline, trace, twin, compared(p, result, twin[0], recorded=False)
 
 
+#: how a live run's warm-up prompts are decoded, as its record says (`config.device.warmup`)
+WARM_UP = ("the calibration split's first {n} prompts decoded live on this device, untimed and greedy, by on-demand "
+           "through the run's own runtime (nothing decoded on the CPU)")
+
+
+def warm_up_traces(p) -> list[PromptTrace]:
+    """The warm-up prompts a system that learns from history reads (`System.learns_from_history`: the calibration
+    split's first `--warmup-prompts`), each decoded live on the run's device by on-demand through the run's own
+    runtime and slots (every prompt's cache state is set again before it runs), with the numerics' pins on: the
+    traces its live run and its twin both learn from, with no decode on the CPU."""
+    from specter.systems import DecodeConfig, get_system
+
+    config = DecodeConfig(p.spec.max_new_tokens, p.slots, cache_start=p.config.cache_start)
+    on_demand = get_system("on-demand")
+    return [live_run(p, prompt, config, schedule, system=on_demand)[2]
+            for prompt in p.calibration(p.spec.warmup_prompts, p.spec.prefix_tokens)]
+
+
 def compared(p, result, simulated, recorded: bool) -> dict:
     """The record's measured extras beside its twin: the twin's TPOT and profile, and, where the twin decoded the
     recorded trace (`recorded`), whether the live tokens and acceptance were the recorded ones (a twin priced from the
@@ -147,13 +169,13 @@ def compared(p, result, simulated, recorded: bool) -> dict:
                      "acceptance_as_twin": result.accepted_lengths == simulated.accepted_lengths if recorded else None}}
 
 
-def live_run(p, prompt, config, schedule):
-    """One live decode of `prompt` from the run's start state: (result, timeline, the trace it filled: its tokens,
-    routes and windows)."""
+def live_run(p, prompt, config, schedule, system=None):
+    """One live decode of `prompt` by `system` (the run's own unless given) from the run's start state: (result,
+    timeline, the trace it filled: its tokens, routes and windows)."""
     trace = PromptTrace(list(prompt), [], [], [])
     engine = timing.make_engine("live", p.profile, p.spec.live_device, streams=p.device.streams)
     before = dict(p.device.host_reads)
-    result, timeline = schedule(p.system, engine, p.work, p.service, trace, config, p.cost, p.warmup, p.device,
-                                p.online)
+    result, timeline = schedule(system or p.system, engine, p.work, p.service, trace, config, p.cost, p.warmup,
+                                p.device, p.online)
     result.extra["host_reads"] = {kind: n - before.get(kind, 0) for kind, n in sorted(p.device.host_reads.items())}
     return result, timeline, trace

@@ -162,6 +162,9 @@ class System:
     trace_recorders: tuple[TraceRecorder, ...] = ()
     #: its live run reads the recorded decode of the prompt (an oracle of the future), which the CPU then computes
     live_reads_recording: bool = False
+    #: learns from warm-up prompts' decodes before its run (`PromptContext.warmup`): a live run decodes them on its
+    #: device first (`specter.runs.live.warm_up_traces`)
+    learns_from_history: bool = False
     #: the kernels and host reads its upstream code makes per part (`--pricing upstream`); default: the suite's own
     upstream: Upstream = Upstream()
     options: dict[str, tuple] = {}
