@@ -1,8 +1,9 @@
-"""How the CLI stops on Ctrl-C (SIGINT) and SIGTERM: exit 130 (143) with one line, leaving no partial output.
+"""How the CLI stops on Ctrl-C (SIGINT) and SIGTERM (or SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, whose default would kill it
+unheard): exit 130 (128 + the signal's number) with one line, leaving no partial output.
 
 `install()` runs as the first instruction of both entry points (`python -m specter`, and `specter.cli.entry` behind
 the `specter` script, through `specter.cli.main`), before any heavy import, and imports nothing heavy itself. A signal
-then raises, as Python's own handler would, KeyboardInterrupt (SIGINT) or SystemExit(143) (SIGTERM), which unwinds the
+then raises, as Python's own handler would, KeyboardInterrupt (SIGINT) or SystemExit(128 + signal), which unwinds the
 command: atomic writers remove their temporaries, the GPTQ worker's process group is killed, and `specter.cli.main`
 prints the line. Both entry points end through `exit_process`, past the interpreter's teardown, when the signal
 handlers are no longer Python's.
@@ -23,9 +24,11 @@ import signal
 import sys
 
 INTERRUPTED = "specter: interrupted; outputs are written whole or not at all, so none is partial"
-TERMINATED = "specter: terminated (SIGTERM); outputs are written whole or not at all, so none is partial"
-#: the status a SIGTERM ends a command with (128 + 15, as the shell reports a process it killed)
-TERMINATED_STATUS = 128 + signal.SIGTERM
+#: the signals that end a command as SIGTERM does (each one's default action would kill the process without a line)
+TERMINATING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+#: {the status a terminating signal ends a command with (128 + its number, as the shell reports it): its line}
+TERMINATED = {128 + s: f"specter: terminated ({signal.Signals(s).name}); outputs are written whole or not at all, so "
+                       "none is partial" for s in TERMINATING}
 #: the temporary files and directories this process has open: what an exit at once removes
 _OPEN: set = set()
 
@@ -43,9 +46,10 @@ def tracked(path) -> bool:
 
 
 def install() -> None:
-    """Handle SIGINT and SIGTERM as the module docstring says; from the main thread, before the heavy imports."""
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    """Handle SIGINT and the terminating signals as the module docstring says; from the main thread, before the
+    heavy imports."""
+    for signum in (signal.SIGINT, *TERMINATING):
+        signal.signal(signum, _on_signal)
 
 
 def exit_process(code: int):
@@ -103,5 +107,5 @@ def _exit_now(signum: int, quiet: bool = False) -> None:
         else:
             path.unlink(missing_ok=True)
     if not quiet:  # not sys.stderr: the signal may have come in the middle of a print
-        os.write(2, ((INTERRUPTED if signum == signal.SIGINT else TERMINATED) + "\n").encode())
+        os.write(2, ((INTERRUPTED if signum == signal.SIGINT else TERMINATED[128 + signum]) + "\n").encode())
     os._exit(128 + signum)

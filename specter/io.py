@@ -33,6 +33,28 @@ from specter import interrupt
 _TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>[0-9]+)\.[a-z0-9_]+\.(?:tmp|old)")
 
 
+class KeyTwice(ValueError):
+    """A JSON object that gives one key twice (`json.loads` keeps the last value without a word)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {key!r} is given twice in one object")
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise KeyTwice(key)
+        out[key] = value
+    return out
+
+
+def json_strict(text: str | bytes):
+    """`json.loads`, refusing an object that gives a key twice (`KeyTwice`, a ValueError)."""
+    return json.loads(text, object_pairs_hook=_unique)
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 

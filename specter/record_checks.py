@@ -39,6 +39,10 @@ def _config_problem(record: dict, config: dict) -> str | None:
     if temperature is not None and not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
                                         and math.isfinite(temperature) and temperature >= 0):
         return f"config.temperature is {temperature!r}, and a temperature is finite and never negative"
+    from specter.runspec import MIN_TEMPERATURE
+
+    if temperature and temperature < MIN_TEMPERATURE:
+        return f"config.temperature is {temperature!r}, and a run samples at 0 or from {MIN_TEMPERATURE:g}"
     for name, least in (("prefix_tokens", 0), ("max_new_tokens", 1), ("repeats", 1), ("num_prompts", 1)):
         value = config.get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= least):

@@ -12,7 +12,7 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 from specter.errors import SpecterError
-from specter.io import atomic_write
+from specter.io import KeyTwice, atomic_write, json_strict
 from specter.metrics import (
     RunRecord,
     acceptance_rate,
@@ -154,7 +154,10 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_strict(line)
+        except KeyTwice as err:
+            raise SpecterError(f"{path}:{number}: {err}, which no run writes; the file is damaged or was edited, "
+                               "delete it and run the rule that writes it again") from None
         except json.JSONDecodeError as err:
             raise SpecterError(f"{path}:{number} is not JSON ({err.msg}); the file is damaged, delete it and run the "
                                "rule that writes it again") from None

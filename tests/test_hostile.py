@@ -156,6 +156,20 @@ def _table_cell(column: str, value: str):
     return damage
 
 
+def _second_row(**cells):
+    """A damage: the table's first row again below it, with `cells` changed."""
+    def damage(path: Path) -> None:
+        import csv
+        import io
+
+        rows = list(csv.reader(io.StringIO(path.read_text())))
+        rows.append([cells.get(column, value) for column, value in zip(rows[0], rows[1])])
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(rows)
+        path.write_text(out.getvalue())
+    return damage
+
+
 def _column_twice(path: Path) -> None:
     """The table with a second tpot_ms column (pandas would read it as tpot_ms.1)."""
     lines = path.read_text().splitlines()
@@ -255,6 +269,20 @@ def _both(*damages):
         for each in damages:
             each(path)
     return damage
+
+
+def _key_twice(field, value):
+    """A damage: the first record's line with `field` given again at its end, as `value` (JSON keeps the last)."""
+    def damage(path: Path) -> None:
+        line = path.read_text().splitlines()[0]
+        path.write_text(line[:-1] + f", {json.dumps(field)}: {json.dumps(value)}}}\n")
+    return damage
+
+
+def _config_key_twice(d: Path) -> None:
+    """config.json with num_experts_per_tok given twice (transformers keeps the last)."""
+    text = (d / "config.json").read_text().rstrip()
+    (d / "config.json").write_text(text[:-1] + ', "num_experts_per_tok": 1}\n')
 
 
 def _config_field(field, value):
@@ -874,6 +902,27 @@ CASES = [
     ("aggregate_records_system_unknown", lambda w, r: ["aggregate", "main", _records_copy(w, r, _both(
         _record_field("system", "specter-turbo"), _config_field("system", "specter-turbo"))), "--out", "{out}.csv"],
      "system is 'specter-turbo', which the suite does not have"),
+    ("aggregate_records_a_key_twice", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _key_twice("stall_ms", 0.0)), "--out", "{out}.csv"], "the key 'stall_ms' is given twice"),
+    ("config_a_key_twice", lambda w, r: _run(r, model=_model_copy(w, r, _config_key_twice)),
+     "the key 'num_experts_per_tok' is given twice"),
+    ("prompts_a_key_twice", lambda w, r: _run(r, "--dataset", _write(
+        w, "p.jsonl", '{"prompt": "def f(x): return x", "prompt": "def g(y): return y"}\n')),
+     "the key 'prompt' is given twice"),
+    ("run_temperature_subnormal", lambda w, r: _run(r, "--temperature", "1e-320"),
+     "--temperature must be 0 (greedy) or a number from 1e-06"),
+    ("run_same_memory_above_the_experts", lambda w, r: _without(_run(r, "--same-memory-as", "9"),
+                                                                "--resident-per-layer"),
+     "--same-memory-as 9 must be between 1 and 8"),
+    ("summary_table_a_line_break_in_a_cell", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("model", '"smollm2-moe\n|evil|"'), checksum=False))), "one line of printable text"),
+    ("summary_table_mean_above_its_max", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _table_cell("tpot_ms_max", "0.0001"), checksum=False))), "outside its prompts' range"),
+    ("summary_table_dispatch_mixed", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _second_row(system="on-demand", dispatch_us="17"), checksum=False))),
+     "the table mixes runs of another protocol"),
+    ("summary_table_prompt_counts_mixed", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _second_row(system="on-demand", n="7"), checksum=False))), "has n 7"),
     ("aggregate_records_temperature_negative", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("temperature", -0.7)), "--out", "{out}.csv"], "config.temperature is -0.7"),
     ("aggregate_records_prefix_negative", lambda w, r: ["aggregate", "main", _records_copy(
@@ -1091,8 +1140,10 @@ def test_a_planted_symlink_at_a_predictable_temporary_name_is_not_followed(tmp_p
 
 @pytest.mark.parametrize("signame, status, word, twice", [("SIGINT", 130, "interrupted", False),
                                                           ("SIGTERM", 143, "terminated", False),
-                                                          ("SIGTERM", 143, "terminated", True)],
-                         ids=["sigint", "sigterm", "sigterm_twice"])
+                                                          ("SIGTERM", 143, "terminated", True),
+                                                          ("SIGHUP", 129, "terminated (SIGHUP)", False),
+                                                          ("SIGQUIT", 131, "terminated (SIGQUIT)", False)],
+                         ids=["sigint", "sigterm", "sigterm_twice", "sighup", "sigquit"])
 def test_sigint_and_sigterm_exit_with_one_line_without_a_traceback(signame, status, word, twice, tiny_dirs,
                                                                    tmp_path):
     import signal

@@ -39,8 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted()
     except SystemExit as exc:
-        if exc.code == interrupt.TERMINATED_STATUS:  # raised by the SIGTERM handler (argparse exits 0 or 2)
-            print(interrupt.TERMINATED, file=sys.stderr)
+        if exc.code in interrupt.TERMINATED:  # raised by the SIGTERM handler (argparse exits 0 or 2)
+            print(interrupt.TERMINATED[exc.code], file=sys.stderr)
             interrupt.said()
             return exc.code  # returned, not raised: the entry point exits at once (`exit_process`), before the
             # interpreter's teardown puts the default handlers back and a second SIGTERM kills the process unheard

@@ -62,6 +62,13 @@ def read_texts(path: str | Path, field: str | None = None) -> list[str]:
     if path.stat().st_size == 0:
         raise SpecterError(f"dataset file {path} is empty")
     try:
+        if kind in ("json-lines", "json"):  # a key given twice: pandas would keep the last without a word
+            from specter.io import json_strict
+
+            text = path.read_text(encoding="utf-8")
+            for line in text.splitlines() if kind == "json-lines" else [text]:
+                if line.strip():
+                    json_strict(line)
         if kind == "json-lines":
             frame = pd.read_json(path, lines=True)
         elif kind == "json":
@@ -71,6 +78,7 @@ def read_texts(path: str | Path, field: str | None = None) -> list[str]:
         else:
             frame = pd.read_parquet(path)
     except (ValueError, OSError) as err:  # pandas raises ValueError for malformed JSON/CSV, OSError for bad Parquet
+        # (and `json_strict` a ValueError for a key given twice)
         raise SpecterError(f"cannot read {path} as {kind}: {str(err).splitlines()[0]}") from None
     if frame.empty:
         raise SpecterError(f"dataset file {path} has no rows")

@@ -15,6 +15,7 @@ from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from specter.errors import SpecterError
+from specter.io import KeyTwice, json_strict
 from specter.models.adapter import ARCHITECTURES, MoEModel, supported_list
 from specter.models.config_check import EXPERT_KEYS, check_config
 from specter.models.integrity import check_card, check_finite, weight_files
@@ -33,7 +34,10 @@ def read_model_config(path: str | Path) -> dict:
             "e.g. the output of `specter build-model`"
         )
     try:
-        config = json.loads(config_file.read_text())
+        config = json_strict(config_file.read_text())
+    except KeyTwice as err:
+        raise SpecterError(f"{config_file}: {err} (transformers would take the last); keep one and re-save the "
+                           "checkpoint") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SpecterError(f"{config_file} is not valid JSON ({err}); re-save the checkpoint") from None
     except RecursionError:

@@ -81,6 +81,9 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget_kind:
                                    "smaller budget or a profile with more device memory")
             budget_bytes = int(budget_value * 1e9)  # finite: the check above keeps an infinity from int()
         else:
+            if not 1 <= budget_value <= work.experts_per_layer:  # Specter's memory at slots it could not have
+                raise SpecterError(f"--same-memory-as {budget_value:g} must be between 1 and {work.experts_per_layer} "
+                                   "(the experts per layer: Specter's slots at that memory)")
             budget_bytes = reference_bytes + int(budget_value) * per_slot_row
             flag = f"--same-memory-as {int(budget_value)} (Specter's memory at {int(budget_value)} slots per layer)"
         if device_bytes is not None and budget_bytes > device_bytes:

@@ -90,6 +90,12 @@ def _row_problem(row) -> str | None:
         if str(row.get("in_band")).replace("nan", "") != want:
             return (f"in_band is {str(row.get('in_band'))[:10]!r}, and suite_over_published {ratio:g} is "
                     f"{'no ratio' if not want else 'inside' if want == 'True' else 'outside'} {BAND[0]}-{BAND[1]}")
+    low, high = _cell_number(row.get("tpot_ms_min")), _cell_number(row.get("tpot_ms_max"))
+    if low is not None and high is not None and not (math.isnan(low) or math.isnan(high)):
+        for column in ("tpot_ms", "tpot_ms_median", "tpot_ms_p90", "tpot_ms_p99"):
+            value = _cell_number(row.get(column))
+            if value is not None and not math.isnan(value) and not low * (1 - 1e-9) <= value <= high * (1 + 1e-9):
+                return f"{column} is {value:g}, outside its prompts' range [{low:g}, {high:g}]"
     tpot, bound = _cell_number(row.get("tpot_ms")), _cell_number(row.get("lower_bound_tpot_ms"))
     if str(row.get("simulated")) == "True" and tpot and bound and tpot < bound * (1 - 1e-9):
         return f"tpot_ms is {tpot:g}, under its own lower bound {bound:g} (a simulated run never is)"
@@ -217,6 +223,11 @@ def read_table(path: str | Path) -> pd.DataFrame:
             if number is None or not rule[0](number):
                 raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.40}, which no run gives ({rule[1]}); "
                                    f"{fix}")
+    for column in df.columns:  # a line break or control character in a cell breaks every table drawn from it
+        for i, value in df[column].items() if not pd.api.types.is_numeric_dtype(df[column]) else ():
+            if isinstance(value, str) and not value.isprintable():
+                raise SpecterError(f"{path}:{i + 2}: {column} is {value!r:.60}, and a cell the suite writes is one "
+                                   f"line of printable text; {fix}")
     texts = _text_rules()
     for column in set(texts) & set(df.columns) if "system" in df.columns else ():  # a run's table, not a profile's
         for i, value in df[column].items():

@@ -84,6 +84,8 @@ def _flag(flag: str, help: str, parse: Callable[[str], Any] = str, required: boo
 #: the whole-number run settings' bounds, (lowest, highest): the flags' and the workflow config's
 LIMITS = {"num_prompts": (1, 100_000), "prefix_tokens": (1, 1 << 20), "max_new_tokens": (2, 1 << 20),
           "seed": (0, 2**63 - 1), "warmup_prompts": (0, 1000), "repeats": (1, 100)}
+#: the smallest temperature that samples (logits divided by less overflow a double)
+MIN_TEMPERATURE = 1e-6
 #: the largest fixed K (proposals a window)
 MAX_WINDOW = 1024
 
@@ -253,8 +255,10 @@ class RunSpec:
                 hint = " (TPOT needs two tokens)" if flag == "--max-new-tokens" else ""
                 raise SpecterError(f"{flag} must be a whole number from {low} to {high}{hint}, got {value!r}")
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 100:
-            raise SpecterError(f"--temperature must be a finite number from 0 (greedy) to 100, got {t!r}")
+        if (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
+                or not (t == 0 or MIN_TEMPERATURE <= t <= 100)):
+            raise SpecterError(f"--temperature must be 0 (greedy) or a number from {MIN_TEMPERATURE:g} to 100 (below "
+                               f"it, logits over the temperature overflow; sampling there is greedy anyway), got {t!r}")
         if isinstance(self.expert_bits, bool) or self.expert_bits not in EXPERT_BITS:
             raise SpecterError(f"--expert-bits must be one of {', '.join(map(str, EXPERT_BITS))} (16: FP16 experts), "
                                f"got {self.expert_bits!r}")
