@@ -388,6 +388,26 @@ def _tensor_twice(d: Path) -> None:
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
+def _index_of(d: Path, misplace: bool) -> None:
+    """The checkpoint as two shards (one expert's tensor in the second) with an index that disagrees with them: it
+    places that tensor in the first shard (`misplace`), or does not list it."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    os.replace(d / "model.safetensors", d / "model-00001-of-00002.safetensors")
+    with safe_open(str(d / "model-00001-of-00002.safetensors"), "pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    moved = tensors.pop(_EXPERT)
+    save_file(tensors, str(d / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+    save_file({_EXPERT: moved}, str(d / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    weight_map = {**dict.fromkeys(tensors, "model-00001-of-00002.safetensors"),
+                  "lm_head.weight" if not misplace else _EXPERT: "model-00002-of-00002.safetensors"}
+    if misplace:
+        weight_map[_EXPERT] = "model-00001-of-00002.safetensors"
+        weight_map["model.norm.weight"] = "model-00002-of-00002.safetensors"  # both files listed
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
 def _weights(edit):
     """A damage that rewrites model.safetensors with `edit(tensors)` applied (a readable file of other values)."""
     def damage(d: Path) -> None:
@@ -689,6 +709,13 @@ CASES = [
                                                          system="on-demand"), "is stored in both"),
     ("live_weights_a_tensor_in_two_shards", lambda w, r: _live(r, _model_copy(w, r, _tensor_twice)),
      "is stored in both"),
+    ("weights_the_index_misplaces_a_tensor", lambda w, r: _run(r, model=_model_copy(
+        w, r, lambda d: _index_of(d, misplace=True)), system="on-demand"), "the index and its shards disagree"),
+    ("live_weights_the_index_omits_a_tensor", lambda w, r: _live(r, _model_copy(
+        w, r, lambda d: _index_of(d, misplace=False))), "the index and its shards disagree"),
+    ("run_dataset_fewer_prompts_than_asked", lambda w, r: _run(r, "--dataset", _write(
+        w, "p.jsonl", '{"prompt": "def f(x): return x"}\n{"prompt": "def g(y): return y"}\n'), "--num-prompts", "5"),
+     "has only 2 non-empty inputs"),
     ("live_weights_an_expert_stored_as_int32", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
         {_EXPERT: t[_EXPERT].to(__import__("torch").int32)})))), "stored as int32"),
     ("weights_a_stale_file_beside_the_shards", lambda w, r: _run(r, model=_model_copy(w, r, _stale_beside),

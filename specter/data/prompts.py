@@ -11,7 +11,6 @@ WikiText-2 and C4 `text`.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 from specter.data.corpus import corpus_texts
@@ -124,6 +123,6 @@ def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int 
             return prompts
     if not prompts:
         raise SpecterError(f"dataset {name!r} has no non-empty inputs")
-    print(f"specter: warning: dataset {name!r} has only {len(prompts)} non-empty inputs; using those, not "
-          f"{num_prompts}", file=sys.stderr)
-    return prompts
+    # refused, not run on fewer: a record says how many prompts its run asked for, and the tables hold every run to it
+    raise SpecterError(f"dataset {name!r} has only {len(prompts)} non-empty inputs, and --num-prompts asks for "
+                       f"{num_prompts}; give --num-prompts {len(prompts)}, or a dataset with more inputs")

@@ -146,7 +146,8 @@ def check_weight_dtypes(path: Path) -> None:
     stored in two of its files (loaders differ in which copy they read), from its safetensors headers alone (a header
     the loader cannot read is the loader's to report)."""
     held: dict[str, str] = {}
-    for file in weight_files(path):
+    files = weight_files(path)  # (an index that lists no file it could be is refused there)
+    for file in files:
         try:
             with open(file, "rb") as f:
                 length = int.from_bytes(f.read(8), "little")
@@ -166,6 +167,17 @@ def check_weight_dtypes(path: Path) -> None:
                 raise SpecterError(f"the model in {str(path)!r}: tensor {name} is stored as {_INTEGER_DTYPES[dtype]}, "
                                    "and a weight is a floating-point tensor (it would be converted silently): a "
                                    "damaged or foreign checkpoint; rebuild or re-download it")
+    index = path / "model.safetensors.index.json"
+    if index.is_file() and held:  # where the index says each tensor is: a loader may look for it only there
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        wrong = next((name for name in sorted(held) if weight_map.get(name) != held[name]), None)
+        if wrong is None:
+            wrong = next((name for name in sorted(weight_map) if name not in held), None)
+        if wrong is not None:
+            raise SpecterError(f"the model in {str(path)!r}: {index.name} places tensor {wrong} in "
+                               f"{weight_map.get(wrong, 'no file')}, and the shards hold it in "
+                               f"{held.get(wrong, 'none of them')}: the index and its shards disagree; restore "
+                               "them from the checkpoint's source")
 
 
 def _check_loaded_all(path: Path, info: dict) -> None:
