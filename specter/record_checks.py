@@ -139,7 +139,7 @@ def _consistency_problem(record: dict) -> str | None:
     from specter.timing.hardware import profile_digest
 
     config = record.get("config") or {}
-    for name in ("system", "hardware", "dataset"):
+    for name in ("system", "hardware", "dataset", "model", "cost_as"):
         value = record.get(name)
         if isinstance(value, str) and not (value.isprintable() and not any(c in value for c in "|`")):
             return f"{name} is {value!r:.60}, which no run names (tables and reports print it)"
@@ -148,9 +148,16 @@ def _consistency_problem(record: dict) -> str | None:
     if isinstance(record.get("system"), str) and record["system"] not in system_names():
         known = ", ".join(sorted(system_names()))
         return f"system is {record['system']!r:.60}, which the suite does not have ({known})"
-    for name in ("system", "model", "dataset"):
+    for name in ("system", "model", "dataset", "engine"):
         if name in config and record.get(name) != config[name]:
             return f"{name} is {record.get(name)!r}, and its run's config.{name} is {config[name]!r}"
+    priced = config.get("cost") if "cost" in config else record.get("cost_as")
+    priced = priced.get("architecture") if isinstance(priced, dict) else priced
+    if record.get("cost_as") != priced:
+        return f"cost_as is {record.get('cost_as')!r}, and its run's config.cost prices it at {priced!r}"
+    for key in ("hardware_sha256",) if "hardware_profile" in config else ():
+        if key not in config:  # what the checks below hold a record to: dropping it must not skip them
+            return f"config lacks {key}, which every run of this version writes"
     if record.get("engine") not in ("sim", "live"):
         return f"engine is {record.get('engine')!r}, and a run's engine is sim or live"
     if record.get("simulated") is not (record.get("engine") == "sim"):
@@ -173,6 +180,16 @@ def _consistency_problem(record: dict) -> str | None:
     extra = record.get("extra") or {}
     if not isinstance(extra, dict):
         return "extra is not an object"
+    missing = [key for key in ("commit_ms", "counts") if key not in extra]
+    if missing:  # what the checks below hold a record to: dropping it must not skip them
+        return f"extra lacks {', '.join(missing)}, which every run of this version writes"
+    counts = extra["counts"] if isinstance(extra["counts"], dict) else {}
+    for rate, (hit, miss) in (("hit_rate_pass", ("decode_hits", "decode_misses")),
+                              ("hit_rate_token", ("decode_token_hits", "decode_token_misses"))):
+        h, m, value = counts.get(hit), counts.get(miss), record.get(rate)
+        if isinstance(h, int) and isinstance(m, int) and h + m > 0 and isinstance(value, (int, float)) and not \
+                math.isclose(value, h / (h + m), rel_tol=1e-9, abs_tol=1e-12):
+            return f"{rate} is {value!r}, and extra.counts' {hit} and {miss} give {h / (h + m)!r}"
     commits, tokens = extra.get("commit_ms"), len(record.get("output_token_ids") or [])
     if commits is not None:
         if not (isinstance(commits, list) and len(commits) == tokens

@@ -285,6 +285,15 @@ def _config_key_twice(d: Path) -> None:
     (d / "config.json").write_text(text[:-1] + ', "num_experts_per_tok": 1}\n')
 
 
+def _extra_edit(edit):
+    """A damage: the first record's `extra` changed by `edit(extra)`."""
+    def damage(path: Path) -> None:
+        record = json.loads(path.read_text().splitlines()[0])
+        edit(record["extra"])
+        path.write_text(json.dumps(record) + "\n")
+    return damage
+
+
 def _config_field(field, value):
     """A damage: the first record's `config.<field>` set to `value` (None: removed)."""
     def damage(path: Path) -> None:
@@ -950,6 +959,18 @@ CASES = [
      "the table mixes runs of another protocol"),
     ("summary_table_prompt_counts_mixed", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", n="7"), checksum=False))), "has n 7"),
+    ("aggregate_records_priced_at_another_architecture", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("cost_as", "mixtral-8x7b")), "--out", "{out}.csv"], "cost_as is 'mixtral-8x7b'"),
+    ("aggregate_records_engine_not_its_configs", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("engine", "live")), "--out", "{out}.csv"], "engine is 'sim', and its run's config.engine"),
+    ("aggregate_records_pass_hit_rate_not_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("hit_rate_pass", 0.123)), "--out", "{out}.csv"], "hit_rate_pass is 0.123, and extra.counts"),
+    ("aggregate_records_without_commit_times", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _extra_edit(lambda e: e.pop("commit_ms"))), "--out", "{out}.csv"], "extra lacks commit_ms"),
+    ("aggregate_records_without_counts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _extra_edit(lambda e: e.pop("counts"))), "--out", "{out}.csv"], "extra lacks counts"),
+    ("aggregate_records_without_the_profiles_hash", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("hardware_sha256", None)), "--out", "{out}.csv"], "config lacks hardware_sha256"),
     ("aggregate_records_temperature_negative", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("temperature", -0.7)), "--out", "{out}.csv"], "config.temperature is -0.7"),
     ("aggregate_records_prefix_negative", lambda w, r: ["aggregate", "main", _records_copy(
