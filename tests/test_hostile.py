@@ -964,7 +964,8 @@ CASES = [
     ("aggregate_records_engine_not_its_configs", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("engine", "live")), "--out", "{out}.csv"], "engine is 'sim', and its run's config.engine"),
     ("aggregate_records_pass_hit_rate_not_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("hit_rate_pass", 0.123)), "--out", "{out}.csv"], "hit_rate_pass is 0.123, and extra.counts"),
+        w, r, _record_field("hit_rate_pass", 0.123)), "--out", "{out}.csv"],
+     "hit_rate_pass is 0.123, and extra.counts"),
     ("aggregate_records_without_commit_times", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _extra_edit(lambda e: e.pop("commit_ms"))), "--out", "{out}.csv"], "extra lacks commit_ms"),
     ("aggregate_records_without_counts", lambda w, r: ["aggregate", "main", _records_copy(
@@ -1790,3 +1791,28 @@ def test_a_bar_in_a_cell_stays_in_its_cell_and_diff_names_the_side_that_holds_a_
     (tmp_path / "b" / "tables" / "t.csv").write_text("x\n1\n")
     assert diff_results(tmp_path / "a", tmp_path / "b").differences == [
         f"tables/t.csv: a file only in {tmp_path / 'b'}"]
+
+
+@pytest.mark.parametrize("value", ["1:04", "6_4", "0x40", "0100"])
+def test_a_number_yaml_reads_in_another_base_is_refused_in_configs_and_profiles(value, tmp_path):
+    """YAML 1.1 reads `1:04` as 64 (base 60), `6_4` as 64, `0x40` as 64 and `0100` as 64 (octal), without a word: a
+    config or a profile that writes one is refused, naming the value, and the shipped ones all pass."""
+    import re
+
+    from specter.config_document import ConfigError, check_unique_keys
+    from specter.errors import SpecterError
+    from specter.timing.hardware import load_profile
+
+    root = Path(__file__).parents[1]
+    check_unique_keys([root / ".test" / "config.yaml", root / "config" / "config.yaml", root / "config" / "paper.yaml"])
+    config = tmp_path / "config.yaml"
+    config.write_text("experiments:\n  main:\n    max_new_tokens: " + value + "\n")
+    with pytest.raises(ConfigError, match=f"config value '{re.escape(value)}' in .*config.yaml .line 3. is a number"):
+        check_unique_keys([config])
+    preset = (root / "specter/presets/hardware/t4-pcie3.yaml").read_text()
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(re.sub(r"latency_us: *[0-9.]+", f"latency_us: {value}", preset, count=1))
+    with pytest.raises(SpecterError, match=f"'{re.escape(value)}' is a number YAML 1.1 reads in another base"):
+        load_profile(str(profile))
+    for shipped in (root / "specter/presets/hardware").glob("*.yaml"):
+        load_profile(str(shipped))

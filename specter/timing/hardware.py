@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from specter.config_document import plain_numbers
 from specter.errors import SpecterError
 
 
@@ -229,6 +230,14 @@ class _NoAliasLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(problem=f"the key {key!r:.40} appears twice in one mapping",
                                                         problem_mark=key_node.start_mark)
         return super().construct_mapping(node, deep)
+
+
+def _not_plain(node, text) -> None:
+    raise yaml.constructor.ConstructorError(problem=f"{text!r:.40} is a number YAML 1.1 reads in another base or with "
+                                            "separators; write it as a plain decimal", problem_mark=node.start_mark)
+
+
+plain_numbers(_NoAliasLoader, _not_plain)
 
 
 def _parse_profile(data: bytes, origin: str) -> HardwareProfile:
