@@ -162,6 +162,11 @@ def _consistency_problem(record: dict) -> str | None:
         return f"engine is {record.get('engine')!r}, and a run's engine is sim or live"
     if record.get("simulated") is not (record.get("engine") == "sim"):
         return f"simulated is {record.get('simulated')!r} on engine {record.get('engine')!r}"
+    memory = config.get("memory")
+    if isinstance(memory, dict) and "slots_per_layer" in memory and memory["slots_per_layer"] != record.get(
+            "slots_per_layer"):
+        return (f"slots_per_layer is {record.get('slots_per_layer')!r}, and its run's memory plan gives "
+                f"{memory['slots_per_layer']!r}")
     if "slots_per_layer" in config and record.get("slots_per_layer") != config["slots_per_layer"]:
         return (f"slots_per_layer is {record.get('slots_per_layer')!r}, and its run's config.slots_per_layer is "
                 f"{config['slots_per_layer']!r}")

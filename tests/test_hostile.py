@@ -966,6 +966,9 @@ CASES = [
     ("aggregate_records_pass_hit_rate_not_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("hit_rate_pass", 0.123)), "--out", "{out}.csv"],
      "hit_rate_pass is 0.123, and extra.counts"),
+    ("aggregate_records_memory_plan_of_other_slots", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("memory", {**json.loads(Path(r["records"]).read_text().splitlines()[0])["config"][
+            "memory"], "slots_per_layer": 7})), "--out", "{out}.csv"], "its run's memory plan gives 7"),
     ("aggregate_records_without_commit_times", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _extra_edit(lambda e: e.pop("commit_ms"))), "--out", "{out}.csv"], "extra lacks commit_ms"),
     ("aggregate_records_without_counts", lambda w, r: ["aggregate", "main", _records_copy(
@@ -1816,3 +1819,27 @@ def test_a_number_yaml_reads_in_another_base_is_refused_in_configs_and_profiles(
         load_profile(str(profile))
     for shipped in (root / "specter/presets/hardware").glob("*.yaml"):
         load_profile(str(shipped))
+
+
+@pytest.mark.parametrize("card, message", [
+    ({"weights_sha256": "af86fad4"}, "gives weights_sha256 'af86fad4', and the model's config and weights hash to"),
+    ([1, 2], "is not a model card (not a JSON object)"),
+    ({"stands_in_for": "gpt-5\n|x|"}, "stands_in_for is 'gpt-5\\n|x|'")])
+def test_the_summary_holds_a_model_card_to_the_files_beside_it(card, message, tiny_dirs, real, tmp_path, capsys):
+    """`specter summary` prints each model's hash: the hash of its files as they are, refusing a card that gives
+    another (weights replaced after the build), a card that is no object, or a name that is not one line of text."""
+    from specter.cli import main
+
+    model = tmp_path / "results" / "models" / "tiny"
+    shutil.copytree(tiny_dirs["mixtral"], model)
+    (tmp_path / "results" / "tables").mkdir()
+    for name in ("main.csv", "main.csv.sha256"):
+        shutil.copy(str(real["table"]).replace("main.csv", name), tmp_path / "results" / "tables" / name)
+    (model / "model_card.json").write_text(json.dumps(card))
+    assert main(["summary", str(tmp_path / "results"), "--out", str(tmp_path / "s.md")]) == 2
+    assert message in capsys.readouterr().err
+    (model / "model_card.json").write_text(json.dumps({"stands_in_for": "Mixtral-8x7B"}))
+    assert main(["summary", str(tmp_path / "results"), "--out", str(tmp_path / "s.md")]) == 0
+    from specter.models.integrity import model_hash
+
+    assert model_hash(model) in (tmp_path / "s.md").read_text()

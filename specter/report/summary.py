@@ -131,11 +131,21 @@ def _models(results: Path) -> list[str]:
                 card = json.loads(card_path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise SpecterError(f"{card_path} is not a model card ({err}); build the model again") from None
-        digest = card.get("weights_sha256") or model_hash(config.parent)  # the card holds the same hash
+            if not isinstance(card, dict):
+                raise SpecterError(f"{card_path} is not a model card (not a JSON object); build the model again")
+        digest = model_hash(config.parent)  # the files as they are now (cached by size and time after the first)
+        if card.get("weights_sha256", digest) != digest:
+            raise SpecterError(f"{card_path} gives weights_sha256 {str(card['weights_sha256'])[:64]!r}, and the "
+                               f"model's config and weights hash to {digest}: they changed since the build; build "
+                               "the model again")
+        stands_in = card.get("stands_in_for", "")
+        if not (isinstance(stands_in, str) and stands_in.isprintable() and "`" not in stands_in):
+            raise SpecterError(f"{card_path}: stands_in_for is {stands_in!r:.60}, and a card names a model in one line "
+                               "of text; build the model again")
         ratio = card.get("perplexity_ratio")  # per held-out corpus: {prose: x, code: y}
         ratio = ", ".join(f"{c} {_num(v, 2)}" for c, v in sorted(ratio.items())) if isinstance(ratio, dict) else \
             _num(ratio, 2)
-        rows.append([config.parent.name, card.get("stands_in_for", ""), ratio, f"`{digest}`"])
+        rows.append([config.parent.name, stands_in, ratio, f"`{digest}`"])
     for draft in sorted((results / "drafts").glob("*/*/experts.safetensors")):
         rows.append([f"{draft.parent.parent.name} / {draft.parent.name}", "draft", "", f"`{_sha256(draft)}`"])
     if not rows:
