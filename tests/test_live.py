@@ -128,6 +128,46 @@ def test_slots_are_real(tiny_dirs):
     assert not torch.allclose(ex.last_pass.logits, clean)
 
 
+@pytest.mark.parametrize("arch, dtype", [("mixtral", torch.float32), ("gpt_oss", torch.float32),
+                                         ("deepseek_v3", torch.bfloat16), ("qwen2_moe", torch.bfloat16)])
+def test_a_layer_with_every_expert_resident_reads_no_routing_before_its_experts(arch, dtype, tiny_dirs):
+    """Every expert resident: each target MoE layer computes grouped from the device's routing (`offload.grouped`),
+    and the host reads the routing only after the pass, behind its argmax read (no wait of its own). The logits are
+    bit for bit the expert-by-expert path's, and so are the routes, the hits, the cache's order and the pass's work
+    (the lower bound's)."""
+    from specter.offload.cache import ExpertCache
+    from specter.offload.executor import Executor, TransferStats
+    from specter.offload.live import LiveRuntime
+    from specter.offload.store import ExpertStore
+    from specter.offload.work import ModelWork
+    from specter.timing.wall import WallEngine
+
+    target = load_moe_model(tiny_dirs[arch], dtype=dtype)
+    work = ModelWork.of(target)
+    runtime = LiveRuntime(target, work, ExpertStore(target, dtype=dtype), work.experts_per_layer, "cpu", check=True)
+    prompt = list(range(5, 21))
+
+    def decode(grouped: bool):
+        runtime._grouped = grouped  # the device's answer to whether it can (`grouped_ready`)
+        cache = ExpertCache(work.moe_layers, work.experts_per_layer)
+        ex = Executor(WallEngine(), work, cache, TransferStats(), device=runtime)
+        ex.place({layer: list(range(work.experts_per_layer))[::-1] for layer in work.moe_layers})
+        reads, passes = dict(runtime.host_reads), []
+        for tag, inputs, context in (("prefill", prompt, 0), ("step", [7], len(prompt))):
+            ex.target_pass(None, context=context, tag=tag, inputs=inputs)
+            passes.append((ex.last_pass.logits, ex.last_pass.routes))
+        read = {kind: n - reads.get(kind, 0) for kind, n in runtime.host_reads.items() if n > reads.get(kind, 0)}
+        return passes, read, ex.stats.demand.counts(), [cache.resident(layer) for layer in work.moe_layers], ex.passes
+
+    fast, slow = decode(True), decode(False)
+    layers = len(work.moe_layers)
+    assert fast[1] == {"argmax": 2, "target routing, read after the pass": 2 * layers}
+    assert slow[1] == {"argmax": 2, "target routing": 2 * layers}
+    for (logits, routes), (want, want_routes) in zip(fast[0], slow[0]):
+        assert torch.equal(logits, want) and routes == want_routes
+    assert fast[2:] == slow[2:]
+
+
 def test_the_live_store_holds_the_one_host_copy_of_every_expert(tiny_dirs):
     """With `share`, the target's fused experts become views into the store's rows: every expert is held once on the
     host (the model's parameters and the store together take the checkpoint's bytes), and the model computes the

@@ -319,6 +319,35 @@ def test_the_live_engine_decodes_on_a_gpu(system, tiny_dirs, rtn_drafts, tmp_pat
                for r in records)
 
 
+@pytest.mark.gpu
+def test_a_resident_bfloat16_model_on_a_gpu_reads_no_routing_before_its_experts(tiny_dirs):
+    """On CUDA, every expert of a bfloat16 model resident: each layer computes grouped (`offload.grouped`) and the
+    host reads no routing before the pass's argmax; its logits stay those of the expert-by-expert path within
+    bfloat16's rounding, and its greedy token is the same."""
+    from specter.offload.cache import ExpertCache
+    from specter.offload.executor import Executor, TransferStats
+    from specter.offload.work import ModelWork
+    from specter.timing.cuda import CudaEngine
+
+    target = load_moe_model(tiny_dirs["mixtral"], dtype=torch.bfloat16)
+    work = ModelWork.of(target)
+    runtime = LiveRuntime(target, work, ExpertStore(target, dtype=torch.bfloat16), work.experts_per_layer, "cuda")
+    assert runtime.grouped_ready(work.moe_layers[0])
+    logits = {}
+    for grouped in (True, False):
+        runtime._grouped = grouped
+        ex = Executor(CudaEngine(streams=runtime.streams), work, ExpertCache(work.moe_layers, work.experts_per_layer),
+                      TransferStats(), device=runtime)
+        ex.place({layer: list(range(work.experts_per_layer)) for layer in work.moe_layers})
+        before = dict(runtime.host_reads)
+        ex.target_pass(None, context=0, tag="prefill", inputs=list(range(5, 21)))
+        logits[grouped] = ex.last_pass.logits
+        if grouped:
+            assert runtime.host_reads["target routing"] == before.get("target routing", 0)
+    assert torch.allclose(logits[True], logits[False], rtol=2e-2, atol=2e-2)
+    assert logits[True][-1].argmax() == logits[False][-1].argmax()
+
+
 def test_a_timed_gpu_decode_runs_without_deterministic_algorithms_and_the_record_says_so(monkeypatch):
     """Deterministic algorithms slow a GPU's kernels and decide none of its greedy tokens: a timed decode on CUDA runs
     without them and puts them back after (an error inside included); on the CPU as device they stay."""
@@ -339,8 +368,9 @@ def test_a_timed_gpu_decode_runs_without_deterministic_algorithms_and_the_record
 @pytest.mark.parametrize("slots", [2, 8])
 def test_a_target_layers_routing_is_read_after_the_executors_one_timed_wait(slots, tiny_dirs, monkeypatch):
     """The host reads a target MoE layer's routing once it has waited for the router in the executor's timed
-    synchronization (so the wait is where the timeline shows it), with slots that can miss and with every expert
-    resident; the read itself then waits for nothing."""
+    synchronization (so the wait is where the timeline shows it), with slots that can miss; the read itself then waits
+    for nothing. With every expert resident it reads the routing only after the pass's argmax read
+    (`offload.grouped`)."""
     from collections import Counter
 
     from specter.offload import live
@@ -363,7 +393,12 @@ def test_a_target_layers_routing_is_read_after_the_executors_one_timed_wait(slot
                    warmup_prompts=0, engine="live", repeats=1)
     execute(spec(**request), Session(), progress=False)
     reads = [i for i, what in enumerate(log) if what == "target routing"]
-    assert reads and all(log[i - 1] == "sync" for i in reads), log[:12]
+    after = [i for i, what in enumerate(log) if what == "target routing, read after the pass"]
+    if slots < 8:
+        assert reads and not after and all(log[i - 1] == "sync" for i in reads), log[:12]
+    else:  # each pass's reads follow its argmax read, with no synchronization between
+        assert after and not reads and all(next(w for w in log[i::-1] if w != log[i]) == "argmax" for i in after), log
+
 
 
 def test_a_host_expert_takes_its_tokens_from_the_routing_the_host_read(tiny_dirs):

@@ -207,7 +207,8 @@ def test_bad_run_input_is_one_line_exit_2_and_no_output(case, extra, message, ti
 def test_local_jsonl_dataset_runs(tiny_dirs, rtn_drafts, tmp_path):
     data = tmp_path / "gsm.jsonl"
     data.write_text("".join(json.dumps({"question": q}) + "\n" for q in ["Tom has 3 apples.", "", "A train leaves."]))
-    proc, out = _cli_run(tiny_dirs, rtn_drafts, tmp_path, "--k", "3", "--dataset", str(data), system="on-demand")
+    proc, out = _cli_run(tiny_dirs, rtn_drafts, tmp_path, "--k", "3", "--dataset", str(data), "--num-prompts", "2",
+                         system="on-demand")
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 2  # the empty question is skipped

@@ -1,7 +1,8 @@
 """The MoE layer executor: the target's routed experts for one pass, hot-first, on the engine's streams.
 
 Per MoE layer of a pass: the attention block (and router) runs and, unless every expert is resident, the host reads the
-routing (a synchronization: copies cannot be decided before it); the runtime's own host work follows (`Engine.policy`:
+routing (a synchronization: copies cannot be decided before it; a live layer with every expert resident computes
+grouped and reads it after the pass, `specter.offload.grouped`); the runtime's own host work follows (`Engine.policy`:
 choosing copies, updating the cache); then every resident expert the pass needs computes at
 once (waiting only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and
 computes as its copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from specter.offload import grouped
 from specter.offload.cache import ExpertCache
 from specter.offload.hooks import Forecast, PassHooks, TransferStats
 from specter.offload.memory import STAGING_BUFFERS
@@ -309,6 +311,7 @@ class Executor:
         n = len(inputs)
         routes: list[dict[int, tuple[int, ...]]] = [{} for _ in inputs]
         layers = iter(self.work.layers)
+        deferred = []  # (layer, its routing's read) of the layers computed grouped (`specter.offload.grouped`)
 
         def reach(moe_layer: int | None, per_token) -> list[tuple[int, ...]]:
             for layer in layers:  # the dense layers before this MoE layer, then the layer itself
@@ -317,6 +320,10 @@ class Executor:
                     continue
                 if draft:
                     self._draft_layer(layer, per_token, n, context, tag, ops, expert_bytes)
+                elif grouped.ready(self, layer):  # every expert resident: no routing read before the experts
+                    grouped.schedule(self, layer, n, context, tag)
+                    deferred.append((layer, per_token))
+                    return None
                 else:
                     per_token = self.layer(layer, per_token, context + n, tag, tokens=n)
                 for j, experts in enumerate(per_token):
@@ -327,6 +334,9 @@ class Executor:
         with self.engine.compute_scope():  # the model's own modules run where the compute stream's ops run
             self.last_pass = self.device.forward(inputs, context, reach, draft=draft)
         reach(None, [])  # the dense layers after the last MoE layer
+        for layer, read in deferred:  # behind the pass's argmax read: no wait of their own
+            for j, experts in enumerate(grouped.account(self, layer, read(after_pass=True), tag)):
+                routes[j][layer] = experts
         self.last_pass.routes = routes
         return routes
 

@@ -38,6 +38,7 @@ from specter.models.adapter import MoEModel
 from specter.models.experts import ExpertWeights, expert_ffn
 from specter.models.trees import experts_path, moved_bytes, moved_to, with_replaced
 from specter.numerics.passes import new_cache
+from specter.offload import grouped
 from specter.offload.device import ExpertSlots, require_device_memory
 from specter.offload.memory import STAGING_BUFFERS
 from specter.offload.store import ExpertStore
@@ -167,12 +168,17 @@ class LiveRuntime(ExpertSlots):
         # the MoE layer being computed: (hidden [T, H], top-k index [T, k], top-k weights [T, k], {expert: output},
         # each token's experts as the host read them)
         self._call: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict] | None = None
+        # every expert of a layer resident: its experts computed grouped from the slots, no routing read first
+        # (`specter.offload.grouped`); whether the device can, and each placement's expert-to-slot table on it
+        self._grouped: bool | None = None
+        self._slot_tables: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
 
     def release(self) -> None:
         """Give back what the runtime holds on its device (the slots, staging buffers, the trees' copies, the KV
         caches) before another runtime is built: a sweep's next system checks the device's free memory against its
         own needs. On a GPU the caching allocator's freed blocks go back to the device too."""
         self.model = self.draft_model = self.cache = self.draft_cache = self._call = self.streams = None
+        self._slot_tables = {}
         self.slots, self.staging = {}, None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -256,9 +262,10 @@ class LiveRuntime(ExpertSlots):
         # for the device is the one its timeline shows
         on_host, rows = index.to("cpu", non_blocking=True), []
 
-        def read() -> list[tuple[int, ...]]:
+        def read(after_pass: bool = False) -> list[tuple[int, ...]]:
             rows.extend(on_host.tolist())  # each token's experts in the router's order (a host expert's positions)
-            self.host_reads["target routing"] += 1
+            # after the pass: behind its argmax read, waiting for nothing of its own (`specter.offload.grouped`)
+            self.host_reads["target routing, read after the pass" if after_pass else "target routing"] += 1
             return _routes(rows)
 
         self._call = (hidden, index, weights, {}, rows)
@@ -267,6 +274,8 @@ class LiveRuntime(ExpertSlots):
             outputs = self._call[3]
         finally:
             self._call = None
+        if per_token is None:  # every expert resident: computed grouped, the routing read after the pass
+            return outputs.pop("grouped")
         missing = sorted({e for r in per_token for e in r} - set(outputs))
         if missing:
             raise RuntimeError(f"L{layer}: the executor computed no output for experts {missing}; please report this")
@@ -308,6 +317,22 @@ class LiveRuntime(ExpertSlots):
             outputs[expert] = (token_idx, y.to(hidden.dtype))
 
     # the executor's device work ----------------------------------------------------------------------------------
+    def grouped_ready(self, layer: int) -> bool:
+        """Whether this device computes a layer's experts grouped over its slots (`specter.offload.grouped`)."""
+        if self._grouped is None:
+            self._grouped = grouped.supported(self)
+        return self._grouped
+
+    def grouped_experts(self, layer: int, slot_of: tuple[int, ...]) -> Callable[[], None]:
+        """The layer's experts, every one resident (`slot_of`: each expert's slot), grouped from the slots."""
+        def fn() -> None:
+            table = self._slot_tables.get((layer, slot_of))
+            if table is None:  # made once a placement: a host-to-device copy would wait for the device
+                table = self._slot_tables[layer, slot_of] = torch.tensor(slot_of, device=self.device)
+            hidden, index, weights, outputs, _ = self._call
+            outputs["grouped"] = grouped.experts(self, layer, table, hidden, index, weights)
+        return fn
+
     def expert_in_slot(self, layer: int, expert: int, index: int, tokens: int) -> Callable[[], None]:
         def fn() -> None:
             self._holds(layer, index, expert)
