@@ -180,6 +180,12 @@ def _readme(table: str) -> list[str]:
     return ["summary", "--readme", "--from", table, "--out", "{out}.md"]
 
 
+def _readme_cell(column: str, value: str):
+    """A case's command: the README table from a copy of the real main table with its first row's `column` set to
+    `value`, its checksum written for the new bytes."""
+    return lambda w, r: _readme(_resealed(_table_copy(w, r, _table_cell(column, value), checksum=False)))
+
+
 def _resealed(table: str) -> str:
     """`table` with a checksum beside it for the bytes it now holds (an edit that a checksum cannot tell)."""
     import hashlib
@@ -888,12 +894,10 @@ CASES = [
         w, r, _table_cell("speedup_of_specter", "inf"), checksum=False)), "a ratio is finite and positive"),
     ("aggregate_records_tpot_an_integer_no_float_holds", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("tpot_ms", 10**400)), "--out", "{out}.csv"], "too large for its field"),
-    ("summary_table_speedup_not_its_tpots", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("speedup_of_specter", "50"), checksum=False))), "and its TPOT over Specter's is"),
-    ("summary_table_memory_unknown", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("memory", "same banana"), checksum=False))), "memory is 'same banana', which no run"),
-    ("summary_table_simulated_unknown", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("simulated", "banana"), checksum=False))), "simulated is 'banana', neither True nor False"),
+    ("summary_table_speedup_not_its_tpots", _readme_cell("speedup_of_specter", "50"), "and its TPOT over Specter's is"),
+    ("summary_table_memory_unknown", _readme_cell("memory", "same banana"), "memory is 'same banana', which no run"),
+    ("summary_table_simulated_unknown", _readme_cell("simulated", "banana"),
+     "simulated is 'banana', neither True nor False"),
     ("summary_claims_interval_not_holding_its_value", lambda w, r: _readme(_claims_with(w, 0, low="5")),
      "does not hold suite"),
     ("summary_claims_figure_negative", lambda w, r: _readme(_claims_with(w, 0, suite="-1.5")),
@@ -914,22 +918,21 @@ CASES = [
     ("summary_claims_run_command_a_list", lambda w, r: _readme(_beside(_claims_with(w, 0), "run.yaml", yaml.safe_dump(
         {**yaml.safe_load((Path(__file__).parents[1] / "docs/results/run.yaml").read_text()), "command": ["rm"]}))),
      "run.yaml: command is ['rm']"),
-    ("summary_table_speedup_without_specter", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("system", "on-demand"), checksum=False))), "holds no Specter row it could be over"),
-    ("summary_table_tpot_under_its_lower_bound", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("lower_bound_tpot_ms", "99999"), checksum=False))), "under its own lower bound"),
+    ("summary_table_speedup_without_specter", _readme_cell("system", "on-demand"),
+     "holds no Specter row it could be over"),
+    ("summary_table_tpot_under_its_lower_bound", _readme_cell("lower_bound_tpot_ms", "99999"),
+     "under its own lower bound"),
     ("plot_calibration_ratio_not_its_columns", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 0, suite_over_published="1.0"), "--out", "{out}.png"], "and suite over published is"),
     ("plot_calibration_in_band_not_its_ratio", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 0, in_band="True"), "--out", "{out}.png"], "in_band is 'True', and suite_over_published"),
     ("plot_calibration_in_band_without_a_ratio", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 2, in_band="False"), "--out", "{out}.png"], "is no ratio"),
-    ("summary_table_system_unknown", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("system", "specter-turbo"), checksum=False))), "system is 'specter-turbo', which no run"),
-    ("summary_table_system_governor_unknown", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("system", "specter (K magic)"), checksum=False))), "system is 'specter (K magic)'"),
-    ("summary_table_pricing_unknown", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("pricing", "cheap"), checksum=False))), "pricing is 'cheap', which no run writes"),
+    ("summary_table_system_unknown", _readme_cell("system", "specter-turbo"),
+     "system is 'specter-turbo', which no run"),
+    ("summary_table_system_governor_unknown", _readme_cell("system", "specter (K magic)"),
+     "system is 'specter (K magic)'"),
+    ("summary_table_pricing_unknown", _readme_cell("pricing", "cheap"), "pricing is 'cheap', which no run writes"),
     ("plot_calibration_comparable_unknown", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 0, comparable="maybe"), "--out", "{out}.png"], "neither True nor False"),
     ("plot_sim_vs_measured_ratio_not_its_columns", lambda w, r: ["plot", "sim_vs_measured", "--table", _committed_with(
@@ -950,10 +953,9 @@ CASES = [
     ("run_same_memory_above_the_experts", lambda w, r: _without(_run(r, "--same-memory-as", "9"),
                                                                 "--resident-per-layer"),
      "--same-memory-as 9 must be between 1 and 8"),
-    ("summary_table_a_line_break_in_a_cell", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("model", '"smollm2-moe\n|evil|"'), checksum=False))), "one line of printable text"),
-    ("summary_table_mean_above_its_max", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _table_cell("tpot_ms_max", "0.0001"), checksum=False))), "outside its prompts' range"),
+    ("summary_table_a_line_break_in_a_cell", _readme_cell("model", '"smollm2-moe\n|evil|"'),
+     "one line of printable text"),
+    ("summary_table_mean_above_its_max", _readme_cell("tpot_ms_max", "0.0001"), "outside its prompts' range"),
     ("summary_table_dispatch_mixed", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", dispatch_us="17"), checksum=False))),
      "the table mixes runs of another protocol"),
