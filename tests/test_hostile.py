@@ -423,6 +423,21 @@ def _index_of(d: Path, misplace: bool) -> None:
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
+def _overlapping(d: Path) -> None:
+    """model.safetensors with its lm_head's bytes declared on the embedding's (the file's size unchanged)."""
+    import struct
+
+    data = (d / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header["lm_head.weight"]["data_offsets"] = header["model.embed_tokens.weight"]["data_offsets"]
+    header.pop("__metadata__", None)  # room for the longer offsets
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    assert len(raw) <= n
+    raw += b" " * (n - len(raw))  # the same header length: the data stays where it was
+    (d / "model.safetensors").write_bytes(data[:8] + raw + data[8 + n:])
+
+
 def _weights(edit):
     """A damage that rewrites model.safetensors with `edit(tensors)` applied (a readable file of other values)."""
     def damage(d: Path) -> None:
@@ -731,6 +746,8 @@ CASES = [
     ("run_dataset_fewer_prompts_than_asked", lambda w, r: _run(r, "--dataset", _write(
         w, "p.jsonl", '{"prompt": "def f(x): return x"}\n{"prompt": "def g(y): return y"}\n'), "--num-prompts", "5"),
      "has only 2 non-empty inputs"),
+    ("live_weights_two_tensors_on_the_same_bytes", lambda w, r: _live(r, _model_copy(w, r, _overlapping)),
+     "byte ranges overlap or leave gaps"),
     ("live_weights_an_expert_stored_as_int32", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
         {_EXPERT: t[_EXPERT].to(__import__("torch").int32)})))), "stored as int32"),
     ("weights_a_stale_file_beside_the_shards", lambda w, r: _run(r, model=_model_copy(w, r, _stale_beside),

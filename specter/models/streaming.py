@@ -110,20 +110,30 @@ def read_headers(path: Path) -> dict[str, TensorEntry]:
                 header = json.loads(f.read(length))
             except (ValueError, RecursionError):
                 raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}") from None
-        base = 8 + length
-        for name, info in header.items():
+        base, spans = 8 + length, []
+        for name, info in header.items() if isinstance(header, dict) else ():
             if name == "__metadata__":
                 continue
-            dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
+            dtype = SAFETENSORS_DTYPES.get(info.get("dtype")) if isinstance(info, dict) else None
             if dtype is None:
                 raise StreamingUnsupported(f"{file.name}: tensor {name} has dtype {info.get('dtype')!r}")
-            start, end = info["data_offsets"]
-            shape = tuple(info["shape"])
+            try:
+                start, end = (int(v) for v in info["data_offsets"])
+                shape = tuple(int(v) for v in info["shape"])
+            except (KeyError, TypeError, ValueError):
+                raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}") from None
             if base + end > size or end - start != math.prod(shape) * torch.empty(0, dtype=dtype).element_size():
                 raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged}")
             if name in entries:
                 raise stored_twice(path, name, entries[name].file.name, file.name)
             entries[name] = TensorEntry(file, base + start, base + end, dtype, shape)
+            spans.append((start, end))
+        # the tensors' bytes tile the data from its start to the file's end, none over another, as safetensors itself
+        # requires (two tensors on the same bytes would load, each the other's values)
+        ends = [0] + [end for _, end in sorted(spans)]
+        if [start for start, _ in sorted(spans)] != ends[:-1] or ends[-1] != size - base:
+            raise SpecterError(f"cannot load the model in {str(path)!r}: {damaged} (its tensors' byte ranges overlap "
+                               "or leave gaps)")
     return entries
 
 
