@@ -745,7 +745,7 @@ CASES = [
         w, r, lambda d: _index_of(d, misplace=False))), "the index and its shards disagree"),
     ("run_dataset_fewer_prompts_than_asked", lambda w, r: _run(r, "--dataset", _write(
         w, "p.jsonl", '{"prompt": "def f(x): return x"}\n{"prompt": "def g(y): return y"}\n'), "--num-prompts", "5"),
-     "has only 2 non-empty inputs"),
+     "has 2 inputs of at least 8 tokens"),
     ("live_weights_two_tensors_on_the_same_bytes", lambda w, r: _live(r, _model_copy(w, r, _overlapping)),
      "byte ranges overlap or leave gaps"),
     ("live_weights_an_expert_stored_as_int32", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(

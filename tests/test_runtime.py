@@ -208,10 +208,13 @@ def test_local_jsonl_dataset_runs(tiny_dirs, rtn_drafts, tmp_path):
     data = tmp_path / "gsm.jsonl"
     data.write_text("".join(json.dumps({"question": q}) + "\n" for q in ["Tom has 3 apples.", "", "A train leaves."]))
     proc, out = _cli_run(tiny_dirs, rtn_drafts, tmp_path, "--k", "3", "--dataset", str(data), "--num-prompts", "2",
-                         system="on-demand")
+                         "--prefix-tokens", "3", system="on-demand")
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == 2  # the empty question is skipped
+    assert len(records) == 2 and all(len(r["prompt_token_ids"]) == 3 for r in records)  # the empty question skipped
+    proc, _ = _cli_run(tiny_dirs, rtn_drafts, tmp_path, "--k", "3", "--dataset", str(data), "--num-prompts", "2",
+                       "--prefix-tokens", "64", system="on-demand")  # every input shorter: none of 64 tokens
+    assert proc.returncode == 2 and "has no input of at least 64 tokens (2 shorter ones passed over)" in proc.stderr
 
 
 def test_the_memory_plan_reserves_kv_for_the_window_each_system_runs(tiny_dirs, rtn_drafts, tmp_path):

@@ -104,8 +104,9 @@ def read_texts(path: str | Path, field: str | None = None) -> list[str]:
 
 def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int = 16,
                  field: str | None = None) -> list[list[int]]:
-    """Token ids of the first `num_prompts` non-empty inputs of `name` (a shipped set or a file), each cut to
-    `prefix_tokens` tokens."""
+    """Token ids of the first `num_prompts` inputs of `name` (a shipped set or a file) that hold at least
+    `prefix_tokens` tokens, each cut to that length: every prompt of a run is `--prefix-tokens` long, as its record
+    says (a shorter input is passed over, as an empty one is)."""
     if num_prompts < 1 or prefix_tokens < 1:
         raise SpecterError(f"need at least one prompt of at least one token, got {num_prompts} x {prefix_tokens}")
     if name in DATASETS:
@@ -114,15 +115,22 @@ def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int 
         texts = read_texts(name, field)
     else:
         raise SpecterError(f"unknown dataset {name!r}: not a shipped set ({', '.join(DATASETS)}) and not a file")
-    prompts = []
+    prompts, shorter = [], 0
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:prefix_tokens]
-        if ids:
+        if len(ids) == prefix_tokens:
             prompts.append(ids)
+        elif ids:
+            shorter += 1
         if len(prompts) == num_prompts:
             return prompts
-    if not prompts:
+    if not prompts and not shorter:
         raise SpecterError(f"dataset {name!r} has no non-empty inputs")
-    # refused, not run on fewer: a record says how many prompts its run asked for, and the tables hold every run to it
-    raise SpecterError(f"dataset {name!r} has only {len(prompts)} non-empty inputs, and --num-prompts asks for "
-                       f"{num_prompts}; give --num-prompts {len(prompts)}, or a dataset with more inputs")
+    # refused, not run on fewer or shorter: a record says how many prompts of what length its run asked for, and the
+    # tables hold every run to it
+    passed = f" ({shorter} shorter ones passed over)" if shorter else ""
+    raise SpecterError(f"dataset {name!r} has {len(prompts)} inputs of at least {prefix_tokens} tokens{passed}, and "
+                       f"--num-prompts asks for {num_prompts}; give --num-prompts {len(prompts) or 1} or a smaller "
+                       "--prefix-tokens, or a dataset with more inputs" if prompts else
+                       f"dataset {name!r} has no input of at least {prefix_tokens} tokens{passed}; give a smaller "
+                       "--prefix-tokens, or a dataset with longer inputs")
