@@ -32,6 +32,35 @@ def record_problem(record: dict) -> str | None:
         return "a number too large for its field (an integer no float holds, or an infinite count)"
 
 
+#: the record's fields that are shares of its `extra.counts`: (field, part, whole), None where the whole is 0
+_SHARES_OF_COUNTS = (("hit_rate_pass", "decode_hits", ("decode_hits", "decode_misses")),
+                     ("hit_rate_token", "decode_token_hits", ("decode_token_hits", "decode_token_misses")),
+                     ("prefetch_precision", "window_hits", ("window_placed",)),
+                     ("window_recall", "window_hits", ("window_needed",)),
+                     ("prefetch_recall", "window_hits", ("window_needed",)),
+                     ("window_working_set", "window_needed", ("window_layers",)))
+
+
+def _counts_problem(record: dict, counts: dict) -> str | None:
+    """Where a record's rates are not the shares its counts give (each counted once a run; a rate is null where its
+    whole is 0, and a speculative share null where nothing was proposed)."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"extra.counts.{name} is {value!r:.40}, and a count is a whole number, never negative"
+    lacks = sorted({key for _, part, whole in _SHARES_OF_COUNTS for key in (part, *whole)} - set(counts))
+    if lacks:
+        return f"extra.counts lacks {', '.join(lacks)}, which every run of this version counts"
+    for rate, part, whole in _SHARES_OF_COUNTS:
+        total = sum(counts[w] for w in whole)
+        proposed = counts.get("proposed", 0) > 0 or not rate.startswith(("prefetch", "window"))
+        want = counts[part] / total if total and proposed else None
+        value = record.get(rate)
+        if (value is None) != (want is None) or (want is not None and not (
+                isinstance(value, (int, float)) and math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12))):
+            return f"{rate} is {value!r}, and extra.counts give {want!r} ({part} over {' + '.join(whole)})"
+    return None
+
+
 def _config_problem(record: dict, config: dict) -> str | None:
     """Where a record's run settings are none a run takes: a temperature that is negative or not finite, a prefix or
     output length, repeat count or seed that is not a whole number in its range, more tokens than it asked for."""
@@ -118,7 +147,7 @@ def _record_problem(record: dict) -> str | None:
         return (f"hardware is {record.get('hardware')!r}, and the profile it was simulated on is named "
                 f"{profile.get('name')!r}")
     for name in _COUNTS:
-        if record.get(name) is not None and record[name] < 0:
+        if record.get(name) is not None and (record[name] < 0 or not math.isfinite(float(record[name]))):
             return f"{name} is {record[name]!r}, and a count is never negative"
     for name in _SHARES:
         value = record.get(name)
@@ -155,9 +184,19 @@ def _consistency_problem(record: dict) -> str | None:
     priced = priced.get("architecture") if isinstance(priced, dict) else priced
     if record.get("cost_as") != priced:
         return f"cost_as is {record.get('cost_as')!r}, and its run's config.cost prices it at {priced!r}"
-    for key in ("hardware_sha256",) if "hardware_profile" in config else ():
-        if key not in config:  # what the checks below hold a record to: dropping it must not skip them
-            return f"config lacks {key}, which every run of this version writes"
+    missing = [key for key in ("system", "model", "dataset", "engine", "cost", "seed", "hardware_sha256")
+               if key not in config]
+    if missing:  # what the checks here hold a record to: dropping one must not skip them
+        return f"config lacks {', '.join(missing)}, which every run of this version writes"
+    digest = config["hardware_sha256"]
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        return f"config.hardware_sha256 is {digest!r:.70}, not a sha256"
+    temperature = config.get("temperature") or 0
+    seed = config["seed"] + (record.get("prompt_index", 0) if temperature > 0 else 0) if isinstance(
+        config["seed"], int) else None
+    if record.get("seed") != seed:
+        return (f"seed is {record.get('seed')!r}, and its run's config.seed {config['seed']!r} gives "
+                f"{seed!r} for prompt {record.get('prompt_index')!r}")
     if record.get("engine") not in ("sim", "live"):
         return f"engine is {record.get('engine')!r}, and a run's engine is sim or live"
     if record.get("simulated") is not (record.get("engine") == "sim"):
@@ -185,16 +224,12 @@ def _consistency_problem(record: dict) -> str | None:
     extra = record.get("extra") or {}
     if not isinstance(extra, dict):
         return "extra is not an object"
-    missing = [key for key in ("commit_ms", "counts") if key not in extra]
+    missing = [key for key, kind in (("commit_ms", list), ("counts", dict)) if not isinstance(extra.get(key), kind)]
     if missing:  # what the checks below hold a record to: dropping it must not skip them
-        return f"extra lacks {', '.join(missing)}, which every run of this version writes"
-    counts = extra["counts"] if isinstance(extra["counts"], dict) else {}
-    for rate, (hit, miss) in (("hit_rate_pass", ("decode_hits", "decode_misses")),
-                              ("hit_rate_token", ("decode_token_hits", "decode_token_misses"))):
-        h, m, value = counts.get(hit), counts.get(miss), record.get(rate)
-        if isinstance(h, int) and isinstance(m, int) and h + m > 0 and isinstance(value, (int, float)) and not \
-                math.isclose(value, h / (h + m), rel_tol=1e-9, abs_tol=1e-12):
-            return f"{rate} is {value!r}, and extra.counts' {hit} and {miss} give {h / (h + m)!r}"
+        return f"extra lacks {', '.join(missing)} (or holds another type), which every run of this version writes"
+    problem = _counts_problem(record, extra["counts"])
+    if problem is not None:
+        return problem
     commits, tokens = extra.get("commit_ms"), len(record.get("output_token_ids") or [])
     if commits is not None:
         if not (isinstance(commits, list) and len(commits) == tokens
@@ -204,6 +239,9 @@ def _consistency_problem(record: dict) -> str | None:
             return "extra.commit_ms goes back in time"
         if not math.isclose(record.get("ttft_ms"), commits[0], rel_tol=1e-9, abs_tol=1e-9):
             return f"ttft_ms is {record.get('ttft_ms')!r}, and its first commit is at {commits[0]!r} ms"
+        stall = record.get("stall_ms")
+        if commits and isinstance(stall, (int, float)) and stall > commits[-1] * (1 + 1e-9) + 1e-9:
+            return f"stall_ms is {stall!r}, longer than the whole run ({commits[-1]!r} ms to its last commit)"
         if tokens > 1 and not math.isclose(record.get("tpot_ms"), (commits[-1] - commits[0]) / (tokens - 1),
                                            rel_tol=1e-9, abs_tol=1e-9):
             given = (commits[-1] - commits[0]) / (tokens - 1)

@@ -988,6 +988,26 @@ CASES = [
     ("aggregate_records_memory_plan_of_other_slots", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _config_field("memory", {**json.loads(Path(r["records"]).read_text().splitlines()[0])["config"][
             "memory"], "slots_per_layer": 7})), "--out", "{out}.csv"], "its run's memory plan gives 7"),
+    ("aggregate_records_commit_times_null", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _extra_edit(lambda e: e.update(commit_ms=None))), "--out", "{out}.csv"], "extra lacks commit_ms"),
+    ("aggregate_records_counts_emptied", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _both(_extra_edit(lambda e: e.update(counts={})), _record_field("hit_rate_pass", 0.99))),
+        "--out", "{out}.csv"], "extra.counts lacks"),
+    ("aggregate_records_token_hit_rate_null", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("hit_rate_token", None)), "--out", "{out}.csv"], "hit_rate_token is None"),
+    ("aggregate_records_profiles_hash_null", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("hardware_sha256", "")), "--out", "{out}.csv"],
+     "config.hardware_sha256 is '', not a sha256"),
+    ("aggregate_records_config_without_its_engine", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _config_field("engine", None)), "--out", "{out}.csv"], "config lacks engine"),
+    ("aggregate_records_prefetch_precision_not_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("prefetch_precision", 0.1)), "--out", "{out}.csv"], "prefetch_precision is 0.1"),
+    ("aggregate_records_seed_not_its_configs", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("seed", -7)), "--out", "{out}.csv"], "seed is -7"),
+    ("aggregate_records_stall_longer_than_the_run", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("stall_ms", 5000.0)), "--out", "{out}.csv"], "stall_ms is 5000.0, longer than the whole"),
+    ("aggregate_records_bytes_no_float_holds", lambda w, r: ["aggregate", "main", _records_copy(
+        w, r, _record_field("h2d_bytes_prefetch", 10**400)), "--out", "{out}.csv"], "too large for its field"),
     ("aggregate_records_without_commit_times", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _extra_edit(lambda e: e.pop("commit_ms"))), "--out", "{out}.csv"], "extra lacks commit_ms"),
     ("aggregate_records_without_counts", lambda w, r: ["aggregate", "main", _records_copy(
