@@ -748,6 +748,9 @@ CASES = [
      "has 2 inputs of at least 8 tokens"),
     ("live_weights_two_tensors_on_the_same_bytes", lambda w, r: _live(r, _model_copy(w, r, _overlapping)),
      "byte ranges overlap or leave gaps"),
+    ("sweep_arm_name_with_a_line_separator", lambda w, r: _sweep(r, "--arm", "full", "--arm",
+                                                                  "no\u2028prefetch:prefetch=none"),
+     "holds a control character"),
     ("live_weights_an_expert_stored_as_int32", lambda w, r: _live(r, _model_copy(w, r, _weights(lambda t: t.update(
         {_EXPERT: t[_EXPERT].to(__import__("torch").int32)})))), "stored as int32"),
     ("weights_a_stale_file_beside_the_shards", lambda w, r: _run(r, model=_model_copy(w, r, _stale_beside),
@@ -1882,3 +1885,18 @@ def test_the_summary_holds_a_model_card_to_the_files_beside_it(card, message, ti
     from specter.models.integrity import model_hash
 
     assert model_hash(model) in (tmp_path / "s.md").read_text()
+
+
+def test_a_table_its_reader_would_refuse_is_never_written(tmp_path):
+    """`write_table` holds what it writes to `read_table`'s checks: a frame with a cell no run gives (a line break in a
+    name, a share above 1) is refused, naming the inputs as the cause, and nothing is written."""
+    import pandas as pd
+
+    from specter.errors import SpecterError
+    from specter.report.tablefile import write_table
+
+    for frame in (pd.DataFrame({"system": ["specter"], "arm": ["no\u2028prefetch"], "tpot_ms": [1.0]}),
+                  pd.DataFrame({"system": ["specter"], "hit_rate": [1.5], "tpot_ms": [1.0]})):
+        with pytest.raises(SpecterError, match="not written: the records it was made from hold a value"):
+            write_table(frame, tmp_path / "t.csv")
+        assert not list(tmp_path.iterdir())

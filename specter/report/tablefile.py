@@ -147,10 +147,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     warning that its completeness is unchecked), an empty file, a line with another number of fields than the header
     (a half line), a line given twice, a TPOT that is not a positive finite number, another time that is negative or
     infinite, a share, count or ratio no run gives (`VALUE_RULES`)."""
-    import csv
     import hashlib
-    import io
-    import math
 
     path = Path(path)
     if not path.is_file():
@@ -175,6 +172,24 @@ def read_table(path: str | Path) -> pd.DataFrame:
         if want[0].lower() != hashlib.sha256(data).hexdigest().encode():
             raise SpecterError(f"{path} is not the table that was written: its bytes differ from {sidecar.name} (cut "
                                f"short or edited); {fix}, or delete {sidecar.name} to read it as it is")
+    df = _checked(text, path, fix)
+    if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
+        import logging
+
+        _UNCHECKED.add(str(path.resolve()))
+        logging.getLogger("specter").warning(
+            "%s has no %s beside it: a table cut short at a line's end cannot be told from a whole one (tables "
+            "the suite writes carry one)", path, sidecar.name)
+    return df
+
+
+def _checked(text: str, path: Path, fix: str) -> pd.DataFrame:
+    """The table CSV `text` (of `path`) as a frame, or one SpecterError naming the line and `fix`: what `read_table`
+    refuses besides the checksum."""
+    import csv
+    import io
+    import math
+
     if "\x00" in text:
         raise SpecterError(f"{path} holds NUL bytes (a damaged file); {fix}")
     rows = list(csv.reader(io.StringIO(text, newline="")))
@@ -239,24 +254,20 @@ def read_table(path: str | Path) -> pd.DataFrame:
         problem = _row_problem(row) or (_claims_row_problem(row) if claims else None)
         if problem is not None:
             raise SpecterError(f"{path}:{i + 2}: {problem}, which no run gives; {fix}")
-    if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
-        import logging
-
-        _UNCHECKED.add(str(path.resolve()))
-        logging.getLogger("specter").warning(
-            "%s has no %s beside it: a table cut short at a line's end cannot be told from a whole one (tables "
-            "the suite writes carry one)", path, sidecar.name)
     return df
 
 
 def write_table(table: pd.DataFrame, out: str | Path) -> None:
     """The table as CSV at `out`, and its sha256 beside it (`<out>.sha256`, as `sha256sum` writes it), which
-    `read_table` holds the table to."""
+    `read_table` holds the table to; a table `read_table` would refuse is not written."""
     import hashlib
     import io
 
     buffer = io.StringIO()
     table.to_csv(buffer, index=False)
+    # what `read_table` would refuse is never written: the inputs hold it, not the table
+    _checked(buffer.getvalue(), Path(out), "not written: the records it was made from hold a value no run gives; run "
+                                           "the rules that write them again")
     data = buffer.getvalue().encode("utf-8")
     atomic_write(out, lambda f: f.write(data), binary=True)
     atomic_write_text(Path(str(out) + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {Path(out).name}\n")

@@ -30,6 +30,9 @@ class Arm:
         if not name or "=" in name:
             raise SpecterError(f"--arm {text!r} has no name; give NAME:SETTING=VALUE,... (e.g. 'no prefetch:"
                                "prefetch=none')")
+        if not (name.isprintable() and str(text).isprintable()):  # a name is a table's cell: one line of text
+            raise SpecterError(f"--arm {text!r} holds a control character (a newline, a tab); give its name and "
+                               "settings as one line of printable text")
         settings, options = {}, {}
         for item in (i.strip() for i in rest.split(",")):
             if not item:
