@@ -979,6 +979,13 @@ CASES = [
     ("summary_table_dispatch_mixed", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", dispatch_us="17"), checksum=False))),
      "the table mixes runs of another protocol"),
+    ("summary_table_same_slots_at_other_slots", lambda w, r: _readme(_resealed(_table_copy(
+        w, r, _second_row(system="on-demand", slots_per_layer="7", resident_share="0.875"), checksum=False))),
+     "has slots_per_layer 7"),
+    ("summary_table_more_slots_than_experts", _readme_cell("experts_per_layer", "1"), "slots_per_layer is 2 with 1"),
+    ("summary_table_resident_share_not_its_slots", _readme_cell("resident_share", "0.9"), "resident_share is 0.9"),
+    ("plot_calibration_published_zero", lambda w, r: ["plot", "calibration", "--table", _committed_with(
+        w, "calibration.csv", 0, published="0"), "--out", "{out}.png"], "a published figure is finite and positive"),
     ("summary_table_prompt_counts_mixed", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", n="7"), checksum=False))), "has n 7"),
     ("aggregate_records_priced_at_another_architecture", lambda w, r: ["aggregate", "main", _records_copy(
@@ -1866,7 +1873,10 @@ def test_a_number_yaml_reads_in_another_base_is_refused_in_configs_and_profiles(
 @pytest.mark.parametrize("card, message", [
     ({"weights_sha256": "af86fad4"}, "gives weights_sha256 'af86fad4', and the model's config and weights hash to"),
     ([1, 2], "is not a model card (not a JSON object)"),
-    ({"stands_in_for": "gpt-5\n|x|"}, "stands_in_for is 'gpt-5\\n|x|'")])
+    ({"stands_in_for": "gpt-5\n|x|"}, "stands_in_for is 'gpt-5\\n|x|'"),
+    ({"perplexity_ratio": {"code": -3.0}}, "perplexity_ratio is {'code': -3.0}"),
+    ({"perplexity_ratio": [1, 2]}, "perplexity_ratio is [1, 2]"),
+    ('{"stands_in_for": "x", "stands_in_for": "y"}', "the key 'stands_in_for' is given twice")])
 def test_the_summary_holds_a_model_card_to_the_files_beside_it(card, message, tiny_dirs, real, tmp_path, capsys):
     """`specter summary` prints each model's hash: the hash of its files as they are, refusing a card that gives
     another (weights replaced after the build), a card that is no object, or a name that is not one line of text."""
@@ -1877,7 +1887,7 @@ def test_the_summary_holds_a_model_card_to_the_files_beside_it(card, message, ti
     (tmp_path / "results" / "tables").mkdir()
     for name in ("main.csv", "main.csv.sha256"):
         shutil.copy(str(real["table"]).replace("main.csv", name), tmp_path / "results" / "tables" / name)
-    (model / "model_card.json").write_text(json.dumps(card))
+    (model / "model_card.json").write_text(card if isinstance(card, str) else json.dumps(card))
     assert main(["summary", str(tmp_path / "results"), "--out", str(tmp_path / "s.md")]) == 2
     assert message in capsys.readouterr().err
     (model / "model_card.json").write_text(json.dumps({"stands_in_for": "Mixtral-8x7B"}))

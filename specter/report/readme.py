@@ -172,7 +172,8 @@ def readme_table(path: str | Path) -> str:
                                                                           rel_tol=1e-6):
             raise SpecterError(f"{path}: {r['system']}'s speedup_of_specter ({at[0]}, {at[2]}, {at[-1]}) is "
                                f"{ratio:g}, and its TPOT over Specter's is {r['tpot_ms'] / ours['tpot_ms']:g}; {fix}")
-        for column in ("dispatch_us", "n") if ours is not None else ():  # the same protocol as the row it is over
+        same = ("dispatch_us", "n", *(("slots_per_layer",) if at[0] == "same slots" else ()))
+        for column in same if ours is not None else ():  # the same protocol (and slots) as the row it is over
             mine, theirs = r.get(column), ours.get(column)
             if not (pd.isna(mine) and pd.isna(theirs)) and mine != theirs:
                 raise SpecterError(f"{path}: {r['system']} ({at[0]}, {at[2]}, {at[-1]}) has {column} {mine}, and the "

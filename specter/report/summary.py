@@ -17,7 +17,6 @@ The README's tables and the report's front page are `specter.report.readme`'s.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import subprocess
 import textwrap
@@ -121,6 +120,7 @@ def _where(row) -> str:
 
 
 def _models(results: Path) -> list[str]:
+    from specter.io import json_strict
     from specter.models.integrity import model_hash
 
     rows = []
@@ -128,8 +128,8 @@ def _models(results: Path) -> list[str]:
         card_path, card = config.parent / "model_card.json", {}
         if card_path.is_file():
             try:
-                card = json.loads(card_path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                card = json_strict(card_path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # a key given twice included
                 raise SpecterError(f"{card_path} is not a model card ({err}); build the model again") from None
             if not isinstance(card, dict):
                 raise SpecterError(f"{card_path} is not a model card (not a JSON object); build the model again")
@@ -143,6 +143,12 @@ def _models(results: Path) -> list[str]:
             raise SpecterError(f"{card_path}: stands_in_for is {stands_in!r:.60}, and a card names a model in one line "
                                "of text; build the model again")
         ratio = card.get("perplexity_ratio")  # per held-out corpus: {prose: x, code: y}
+        values = list(ratio.values()) if isinstance(ratio, dict) else [ratio]
+        if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                 and 0 < v < 1e6) for v in values) or (isinstance(ratio, dict) and not all(
+                                     isinstance(c, str) and c.isprintable() for c in ratio)):
+            raise SpecterError(f"{card_path}: perplexity_ratio is {ratio!r:.80}, and a card gives each held-out "
+                               "corpus's perplexity over the dense model's, a positive number; build the model again")
         ratio = ", ".join(f"{c} {_num(v, 2)}" for c, v in sorted(ratio.items())) if isinstance(ratio, dict) else \
             _num(ratio, 2)
         rows.append([config.parent.name, stands_in, ratio, f"`{digest}`"])

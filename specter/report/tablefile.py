@@ -40,8 +40,8 @@ VALUE_RULES = {
     **{name: (_count(0), "a whole number, never negative") for name in (
         "slots_per_layer", "demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwards", "prompts")},
     "dispatch_us": (lambda v: math.isfinite(v) and v >= 0, "a time is finite and never negative"),
-    **{name: (lambda v: math.isfinite(v) and v >= 0, "finite and never negative") for name in (
-        "temperature", "published")},
+    "temperature": (lambda v: math.isfinite(v) and v >= 0, "finite and never negative"),
+    "published": (lambda v: math.isfinite(v) and v > 0, "a published figure is finite and positive"),
     **{name: (_ratio, "a ratio is finite and positive") for name in (
         "speedup_of_specter", "measured_over_simulated", "suite_over_published", "fused_over_published")},
 }
@@ -90,6 +90,13 @@ def _row_problem(row) -> str | None:
         if str(row.get("in_band")).replace("nan", "") != want:
             return (f"in_band is {str(row.get('in_band'))[:10]!r}, and suite_over_published {ratio:g} is "
                     f"{'no ratio' if not want else 'inside' if want == 'True' else 'outside'} {BAND[0]}-{BAND[1]}")
+    slots, experts = _cell_number(row.get("slots_per_layer")), _cell_number(row.get("experts_per_layer"))
+    if slots is not None and experts is not None and slots > experts:
+        return f"slots_per_layer is {slots:g} with {experts:g} experts a layer"
+    share = _cell_number(row.get("resident_share"))
+    if None not in (slots, experts, share) and experts > 0 and not math.isnan(share) and not math.isclose(
+            share, slots / experts, rel_tol=1e-9):
+        return f"resident_share is {share:g}, and its slots over its experts give {slots / experts:g}"
     low, high = _cell_number(row.get("tpot_ms_min")), _cell_number(row.get("tpot_ms_max"))
     if low is not None and high is not None and not (math.isnan(low) or math.isnan(high)):
         for column in ("tpot_ms", "tpot_ms_median", "tpot_ms_p90", "tpot_ms_p99"):
