@@ -13,31 +13,6 @@ class ConfigError(ValueError):
     """A config value the workflow refuses; the message names the key and the fix."""
 
 
-_PLAIN = {"tag:yaml.org,2002:int": r"[-+]?(0|[1-9][0-9]*)",
-          "tag:yaml.org,2002:float": r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?"
-                                     r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"}
-
-
-def plain_numbers(loader: type, refuse) -> None:
-    """Make `loader` (a SafeLoader subclass) take a number only as plain decimal text: YAML 1.1 also reads `1:30` as
-    90 (base 60), `1_6` as 16, `0x41` as 65 and `010` as 8, without a word. `refuse(node, text)` raises the caller's
-    error for any other form."""
-    import re
-
-    import yaml
-
-    for tag, pattern in _PLAIN.items():
-        base = loader.yaml_constructors[tag]
-
-        def construct(self, node, base=base, pattern=re.compile(pattern)):
-            if not pattern.fullmatch(node.value):
-                refuse(node, node.value)
-            return base(self, node)
-
-        loader.add_constructor(tag, construct)
-    assert issubclass(loader, yaml.SafeLoader)
-
-
 def check_unique_keys(paths) -> None:
     """Refuse a config file that gives one key twice in a mapping (YAML keeps the last silently): the key, its file and
     both lines. Snakemake has read the files already; this reads them again, as text, before any check of values."""
@@ -63,6 +38,8 @@ def check_unique_keys(paths) -> None:
     def refuse(node, text):
         raise ConfigError(f"config value {text!r} in {path} (line {node.start_mark.line + 1}) is a number YAML 1.1 "
                           "reads in another base or with separators; write it as a plain decimal")
+
+    from specter.io import plain_numbers
 
     plain_numbers(Loader, refuse)
     for path in paths:

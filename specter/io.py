@@ -55,6 +55,31 @@ def json_strict(text: str | bytes):
     return json.loads(text, object_pairs_hook=_unique)
 
 
+_PLAIN = {"tag:yaml.org,2002:int": r"[-+]?(0|[1-9][0-9]*)",
+          "tag:yaml.org,2002:float": r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?"
+                                     r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"}
+
+
+def plain_numbers(loader: type, refuse) -> None:
+    """Make `loader` (a SafeLoader subclass) take a number only as plain decimal text: YAML 1.1 also reads `1:30` as
+    90 (base 60), `1_6` as 16, `0x41` as 65 and `010` as 8, without a word. `refuse(node, text)` raises the caller's
+    error for any other form."""
+    import re
+
+    import yaml
+
+    for tag, pattern in _PLAIN.items():
+        base = loader.yaml_constructors[tag]
+
+        def construct(self, node, base=base, pattern=re.compile(pattern)):
+            if not pattern.fullmatch(node.value):
+                refuse(node, node.value)
+            return base(self, node)
+
+        loader.add_constructor(tag, construct)
+    assert issubclass(loader, yaml.SafeLoader)
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 

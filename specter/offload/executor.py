@@ -320,7 +320,7 @@ class Executor:
                     continue
                 if draft:
                     self._draft_layer(layer, per_token, n, context, tag, ops, expert_bytes)
-                elif grouped.ready(self, layer):  # every expert resident: no routing read before the experts
+                elif type(self) is Executor and grouped.ready(self, layer):  # every expert resident: no read first
                     grouped.schedule(self, layer, n, context, tag)
                     deferred.append((layer, per_token))
                     return None

@@ -17,28 +17,25 @@ one with experts to copy does.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections import Counter
 
 import torch
 
 from specter.timing.engine import COMPUTE, Op
 
-if TYPE_CHECKING:
-    from specter.offload.executor import Executor
-    from specter.offload.live import LiveRuntime
+# (the executor and the live runtime are passed in, not imported: each of them imports this module)
 
 
-def ready(executor: Executor, layer: int) -> bool:
-    """Whether live target layer `layer` computes grouped, its routing read after the pass (module docstring)."""
-    from specter.offload.executor import Executor
-
-    return (type(executor) is Executor and not executor.hooks and not executor.host_reads_routes
+def ready(executor, layer: int) -> bool:
+    """Whether live target layer `layer` of `executor` (the suite's own executor, not a system's subclass: the caller
+    says) computes grouped, its routing read after the pass (module docstring)."""
+    return (not executor.hooks and not executor.host_reads_routes
             and executor.work.kernels.host_reads is None
             and len(executor.cache.resident(layer)) == executor.work.experts_per_layer
             and executor.device.grouped_ready(layer))
 
 
-def schedule(executor: Executor, layer: int, n: int, context: int, tag: str) -> None:
+def schedule(executor, layer: int, n: int, context: int, tag: str) -> None:
     """The layer's attention block, then its experts as one op on the compute stream (after any copy still landing in
     a slot); the pass's work for its lower bound is booked once the routing is read (`account`)."""
     executor._compute(executor._attention(layer, n, context + n, f"{tag}.L{layer}.attn"))
@@ -53,12 +50,10 @@ def schedule(executor: Executor, layer: int, n: int, context: int, tag: str) -> 
         slot.last_use = done
 
 
-def account(executor: Executor, layer: int, per_token: list[tuple[int, ...]], tag: str) -> list[tuple[int, ...]]:
+def account(executor, layer: int, per_token: list[tuple[int, ...]], tag: str) -> list[tuple[int, ...]]:
     """Book a grouped layer once its routing is read: as `Executor.run_experts` books resident experts (hits, the
     cache's order, each expert's work in the pass's ops); returns the routing."""
-    from specter.offload.executor import tokens_of
-
-    tokens = tokens_of(per_token)
+    tokens = Counter(e for experts in per_token for e in experts)
     used = [e for e in executor.cache.resident(layer) if e in tokens]  # hot-first, in cache order
     for e in used:
         if executor._acc is not None:
@@ -69,7 +64,7 @@ def account(executor: Executor, layer: int, per_token: list[tuple[int, ...]], ta
     return per_token
 
 
-def supported(runtime: LiveRuntime) -> bool:
+def supported(runtime) -> bool:
     """Whether `runtime`'s device runs the grouped kernel on its slots (module docstring), checked once."""
     device, dtype = runtime.device, runtime.store.dtype
     if device.type == "cpu":
@@ -81,7 +76,7 @@ def supported(runtime: LiveRuntime) -> bool:
         (offset * item) % 16 == 0 and (shape[-1] * item) % 16 == 0 for _, offset, shape in runtime.store.layout.parts)
 
 
-def experts(runtime: LiveRuntime, layer: int, slot_of: torch.Tensor, hidden: torch.Tensor, index: torch.Tensor,
+def experts(runtime, layer: int, slot_of: torch.Tensor, hidden: torch.Tensor, index: torch.Tensor,
             top_k_weights: torch.Tensor) -> torch.Tensor:
     """The layer's routed experts on `hidden` [T, H] routed by `index` [T, k] with `top_k_weights`, from the slots
     (`slot_of` [E]: each expert's slot, on the device), with no host synchronization."""

@@ -17,10 +17,10 @@ import yaml
 
 from specter.errors import SpecterError
 from specter.report.summary import ABSENT, _interval_text, _markdown, _num, _read, _system_key, fmt_ms
+from specter.report.tablefile import COMPARISONS
 from specter.runspec import PRICINGS
 
 #: the comparisons of `main`, in the order the README's table lists them
-COMPARISONS = ("same slots", "same memory")
 
 
 def _case_label(model: str, cost_as: str, hardware: str, simulated: bool, pricing: str = "") -> str:

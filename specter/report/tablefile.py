@@ -49,6 +49,8 @@ VALUE_RULES = {
 
 #: ratio columns and the columns they are the ratio of
 RATIOS_OF = {"measured_over_simulated": ("measured_ms", "simulated_ms"), "suite_over_published": ("suite", "published")}
+#: the comparisons `main`'s table holds: each system at Specter's slots, and at Specter's device memory
+COMPARISONS = ("same slots", "same memory")
 #: columns of True or False
 FLAGS = ("simulated", "in_band", "comparable")
 
@@ -57,7 +59,6 @@ def _text_rules() -> dict:
     """{column: (the values a run writes in it, in words)} for the columns whose text names something the suite
     defines: a system (by its registry name, or `<name> (K <governor>)` for its run at a governor's K), a pricing, a
     comparison, a prefetch policy, a draft kernel."""
-    from specter.report.readme import COMPARISONS
     from specter.runspec import DRAFT_KERNELS, PREFETCH_POLICIES, PRICINGS
     from specter.runspec.parts import GOVERNORS
     from specter.system_names import system_names

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from specter.config_document import plain_numbers
 from specter.errors import SpecterError
+from specter.io import plain_numbers
 
 
 def _preset_dir():
