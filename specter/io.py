@@ -56,7 +56,7 @@ def json_strict(text: str | bytes):
 
 
 _PLAIN = {"tag:yaml.org,2002:int": r"[-+]?(0|[1-9][0-9]*)",
-          "tag:yaml.org,2002:float": r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?"
+          "tag:yaml.org,2002:float": r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?"
                                      r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"}
 
 

@@ -149,6 +149,8 @@ def _record_problem(record: dict) -> str | None:
     for name in _COUNTS:
         if record.get(name) is not None and (record[name] < 0 or not math.isfinite(float(record[name]))):
             return f"{name} is {record[name]!r}, and a count is never negative"
+    if (record.get("h2d_bytes_demand") or 0) > 0 and not record.get("demand_misses"):
+        return f"h2d_bytes_demand is {record['h2d_bytes_demand']!r} with no demand miss to copy"
     for name in _SHARES:
         value = record.get(name)
         if value is not None and not (0 <= value <= 1):
