@@ -180,6 +180,15 @@ def _readme(table: str) -> list[str]:
     return ["summary", "--readme", "--from", table, "--out", "{out}.md"]
 
 
+def _first_record(real) -> dict:
+    return json.loads(Path(real["records"]).read_text().splitlines()[0])
+
+
+def _aggregate(damage):
+    """A case's command: `specter aggregate main` over a copy of the real records damaged by `damage`."""
+    return lambda w, r: ["aggregate", "main", _records_copy(w, r, damage), "--out", "{out}.csv"]
+
+
 def _readme_cell(column: str, value: str):
     """A case's command: the README table from a copy of the real main table with its first row's `column` set to
     `value`, its checksum written for the new bytes."""
@@ -710,16 +719,15 @@ CASES = [
     # --- malformed input to aggregate and plot ---
     ("aggregate_records_missing", lambda w, r: ["aggregate", "main", str(w / "none.jsonl"), "--out", "{out}.csv"],
      "none.jsonl"),
-    ("aggregate_records_truncated", lambda w, r: ["aggregate", "main", _records_copy(w, r, lambda p: _truncate(
-        p, 0.3)), "--out", "{out}.csv"], "in.jsonl:1"),
-    ("aggregate_records_bytes_flipped", lambda w, r: ["aggregate", "main", _records_copy(w, r, lambda p: _flip(
-        p, 0.01)), "--out", "{out}.csv"], "in.jsonl:1"),
+    ("aggregate_records_truncated", _aggregate(lambda p: _truncate(
+        p, 0.3)), "in.jsonl:1"),
+    ("aggregate_records_bytes_flipped", _aggregate(lambda p: _flip(
+        p, 0.01)), "in.jsonl:1"),
     ("aggregate_records_not_objects", lambda w, r: ["aggregate", "main", _write(w, "in.jsonl", "[1, 2]\n"),
                                                     "--out", "{out}.csv"], "not a JSON object"),
     ("aggregate_records_field_missing", lambda w, r: ["aggregate", "main", _write(w, "in.jsonl", '{"a": 1}\n'),
                                                       "--out", "{out}.csv"], "lacks"),
-    ("aggregate_records_field_wrong_type", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", "fast")), "--out", "{out}.csv"], "tpot_ms"),
+    ("aggregate_records_field_wrong_type", _aggregate(_record_field("tpot_ms", "fast")), "tpot_ms"),
     ("aggregate_records_empty", lambda w, r: ["aggregate", "main", _write(w, "in.jsonl", "\n"),
                                               "--out", "{out}.csv"], "no records"),
     ("aggregate_fidelity_not_a_summary", lambda w, r: ["aggregate", "fidelity", _write(w, "f.json", "{}"),
@@ -785,96 +793,70 @@ CASES = [
     ("aggregate_a_copy_of_the_records_beside_them", lambda w, r: ["aggregate", "main", str(r["records"]),
                                                                   _records_copy(w, r, lambda p: None),
                                                                   "--out", "{out}.csv"], "repeats record 1"),
-    ("aggregate_a_second_record_for_a_prompt", lambda w, r: ["aggregate", "main", _records_copy(w, r, _second_record(
-        wall_s=1.0)), "--out", "{out}.csv"], "repeats record 1"),
+    ("aggregate_a_second_record_for_a_prompt", _aggregate(_second_record(
+        wall_s=1.0)), "repeats record 1"),
     ("aggregate_two_profiles_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
         w, r, _other_machine), "--out", "{out}.csv"], "both name their hardware 't4-pcie3', with other numbers"),
-    ("aggregate_tpot_negative", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", -5.0)), "--out", "{out}.csv"], "tpot_ms is -5.0"),
-    ("aggregate_tpot_nan", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", float("nan"))), "--out", "{out}.csv"], "tpot_ms is nan"),
-    ("aggregate_ttft_infinite", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("ttft_ms", float("inf"))), "--out", "{out}.csv"], "ttft_ms is inf"),
-    ("aggregate_tpot_zero_over_tokens", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", 0.0)), "--out", "{out}.csv"], "tpot_ms is 0"),
-    ("aggregate_hit_rate_above_one", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("hit_rate", 1.5)), "--out", "{out}.csv"], "hit_rate is 1.5"),
-    ("aggregate_misses_negative", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("demand_misses", -1)), "--out", "{out}.csv"], "demand_misses is -1"),
-    ("aggregate_more_slots_than_experts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("slots_per_layer", 99)), "--out", "{out}.csv"], "slots_per_layer is 99"),
-    ("aggregate_tpot_beyond_a_day", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", 1e300)), "--out", "{out}.csv"], "tpot_ms is 1e+300"),
-    ("aggregate_tpot_under_its_lower_bound", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", 1e-9)), "--out", "{out}.csv"], "under its own lower bound"),
-    ("aggregate_k_negative", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("k", -2)), "--out", "{out}.csv"], "k is -2"),
-    ("aggregate_no_tokens", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("output_token_ids", [])), "--out", "{out}.csv"], "output_token_ids is empty"),
-    ("aggregate_histogram_negative", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("accepted_length_histogram", {"1": -3})), "--out", "{out}.csv"],
+    ("aggregate_tpot_negative", _aggregate(_record_field("tpot_ms", -5.0)), "tpot_ms is -5.0"),
+    ("aggregate_tpot_nan", _aggregate(_record_field("tpot_ms", float("nan"))), "tpot_ms is nan"),
+    ("aggregate_ttft_infinite", _aggregate(_record_field("ttft_ms", float("inf"))), "ttft_ms is inf"),
+    ("aggregate_tpot_zero_over_tokens", _aggregate(_record_field("tpot_ms", 0.0)), "tpot_ms is 0"),
+    ("aggregate_hit_rate_above_one", _aggregate(_record_field("hit_rate", 1.5)), "hit_rate is 1.5"),
+    ("aggregate_misses_negative", _aggregate(_record_field("demand_misses", -1)), "demand_misses is -1"),
+    ("aggregate_more_slots_than_experts", _aggregate(_record_field("slots_per_layer", 99)), "slots_per_layer is 99"),
+    ("aggregate_tpot_beyond_a_day", _aggregate(_record_field("tpot_ms", 1e300)), "tpot_ms is 1e+300"),
+    ("aggregate_tpot_under_its_lower_bound", _aggregate(_record_field("tpot_ms", 1e-9)), "under its own lower bound"),
+    ("aggregate_k_negative", _aggregate(_record_field("k", -2)), "k is -2"),
+    ("aggregate_no_tokens", _aggregate(_record_field("output_token_ids", [])), "output_token_ids is empty"),
+    ("aggregate_histogram_negative", _aggregate(_record_field("accepted_length_histogram", {"1": -3})),
      "accepted_length_histogram"),
-    ("aggregate_working_set_beyond_experts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("window_working_set", 50.0)), "--out", "{out}.csv"], "window_working_set is 50.0"),
-    ("aggregate_lower_bound_zero", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("lower_bound_tpot_ms", 0.0)), "--out", "{out}.csv"], "lower_bound_tpot_ms is 0.0"),
-    ("aggregate_token_id_negative", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("output_token_ids", [-5, 74, 74])), "--out", "{out}.csv"], "a token id is negative"),
-    ("aggregate_prompt_beyond_the_run", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("prompt_index", 7)), "--out", "{out}.csv"], "prompt_index is 7 in a run of 1 prompts"),
-    ("aggregate_speculative_without_windows", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("accepted_length_histogram", {})), "--out", "{out}.csv"],
+    ("aggregate_working_set_beyond_experts", _aggregate(_record_field("window_working_set", 50.0)),
+     "window_working_set is 50.0"),
+    ("aggregate_lower_bound_zero", _aggregate(_record_field("lower_bound_tpot_ms", 0.0)), "lower_bound_tpot_ms is 0.0"),
+    ("aggregate_token_id_negative", _aggregate(_record_field("output_token_ids", [-5, 74, 74])),
+     "a token id is negative"),
+    ("aggregate_prompt_beyond_the_run", _aggregate(_record_field("prompt_index", 7)),
+     "prompt_index is 7 in a run of 1 prompts"),
+    ("aggregate_speculative_without_windows", _aggregate(_record_field("accepted_length_histogram", {})),
      "accepted_length_histogram is empty"),
-    ("aggregate_hardware_other_than_its_profile", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("hardware", "a100-40gb-pcie4")), "--out", "{out}.csv"],
+    ("aggregate_hardware_other_than_its_profile", _aggregate(_record_field("hardware", "a100-40gb-pcie4")),
      "hardware is 'a100-40gb-pcie4', and the profile it was simulated on is named 't4-pcie3'"),
-    ("aggregate_k_other_than_its_setting", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("k", 5)), "--out", "{out}.csv"], "k is 5, and the run's window is config.k = 2"),
-    ("aggregate_histogram_longer_than_k", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("accepted_length_histogram", {"9": 1})), "--out", "{out}.csv"],
+    ("aggregate_k_other_than_its_setting", _aggregate(_record_field("k", 5)),
+     "k is 5, and the run's window is config.k = 2"),
+    ("aggregate_histogram_longer_than_k", _aggregate(_record_field("accepted_length_histogram", {"9": 1})),
      "an accepted length outside 0..K"),
-    ("aggregate_histogram_not_the_tokens", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("accepted_length_histogram", {"2": 40})), "--out", "{out}.csv"],
+    ("aggregate_histogram_not_the_tokens", _aggregate(_record_field("accepted_length_histogram", {"2": 40})),
      "windows commit 120 tokens"),
-    ("aggregate_histogram_key_not_a_number", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("accepted_length_histogram", {"two": 3})), "--out", "{out}.csv"],
+    ("aggregate_histogram_key_not_a_number", _aggregate(_record_field("accepted_length_histogram", {"two": 3})),
      "a key that is not a whole number"),
-    ("aggregate_system_other_than_its_config", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("system", "on-demand")), "--out", "{out}.csv"],
+    ("aggregate_system_other_than_its_config", _aggregate(_record_field("system", "on-demand")),
      "system is 'on-demand', and its run's config.system is 'specter'"),
-    ("aggregate_simulated_flag_off_on_a_simulation", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("simulated", False)), "--out", "{out}.csv"], "simulated is False on engine 'sim'"),
-    ("aggregate_slots_other_than_its_config", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("slots_per_layer", 3)), "--out", "{out}.csv"], "slots_per_layer is 3"),
-    ("aggregate_hit_rate_against_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("hit_rate", 0.99)), "--out", "{out}.csv"], "and its hits and misses give"),
-    ("aggregate_tpot_against_its_commits", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", 0.2 + json.loads(Path(r["records"]).read_text().splitlines()[0])[
-            "lower_bound_tpot_ms"])), "--out", "{out}.csv"], "and its commit times give"),
-    ("aggregate_token_ids_not_numbers", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("output_token_ids", ["a", "b"])), "--out", "{out}.csv"],
+    ("aggregate_simulated_flag_off_on_a_simulation", _aggregate(_record_field("simulated", False)),
+     "simulated is False on engine 'sim'"),
+    ("aggregate_slots_other_than_its_config", _aggregate(_record_field("slots_per_layer", 3)), "slots_per_layer is 3"),
+    ("aggregate_hit_rate_against_its_counts", _aggregate(_record_field("hit_rate", 0.99)),
+     "and its hits and misses give"),
+    ("aggregate_tpot_against_its_commits", lambda w, r: _aggregate(_record_field("tpot_ms", 0.2 + _first_record(r)[
+        "lower_bound_tpot_ms"]))(w, r), "and its commit times give"),
+    ("aggregate_token_ids_not_numbers", _aggregate(_record_field("output_token_ids", ["a", "b"])),
      "output_token_ids holds something other than whole numbers"),
-    ("aggregate_profile_edited_under_its_hash", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, lambda path: _other_machine(path, rehash=False)), "--out", "{out}.csv"],
+    ("aggregate_profile_edited_under_its_hash", _aggregate(lambda path: _other_machine(path, rehash=False)),
      "config.hardware_sha256 is not the hash"),
-    ("aggregate_a_run_cut_short", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("num_prompts", 2)), "--out", "{out}.csv"], "has 2 prompts and lacks prompt(s) [1]"),
-    ("aggregate_a_field_of_another_shape", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("system_options", ["abc"])), "--out", "{out}.csv"], "of another type or shape"),
+    ("aggregate_a_run_cut_short", _aggregate(_config_field("num_prompts", 2)), "has 2 prompts and lacks prompt(s) [1]"),
+    ("aggregate_a_field_of_another_shape", _aggregate(_config_field("system_options", ["abc"])),
+     "of another type or shape"),
     ("aggregate_prediction_share_above_one", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("expert_prediction", [{"layer": 0, "distance": 1, "precision": 5.0, "recall": 1.0}])),
         "--out", "{out}.csv"], "expert_prediction holds"),
     ("aggregate_system_with_a_bar", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, lambda path: (_record_field("system", "spec|ter")(path), _config_field("system", "spec|ter")(path))),
         "--out", "{out}.csv"], "which no run names"),
-    ("aggregate_acceptance_against_its_window_counts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("acceptance_rate", 0.123)), "--out", "{out}.csv"],
+    ("aggregate_acceptance_against_its_window_counts", _aggregate(_record_field("acceptance_rate", 0.123)),
      "acceptance_rate is 0.123, and its window counts give"),
-    ("aggregate_utilization_against_its_window_counts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("window_utilization", 0.123)), "--out", "{out}.csv"],
+    ("aggregate_utilization_against_its_window_counts", _aggregate(_record_field("window_utilization", 0.123)),
      "window_utilization is 0.123, and its window counts give"),
-    ("aggregate_profile_missing", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("hardware_profile", None)), "--out", "{out}.csv"], "config.hardware_profile is missing"),
+    ("aggregate_profile_missing", _aggregate(_config_field("hardware_profile", None)),
+     "config.hardware_profile is missing"),
     # --- a damaged table read by the summary: cut short, lines repeated, impossible values, empty ---
     ("summary_table_cut_short", lambda w, r: _readme(_table_copy(w, r, lambda p: _truncate(p, 0.7))),
      "differ from main.csv.sha256"),
@@ -912,8 +894,8 @@ CASES = [
      "a whole number, at least 1"),
     ("summary_table_speedup_infinite", lambda w, r: _readme(_table_copy(
         w, r, _table_cell("speedup_of_specter", "inf"), checksum=False)), "a ratio is finite and positive"),
-    ("aggregate_records_tpot_an_integer_no_float_holds", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("tpot_ms", 10**400)), "--out", "{out}.csv"], "too large for its field"),
+    ("aggregate_records_tpot_an_integer_no_float_holds", _aggregate(_record_field("tpot_ms", 10**400)),
+     "too large for its field"),
     ("summary_table_speedup_not_its_tpots", _readme_cell("speedup_of_specter", "50"), "and its TPOT over Specter's is"),
     ("summary_table_memory_unknown", _readme_cell("memory", "same banana"), "memory is 'same banana', which no run"),
     ("summary_table_simulated_unknown", _readme_cell("simulated", "banana"),
@@ -926,8 +908,8 @@ CASES = [
      "its interval against the paper's figure gives 'not reproduced'"),
     ("summary_claims_verdict_unknown", lambda w, r: _readme(_claims_with(w, 0, verdict="banana")),
      "verdict is 'banana'"),
-    ("aggregate_records_profile_numbers_impossible", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _profile_number("host", "dispatch_us", -10)), "--out", "{out}.csv"], "dispatch_us"),
+    ("aggregate_records_profile_numbers_impossible", _aggregate(_profile_number("host", "dispatch_us", -10)),
+     "dispatch_us"),
     ("summary_claims_rule_unknown", lambda w, r: _readme(_claims_with(w, 0, rule="value ", verdict="reproduced")),
      "a verdict under rule 'value '"),
     ("summary_claims_paper_empty", lambda w, r: _readme(_claims_with(w, 0, paper="", verdict="reproduced")),
@@ -958,11 +940,10 @@ CASES = [
     ("plot_sim_vs_measured_ratio_not_its_columns", lambda w, r: ["plot", "sim_vs_measured", "--table", _committed_with(
         w, "sim_vs_measured.csv", 0, measured_over_simulated="50"), "--out", "{out}.png"],
      "and measured_ms over simulated_ms is"),
-    ("aggregate_records_system_unknown", lambda w, r: ["aggregate", "main", _records_copy(w, r, _both(
-        _record_field("system", "specter-turbo"), _config_field("system", "specter-turbo"))), "--out", "{out}.csv"],
+    ("aggregate_records_system_unknown", _aggregate(_both(
+        _record_field("system", "specter-turbo"), _config_field("system", "specter-turbo"))),
      "system is 'specter-turbo', which the suite does not have"),
-    ("aggregate_records_a_key_twice", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _key_twice("stall_ms", 0.0)), "--out", "{out}.csv"], "the key 'stall_ms' is given twice"),
+    ("aggregate_records_a_key_twice", _aggregate(_key_twice("stall_ms", 0.0)), "the key 'stall_ms' is given twice"),
     ("config_a_key_twice", lambda w, r: _run(r, model=_model_copy(w, r, _config_key_twice)),
      "the key 'num_experts_per_tok' is given twice"),
     ("prompts_a_key_twice", lambda w, r: _run(r, "--dataset", _write(
@@ -988,48 +969,41 @@ CASES = [
         w, "calibration.csv", 0, published="0"), "--out", "{out}.png"], "a published figure is finite and positive"),
     ("summary_table_prompt_counts_mixed", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", n="7"), checksum=False))), "has n 7"),
-    ("aggregate_records_priced_at_another_architecture", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("cost_as", "mixtral-8x7b")), "--out", "{out}.csv"], "cost_as is 'mixtral-8x7b'"),
-    ("aggregate_records_engine_not_its_configs", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("engine", "live")), "--out", "{out}.csv"], "engine is 'sim', and its run's config.engine"),
-    ("aggregate_records_pass_hit_rate_not_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("hit_rate_pass", 0.123)), "--out", "{out}.csv"],
+    ("aggregate_records_priced_at_another_architecture", _aggregate(_record_field("cost_as", "mixtral-8x7b")),
+     "cost_as is 'mixtral-8x7b'"),
+    ("aggregate_records_engine_not_its_configs", _aggregate(_config_field("engine", "live")),
+     "engine is 'sim', and its run's config.engine"),
+    ("aggregate_records_pass_hit_rate_not_its_counts", _aggregate(_record_field("hit_rate_pass", 0.123)),
      "hit_rate_pass is 0.123, and extra.counts"),
-    ("aggregate_records_memory_plan_of_other_slots", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("memory", {**json.loads(Path(r["records"]).read_text().splitlines()[0])["config"][
-            "memory"], "slots_per_layer": 7})), "--out", "{out}.csv"], "its run's memory plan gives 7"),
-    ("aggregate_records_commit_times_null", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _extra_edit(lambda e: e.update(commit_ms=None))), "--out", "{out}.csv"], "extra lacks commit_ms"),
+    ("aggregate_records_memory_plan_of_other_slots", lambda w, r: _aggregate(_config_field("memory", {
+        **_first_record(r)["config"]["memory"], "slots_per_layer": 7}))(w, r), "its run's memory plan gives 7"),
+    ("aggregate_records_commit_times_null", _aggregate(_extra_edit(lambda e: e.update(commit_ms=None))),
+     "extra lacks commit_ms"),
     ("aggregate_records_counts_emptied", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _both(_extra_edit(lambda e: e.update(counts={})), _record_field("hit_rate_pass", 0.99))),
         "--out", "{out}.csv"], "extra.counts lacks"),
-    ("aggregate_records_token_hit_rate_null", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("hit_rate_token", None)), "--out", "{out}.csv"], "hit_rate_token is None"),
-    ("aggregate_records_profiles_hash_null", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("hardware_sha256", "")), "--out", "{out}.csv"],
+    ("aggregate_records_token_hit_rate_null", _aggregate(_record_field("hit_rate_token", None)),
+     "hit_rate_token is None"),
+    ("aggregate_records_profiles_hash_null", _aggregate(_config_field("hardware_sha256", "")),
      "config.hardware_sha256 is '', not a sha256"),
-    ("aggregate_records_config_without_its_engine", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("engine", None)), "--out", "{out}.csv"], "config lacks engine"),
-    ("aggregate_records_prefetch_precision_not_its_counts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("prefetch_precision", 0.1)), "--out", "{out}.csv"], "prefetch_precision is 0.1"),
-    ("aggregate_records_seed_not_its_configs", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("seed", -7)), "--out", "{out}.csv"], "seed is -7"),
-    ("aggregate_records_stall_longer_than_the_run", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("stall_ms", 5000.0)), "--out", "{out}.csv"], "stall_ms is 5000.0, longer than the whole"),
-    ("aggregate_records_bytes_no_float_holds", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _record_field("h2d_bytes_prefetch", 10**400)), "--out", "{out}.csv"], "too large for its field"),
-    ("aggregate_records_without_commit_times", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _extra_edit(lambda e: e.pop("commit_ms"))), "--out", "{out}.csv"], "extra lacks commit_ms"),
-    ("aggregate_records_without_counts", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _extra_edit(lambda e: e.pop("counts"))), "--out", "{out}.csv"], "extra lacks counts"),
-    ("aggregate_records_without_the_profiles_hash", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("hardware_sha256", None)), "--out", "{out}.csv"], "config lacks hardware_sha256"),
-    ("aggregate_records_temperature_negative", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("temperature", -0.7)), "--out", "{out}.csv"], "config.temperature is -0.7"),
-    ("aggregate_records_prefix_negative", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("prefix_tokens", -16)), "--out", "{out}.csv"], "config.prefix_tokens is -16"),
-    ("aggregate_records_more_tokens_than_asked", lambda w, r: ["aggregate", "main", _records_copy(
-        w, r, _config_field("max_new_tokens", 1)), "--out", "{out}.csv"], "asked for at most 1"),
+    ("aggregate_records_config_without_its_engine", _aggregate(_config_field("engine", None)), "config lacks engine"),
+    ("aggregate_records_prefetch_precision_not_its_counts", _aggregate(_record_field("prefetch_precision", 0.1)),
+     "prefetch_precision is 0.1"),
+    ("aggregate_records_seed_not_its_configs", _aggregate(_record_field("seed", -7)), "seed is -7"),
+    ("aggregate_records_stall_longer_than_the_run", _aggregate(_record_field("stall_ms", 5000.0)),
+     "stall_ms is 5000.0, longer than the whole"),
+    ("aggregate_records_bytes_no_float_holds", _aggregate(_record_field("h2d_bytes_prefetch", 10**400)),
+     "too large for its field"),
+    ("aggregate_records_without_commit_times", _aggregate(_extra_edit(lambda e: e.pop("commit_ms"))),
+     "extra lacks commit_ms"),
+    ("aggregate_records_without_counts", _aggregate(_extra_edit(lambda e: e.pop("counts"))), "extra lacks counts"),
+    ("aggregate_records_without_the_profiles_hash", _aggregate(_config_field("hardware_sha256", None)),
+     "config lacks hardware_sha256"),
+    ("aggregate_records_temperature_negative", _aggregate(_config_field("temperature", -0.7)),
+     "config.temperature is -0.7"),
+    ("aggregate_records_prefix_negative", _aggregate(_config_field("prefix_tokens", -16)),
+     "config.prefix_tokens is -16"),
+    ("aggregate_records_more_tokens_than_asked", _aggregate(_config_field("max_new_tokens", 1)), "asked for at most 1"),
     ("summary_results_main_header_only", lambda w, r: ["summary", _results_with(w, r, "main.csv", Path(
         r["table"]).read_text().splitlines()[0] + "\n")], "a header and no rows"),
     ("summary_results_with_an_empty_table", lambda w, r: ["summary", _results_with(w, r, "hardware.csv", "")],
