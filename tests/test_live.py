@@ -147,11 +147,13 @@ def test_a_layer_with_every_expert_resident_reads_no_routing_before_its_experts(
     runtime = LiveRuntime(target, work, ExpertStore(target, dtype=dtype), work.experts_per_layer, "cpu", check=True)
     prompt = list(range(5, 21))
 
-    def decode(grouped: bool):
+    def decode(grouped: bool, misplaced: bool = False):
         runtime._grouped = grouped  # the device's answer to whether it can (`grouped_ready`)
         cache = ExpertCache(work.moe_layers, work.experts_per_layer)
         ex = Executor(WallEngine(), work, cache, TransferStats(), device=runtime)
         ex.place({layer: list(range(work.experts_per_layer))[::-1] for layer in work.moe_layers})
+        if misplaced:  # the runtime's slot 0 holds another expert than the cache says: `check` finds it
+            runtime.slot_holds[work.moe_layers[0], 0] = -1
         reads, passes = dict(runtime.host_reads), []
         for tag, inputs, context in (("prefill", prompt, 0), ("step", [7], len(prompt))):
             ex.target_pass(None, context=context, tag=tag, inputs=inputs)
@@ -161,6 +163,8 @@ def test_a_layer_with_every_expert_resident_reads_no_routing_before_its_experts(
 
     fast, slow = decode(True), decode(False)
     layers = len(work.moe_layers)
+    with pytest.raises(AssertionError, match="slot 0 holds expert -1"):
+        decode(True, misplaced=True)
     assert fast[1] == {"argmax": 2, "target routing, read after the pass": 2 * layers}
     assert slow[1] == {"argmax": 2, "target routing": 2 * layers}
     for (logits, routes), (want, want_routes) in zip(fast[0], slow[0]):

@@ -329,6 +329,8 @@ class LiveRuntime(ExpertSlots):
             table = self._slot_tables.get((layer, slot_of))
             if table is None:  # made once a placement: a host-to-device copy would wait for the device
                 table = self._slot_tables[layer, slot_of] = torch.tensor(slot_of, device=self.device)
+            for expert, index in enumerate(slot_of):  # (`check`: each slot holds the expert the table says)
+                self._holds(layer, index, expert)
             hidden, index, weights, outputs, _ = self._call
             outputs["grouped"] = grouped.experts(self, layer, table, hidden, index, weights)
         return fn
