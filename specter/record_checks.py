@@ -79,6 +79,9 @@ def _config_problem(record: dict, config: dict) -> str | None:
     tokens, most = record.get("output_token_ids"), config.get("max_new_tokens")
     if isinstance(tokens, list) and isinstance(most, int) and len(tokens) > most:
         return f"output_token_ids holds {len(tokens)} tokens, and its run asked for at most {most}"
+    prompt, length = record.get("prompt_token_ids"), config.get("prefix_tokens")
+    if isinstance(prompt, list) and isinstance(length, int) and length > 0 and len(prompt) != length:
+        return f"prompt_token_ids holds {len(prompt)} tokens, and its run's prompts are {length} long"
     return None
 
 

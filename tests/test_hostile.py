@@ -935,6 +935,10 @@ CASES = [
     ("summary_table_system_governor_unknown", _readme_cell("system", "specter (K magic)"),
      "system is 'specter (K magic)'"),
     ("summary_table_pricing_unknown", _readme_cell("pricing", "cheap"), "pricing is 'cheap', which no run writes"),
+    ("plot_calibration_diagnostic_not_its_ratios", lambda w, r: ["plot", "calibration", "--table", _committed_with(
+        w, "calibration.csv", 0, diagnostic="False"), "--out", "{out}.png"], "diagnostic is 'False', and the ratios"),
+    ("aggregate_records_prompt_shorter_than_its_prefix", _aggregate(_record_field("prompt_token_ids", [5, 6, 7])),
+     "prompt_token_ids holds 3 tokens, and its run's prompts are 8 long"),
     ("plot_calibration_comparable_unknown", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 0, comparable="maybe"), "--out", "{out}.png"], "neither True nor False"),
     ("plot_sim_vs_measured_ratio_not_its_columns", lambda w, r: ["plot", "sim_vs_measured", "--table", _committed_with(

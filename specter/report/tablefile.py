@@ -84,6 +84,15 @@ def _row_problem(row) -> str | None:
         if flag in row and not pd.isna(value) and str(value) not in ("True", "False"):
             return f"{flag} is {str(value)[:40]!r}, neither True nor False"
     ratio = _cell_number(row.get("suite_over_published"))
+    if "diagnostic" in row:
+        from specter.report.calibration import DISPATCH_US, _band
+
+        swept = [_cell_number(row.get(f"at_{us}us")) for us in DISPATCH_US]
+        swept = [None if v is None or math.isnan(v) else v for v in swept]
+        want = "" if not swept or None in swept else str(len({_band(v) for v in swept}) == 1)
+        if str(row.get("diagnostic")).replace("nan", "") != want:
+            return (f"diagnostic is {str(row.get('diagnostic'))[:10]!r}, and the ratios at "
+                    f"{', '.join(f'{us} us' for us in DISPATCH_US)} give {want or 'none'!r}")
     if "in_band" in row and ratio is not None:
         from specter.report.calibration import BAND
 
