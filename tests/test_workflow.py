@@ -220,7 +220,11 @@ def test_shell_metacharacters_and_spaces_in_paths_reach_the_cli_as_one_argument(
     hostile = tmp_path / "models; touch PWNED" / "it's $(touch PWNED2) here"
     shutil.copytree(tiny_dirs["mixtral"], hostile)
     prompts = tmp_path / "prompts `touch PWNED3`.jsonl"
-    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "import os"}\n')
+    prompts.write_text(  # two inputs of more than the config's 16 prompt tokens (shorter ones are passed over)
+        '{"prompt": "def add(a, b):\\n    \\"\\"\\"Return the sum of a and b, two numbers the caller gives.\\"\\"\\"\\n'
+        '    return a + b"}\n'
+        '{"prompt": "import os\\nimport sys\\n\\ndef main(argv):\\n    for name in sorted(os.listdir(argv[1])):\\n'
+        '        print(name)"}\n')
 
     def edit(c):
         c["models"] = {"mine": {"path": str(hostile), "drafts": [{"method": "rtn", "bits": 4, "group_size": 32}]}}
