@@ -60,14 +60,20 @@ _PLAIN = {"tag:yaml.org,2002:int": r"[-+]?(0|[1-9][0-9]*)",
                                      r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"}
 
 
-def plain_numbers(loader: type, refuse) -> None:
+def plain_numbers(loader: type, refuse=None) -> None:
     """Make `loader` (a SafeLoader subclass) take a number only as plain decimal text: YAML 1.1 also reads `1:30` as
     90 (base 60), `1_6` as 16, `0x41` as 65 and `010` as 8, without a word. `refuse(node, text)` raises the caller's
-    error for any other form."""
+    error for any other form (by default YAML's own ConstructorError, naming the value and its place)."""
     import re
 
     import yaml
 
+    def constructor_error(node, text) -> None:
+        raise yaml.constructor.ConstructorError(problem=f"{text!r:.40} is a number YAML 1.1 reads in another base or "
+                                                "with separators; write it as a plain decimal",
+                                                problem_mark=node.start_mark)
+
+    refuse = refuse or constructor_error
     for tag, pattern in _PLAIN.items():
         base = loader.yaml_constructors[tag]
 

@@ -82,9 +82,7 @@ def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = T
     spec = prepared.spec
     if spec.engine in MEASURED and prepared.device is None:
         prepared.device = MEASURED[spec.engine].runtime(prepared, session)
-        if prepared.system.learns_from_history and spec.warmup_prompts:  # decoded on the device, never the CPU
-            traces = MEASURED[spec.engine].warm_up_traces(prepared)
-            prepared.warmup = lambda: traces
+        MEASURED[spec.engine].warm_up(prepared)  # a system that learns from history: on the device, never the CPU
         prepared.common = MEASURED[spec.engine].measured_fields(prepared)
     timed = spec.repeats if prepared.device is not None else 1  # simulated repeats are identical: run once
     try:

@@ -143,6 +143,14 @@ WARM_UP = ("the calibration split's first {n} prompts decoded live on this devic
            "through the run's own runtime (nothing decoded on the CPU)")
 
 
+def warm_up(p) -> None:
+    """Where the run's system learns from history, its warm-up traces decoded on the device (`warm_up_traces`) as
+    the run's `warmup`, for its live runs and their twins alike."""
+    if p.system.learns_from_history and p.spec.warmup_prompts:
+        traces = warm_up_traces(p)
+        p.warmup = lambda: traces
+
+
 def warm_up_traces(p) -> list[PromptTrace]:
     """The warm-up prompts a system that learns from history reads (`System.learns_from_history`: the calibration
     split's first `--warmup-prompts`), each decoded live on the run's device by on-demand through the run's own

@@ -232,12 +232,7 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _not_plain(node, text) -> None:
-    raise yaml.constructor.ConstructorError(problem=f"{text!r:.40} is a number YAML 1.1 reads in another base or with "
-                                            "separators; write it as a plain decimal", problem_mark=node.start_mark)
-
-
-plain_numbers(_NoAliasLoader, _not_plain)
+plain_numbers(_NoAliasLoader)
 
 
 def _parse_profile(data: bytes, origin: str) -> HardwareProfile:
