@@ -117,6 +117,12 @@ def _record_problem(record: dict) -> str | None:
     k = record.get("k")
     if k is not None and not 1 <= k <= MAX_WINDOW:
         return f"k is {k!r}, and a window is 1 to {MAX_WINDOW} tokens"
+    from specter.system_names import speculative_names, system_names
+
+    system = record.get("system")
+    if isinstance(system, str) and system in system_names() and (k is None) == (system in speculative_names()):
+        why = "drafts a window, and so has a K" if k is None else "drafts no window (k is its draft window)"
+        return f"k is {k!r} for {system}, which {why}"
     histogram = record.get("accepted_length_histogram") or {}
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in histogram.values()):
         return "accepted_length_histogram holds a count that is not a whole number of at least 0"

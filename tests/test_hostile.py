@@ -156,6 +156,10 @@ def _table_cell(column: str, value: str):
     return damage
 
 
+#: a main table row's cells that only a run drafting a window fills, emptied
+_NO_WINDOW = dict(k="", acceptance_rate="", window_utilization="", window_recall="", window_working_set="")
+
+
 def _second_row(**cells):
     """A damage: the table's first row again below it, with `cells` changed."""
     def damage(path: Path) -> None:
@@ -829,8 +833,8 @@ CASES = [
      "windows commit 120 tokens"),
     ("aggregate_histogram_key_not_a_number", _aggregate(_record_field("accepted_length_histogram", {"two": 3})),
      "a key that is not a whole number"),
-    ("aggregate_system_other_than_its_config", _aggregate(_record_field("system", "on-demand")),
-     "system is 'on-demand', and its run's config.system is 'specter'"),
+    ("aggregate_system_other_than_its_config", _aggregate(_record_field("system", "sp-moe")),
+     "system is 'sp-moe', and its run's config.system is 'specter'"),
     ("aggregate_simulated_flag_off_on_a_simulation", _aggregate(_record_field("simulated", False)),
      "simulated is False on engine 'sim'"),
     ("aggregate_slots_other_than_its_config", _aggregate(_record_field("slots_per_layer", 3)), "slots_per_layer is 3"),
@@ -920,7 +924,7 @@ CASES = [
     ("summary_claims_run_command_a_list", lambda w, r: _readme(_beside(_claims_with(w, 0), "run.yaml", yaml.safe_dump(
         {**yaml.safe_load((Path(__file__).parents[1] / "docs/results/run.yaml").read_text()), "command": ["rm"]}))),
      "run.yaml: command is ['rm']"),
-    ("summary_table_speedup_without_specter", _readme_cell("system", "on-demand"),
+    ("summary_table_speedup_without_specter", _readme_cell("system", "sp-moe"),
      "holds no Specter row it could be over"),
     ("summary_table_tpot_under_its_lower_bound", _readme_cell("lower_bound_tpot_ms", "99999"),
      "under its own lower bound"),
@@ -962,17 +966,18 @@ CASES = [
      "one line of printable text"),
     ("summary_table_mean_above_its_max", _readme_cell("tpot_ms_max", "0.0001"), "outside its prompts' range"),
     ("summary_table_dispatch_mixed", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _second_row(system="on-demand", dispatch_us="17"), checksum=False))),
+        w, r, _second_row(system="on-demand", **_NO_WINDOW, dispatch_us="17"), checksum=False))),
      "the table mixes runs of another protocol"),
     ("summary_table_same_slots_at_other_slots", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _second_row(system="on-demand", slots_per_layer="7", resident_share="0.875"), checksum=False))),
+        w, r, _second_row(system="on-demand", **_NO_WINDOW, slots_per_layer="7", resident_share="0.875"),
+        checksum=False))),
      "has slots_per_layer 7"),
     ("summary_table_more_slots_than_experts", _readme_cell("experts_per_layer", "1"), "slots_per_layer is 2 with 1"),
     ("summary_table_resident_share_not_its_slots", _readme_cell("resident_share", "0.9"), "resident_share is 0.9"),
     ("plot_calibration_published_zero", lambda w, r: ["plot", "calibration", "--table", _committed_with(
         w, "calibration.csv", 0, published="0"), "--out", "{out}.png"], "a published figure is finite and positive"),
     ("summary_table_prompt_counts_mixed", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _second_row(system="on-demand", n="7"), checksum=False))), "has n 7"),
+        w, r, _second_row(system="on-demand", **_NO_WINDOW, n="7"), checksum=False))), "has n 7"),
     ("aggregate_records_priced_at_another_architecture", _aggregate(_record_field("cost_as", "mixtral-8x7b")),
      "cost_as is 'mixtral-8x7b'"),
     ("aggregate_records_engine_not_its_configs", _aggregate(_config_field("engine", "live")),
@@ -996,6 +1001,19 @@ CASES = [
     ("aggregate_records_seed_not_its_configs", _aggregate(_record_field("seed", -7)), "seed is -7"),
     ("aggregate_records_stall_longer_than_the_run", _aggregate(_record_field("stall_ms", 5000.0)),
      "stall_ms is 5000.0, longer than the whole"),
+    ("aggregate_records_k_on_a_system_without_a_draft", _aggregate(_both(
+        _record_field("system", "on-demand"), _config_field("system", "on-demand"))),
+     "k is 2 for on-demand, which drafts no window"),
+    ("aggregate_records_no_k_on_a_speculative_system", _aggregate(_record_field("k", None)),
+     "k is None for specter, which drafts a window"),
+    ("plot_main_k_on_a_system_without_a_draft", lambda w, r: ["plot", "main", "--table", _committed_with(
+        w, "main.csv", 0, k="4"), "--out", "{out}.png"], "k is 4 for fiddler, which drafts no window"),
+    ("plot_main_no_k_on_a_speculative_system", lambda w, r: ["plot", "main", "--table", _committed_with(
+        w, "main.csv", 9, k=""), "--out", "{out}.png"], "k is empty for specter, which drafts a window"),
+    ("plot_main_acceptance_on_a_system_without_a_draft", lambda w, r: ["plot", "main", "--table", _committed_with(
+        w, "main.csv", 0, acceptance_rate="0.5"), "--out", "{out}.png"], "acceptance_rate is 0.5 for fiddler"),
+    ("plot_calibration_metric_no_row_compares", lambda w, r: ["plot", "calibration", "--table", _committed_with(
+        w, "calibration.csv", 0, metric="bogus_per_s"), "--out", "{out}.png"], "metric is 'bogus_per_s', which no run"),
     ("aggregate_records_bytes_no_float_holds", _aggregate(_record_field("h2d_bytes_prefetch", 10**400)),
      "too large for its field"),
     ("aggregate_records_without_commit_times", _aggregate(_extra_edit(lambda e: e.pop("commit_ms"))),

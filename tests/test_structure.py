@@ -215,15 +215,16 @@ def test_calibration_figure_draws_rows_with_and_without_a_suite_figure(tmp_path)
 
 
 def test_the_system_names_read_from_source_are_the_registrys():
-    """A table's reader checks its systems against `system_names` (no import of torch); it must find exactly what
-    the registry imports."""
+    """A table's reader checks its systems against `system_names` (no import of torch), and a row's K against
+    `speculative_names`; they must find exactly what the registry imports."""
     import subprocess
     import sys
 
-    from specter.system_names import system_names
+    from specter.system_names import speculative_names, system_names
     from specter.systems import registry
 
     assert system_names() == set(registry())
+    assert speculative_names() == {name for name, cls in registry().items() if cls.speculative}
     code = "import sys; from specter.system_names import system_names; system_names(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 

@@ -51,6 +51,8 @@ VALUE_RULES = {
 RATIOS_OF = {"measured_over_simulated": ("measured_ms", "simulated_ms"), "suite_over_published": ("suite", "published")}
 #: the comparisons `main`'s table holds: each system at Specter's slots, and at Specter's device memory
 COMPARISONS = ("same slots", "same memory")
+#: columns only a run that drafts a window fills
+WINDOW_COLUMNS = ("acceptance_rate", "window_utilization", "window_recall", "window_working_set")
 #: columns of True or False
 FLAGS = ("simulated", "in_band", "comparable")
 
@@ -58,7 +60,8 @@ FLAGS = ("simulated", "in_band", "comparable")
 def _text_rules() -> dict:
     """{column: (the values a run writes in it, in words)} for the columns whose text names something the suite
     defines: a system (by its registry name, or `<name> (K <governor>)` for its run at a governor's K), a pricing, a
-    comparison, a prefetch policy, a draft kernel."""
+    comparison, a prefetch policy, a draft kernel, a calibration row's metric."""
+    from specter.report.calibration import METRICS
     from specter.runspec import DRAFT_KERNELS, PREFETCH_POLICIES, PRICINGS
     from specter.runspec.parts import GOVERNORS
     from specter.system_names import system_names
@@ -68,7 +71,7 @@ def _text_rules() -> dict:
     return {"system": (systems, f"a system the suite has ({', '.join(names)})"),
             **{column: (set(values), ", ".join(values)) for column, values in (
                 ("pricing", PRICINGS), ("memory", COMPARISONS), ("prefetch", PREFETCH_POLICIES),
-                ("draft_kernel", DRAFT_KERNELS))}}
+                ("draft_kernel", DRAFT_KERNELS), ("metric", METRICS))}}
 
 
 def _row_problem(row) -> str | None:
@@ -100,6 +103,18 @@ def _row_problem(row) -> str | None:
         if str(row.get("in_band")).replace("nan", "") != want:
             return (f"in_band is {str(row.get('in_band'))[:10]!r}, and suite_over_published {ratio:g} is "
                     f"{'no ratio' if not want else 'inside' if want == 'True' else 'outside'} {BAND[0]}-{BAND[1]}")
+    system, k = row.get("system"), _cell_number(row.get("k"))
+    if "k" in row and isinstance(system, str) and k is not None:
+        from specter.system_names import speculative_names
+
+        drafts = system.split(" (K ")[0] in speculative_names()
+        if drafts == math.isnan(k):
+            return (f"k is {'empty' if drafts else f'{k:g}'} for {system}, which "
+                    f"{'drafts a window, and so has a K' if drafts else 'drafts no window (a K is a draft window)'}")
+        for column in WINDOW_COLUMNS if not drafts else ():
+            value = _cell_number(row.get(column))
+            if value is not None and not math.isnan(value):
+                return f"{column} is {value:g} for {system}, which drafts no window"
     slots, experts = _cell_number(row.get("slots_per_layer")), _cell_number(row.get("experts_per_layer"))
     if slots is not None and experts is not None and slots > experts:
         return f"slots_per_layer is {slots:g} with {experts:g} experts a layer"
