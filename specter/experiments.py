@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specter.errors import SpecterError
+from specter.runspec.parts import GOVERNORS  # K settings that are governors rather than a window size
 
 #: where an experiment's records come from, besides another experiment's name (see the module docstring)
 SOURCES = ("sweep", "fidelity", "memo")
@@ -80,8 +81,6 @@ class Experiment:
     measured: bool = False
 
 
-#: K settings that are governors rather than a window size (their runs repeat a fixed K's, so per-K tables skip them)
-GOVERNORS = ("auto", "profile", "online")
 #: the caching policies of the hit_rate experiment (the paper's Table 3), in the order they are shown
 HIT_POLICIES = ("LRU", "LRU scaled to equal memory", "single prefetch sooner", "single prefetch later", "speculative")
 
@@ -346,6 +345,15 @@ def records_experiment(name: str) -> str:
     """The experiment whose records `name` reads (itself, unless its source names another)."""
     source = get(name).source
     return source if source in EXPERIMENTS else name
+
+
+def cases_of(config: dict, name: str) -> list[str]:
+    """The cases experiment `name` runs in (those of the experiment whose records it reads), by the workflow's
+    `config`: its entry's `cases`, else every case (an experiment run in all of them, as `main`) or the first."""
+    source = records_experiment(name) if name in EXPERIMENTS else name
+    entry = config["experiments"].get(source) or {}
+    every = source in EXPERIMENTS and EXPERIMENTS[source].all_cases
+    return list(entry.get("cases") or (list(config["cases"]) if every else list(config["cases"])[:1]))
 
 
 def own_numerics(entry: dict) -> bool:

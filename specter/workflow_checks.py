@@ -136,11 +136,11 @@ def _check_same_memory(config: dict) -> None:
     """A same-memory budget past the case's device is refused here, before any job (a run would refuse it only once
     its job runs). Checked where the bytes are known before anything is built: cases priced at an architecture's
     shapes (`cost_as`), with the first draft of the case's model."""
-    from specter.experiments import EXPERIMENTS
+    from specter.experiments import EXPERIMENTS, cases_of
     from specter.models.architectures import load_architecture
     from specter.offload.memory import slot_row_bytes, specter_resident_bytes
     from specter.offload.work import ModelWork
-    from specter.runspec import PROFILE_KS
+    from specter.runspec import Window
     from specter.timing import load_profile
 
     works: dict[str, object] = {}
@@ -148,8 +148,7 @@ def _check_same_memory(config: dict) -> None:
     for name, entry in config["experiments"].items():
         if name not in EXPERIMENTS or not entry.get("systems"):
             continue
-        cases = entry.get("cases") or (list(config["cases"]) if EXPERIMENTS[name].all_cases
-                                       else list(config["cases"])[:1])
+        cases = cases_of(config, name)
         axes = entry.get("axes") or {}
         for case_name in cases:
             case = config["cases"][case_name]
@@ -162,7 +161,7 @@ def _check_same_memory(config: dict) -> None:
             model = config["models"][case["model"]]
             draft = (model.get("drafts") or config["drafts"])[0]
             ks = axes.get("k") or [case["k"]]
-            window = max(int(k) if str(k).isdigit() else max(PROFILE_KS) for k in ks)
+            window = max(Window.parse(k).longest for k in ks)
             prefix = max(axes.get("prefix_tokens") or [protocol["prefix_tokens"]])
             resident = specter_resident_bytes(work, work.quantized_expert_bytes(draft["bits"], draft["group_size"]),
                                               prefix + protocol["max_new_tokens"] + window)
@@ -182,8 +181,8 @@ def _check_positions(config: dict, widths: dict) -> None:
     """The longest sequence each job makes fits its model's positions (`max_position_embeddings`), as the command
     would check once its job runs: a fidelity report's prompt and new tokens; a GPTQ draft's calibration sequences;
     and in each case the longest prompt, the new tokens and the largest window of the experiments run there."""
-    from specter.experiments import EXPERIMENTS
-    from specter.runspec import PROFILE_KS
+    from specter.experiments import cases_of
+    from specter.runspec import Window
 
     protocol, fidelity, calibration = config["protocol"], config["fidelity"], config["calibration"]
     for model, (*_, positions) in widths.items():
@@ -204,11 +203,9 @@ def _check_positions(config: dict, widths: dict) -> None:
             continue
         windows, prefixes = [case["k"]], [protocol["prefix_tokens"]]
         for name, entry in config["experiments"].items():
-            cases = entry.get("cases") or (list(config["cases"]) if name in EXPERIMENTS and EXPERIMENTS[name].all_cases
-                                           else list(config["cases"])[:1])
-            if case_name in cases:
+            if case_name in cases_of(config, name):
                 axes = entry.get("axes") or {}
-                windows += [k if isinstance(k, int) else max(PROFILE_KS) for k in axes.get("k") or []]
+                windows += [Window.parse(k).longest for k in axes.get("k") or []]
                 prefixes += axes.get("prefix_tokens") or []
         need = max(prefixes) + protocol["max_new_tokens"] + max(windows)
         if need > positions:
@@ -274,10 +271,10 @@ def _check_governors(name: str, entry: dict, systems: dict) -> None:
 
 def _check_measured(name: str, entry: dict, config: dict) -> None:
     """An experiment that decodes live runs in cases at the model's own shapes, with systems the live engine runs."""
+    from specter.experiments import cases_of
     from specter.systems import get_system
 
-    cases = entry.get("cases") or list(config["cases"])[:1]
-    for case in cases:
+    for case in cases_of(config, name):
         if config["cases"][case].get("cost_as"):
             raise ConfigError(f"config experiments.{name}.cases: {case!r} prices the model at "
                               f"{config['cases'][case]['cost_as']}'s shapes, and {name} decodes the model itself "

@@ -23,7 +23,7 @@ from specter.progress import log, steps
 from specter.records import record_of, run_fields, write_records
 from specter.runs import live as on_live
 from specter.runs.checks import validate, with_dtype
-from specter.runspec import PROFILE_KS, RunSpec, Window
+from specter.runspec import RunSpec, Window
 from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
 from specter.systems import DecodeConfig, PromptContext, System, schedule
@@ -240,7 +240,7 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
     if system.separate_draft:  # its own copy of every non-expert weight
         draft_resident += work.non_expert_bytes()
     # the speculative positions of the window this system runs with (the governors may choose up to their largest K)
-    window = system.window(max(PROFILE_KS) if k.governor and system.takes_window else k.fixed) or 0
+    window = system.window(k.longest if k.governor and system.takes_window else k.fixed) or 0
     kv_positions = spec.prefix_tokens + spec.max_new_tokens + window
     reference = _specter_resident(spec, work, k) if spec.budget.kind == "same_memory" else None
     spec.budget.check()
@@ -258,8 +258,7 @@ def _specter_resident(spec: RunSpec, work: ModelWork, k: Window) -> int:
     meta = DraftMeta.read(spec.draft)
     per_expert = (work.quantized_expert_bytes(meta.bits, meta.group_size) if spec.cost_as
                   else meta.quantized_bytes_per_expert)
-    window = max(PROFILE_KS) if k.governor else k.fixed
-    return specter_resident_bytes(work, per_expert, spec.prefix_tokens + spec.max_new_tokens + window)
+    return specter_resident_bytes(work, per_expert, spec.prefix_tokens + spec.max_new_tokens + k.longest)
 
 
 def _k_setting(spec: RunSpec, system: System) -> tuple[Window, str | None]:

@@ -26,6 +26,7 @@ except ConfigError as err:
     sys.exit(2)
 
 from specter.experiments import EXPERIMENTS as REGISTRY, own_numerics, records_experiment, sweep_flags  # noqa: E402
+from specter.experiments import cases_of as experiment_cases  # noqa: E402
 
 # Every rule runs the suite from this repository, in the environment of ENV under `--use-conda` (else the current one).
 ENV = "../envs/specter.yaml"
@@ -55,9 +56,7 @@ OWN_NUMERICS = [n for n in SWEEPS if own_numerics(ENTRY[n])]  # they record thei
 
 def cases_of(experiment):
     """The cases an experiment runs in: its `cases`, else every case (main) or the first one."""
-    entry = ENTRY[records_experiment(experiment)]
-    default = list(CASES) if REGISTRY[records_experiment(experiment)].all_cases else list(CASES)[:1]
-    return entry.get("cases") or default
+    return experiment_cases(config, experiment)
 
 
 def datasets_of(experiment):
