@@ -107,6 +107,7 @@ UPSTREAM = Upstream(attention=68, expert=9, head=9, host_reads=18, sources=(
 
 class Fiddler(System):
     name = "fiddler"
+    order, colour = 70, "#ccb974"
     upstream = UPSTREAM
     host_compute = True
     learns_from_history = True

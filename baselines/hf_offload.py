@@ -78,6 +78,7 @@ UPSTREAM = Upstream(attention=69, expert=9, head=9, host_reads=18, sources=(
 
 class HFOffload(System):
     name = "hf-offload"
+    order, colour = 40, "#006374"
     upstream = UPSTREAM
 
     def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:

@@ -176,6 +176,7 @@ UPSTREAM = Upstream(attention=81, expert=32, head=10, host_reads=14, expert_unqu
 
 class MixtralOffloading(System):
     name = "mixtral-offloading"
+    order, colour = 50, "#da8bc3"
     upstream = UPSTREAM
     options = {"depth": (int, 0, "the paper's speculative loading: MoE layers ahead whose gate guesses the experts to "
                                  "prefetch (0: off, as the public code and the artifact run it)", (0, GUESS_DEPTH))}

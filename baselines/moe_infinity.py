@@ -183,6 +183,7 @@ UPSTREAM = Upstream(attention=63, expert=27, head=12, host_reads=8, sources=(
 
 class MoEInfinity(System):
     name = "moe-infinity"
+    order, colour = 60, "#8c8c8c"
     upstream = UPSTREAM
     learns_from_history = True
     options = {

@@ -49,6 +49,7 @@ UPSTREAM = Upstream(sources=("huggingface/accelerate v0.26.1: src/accelerate/hoo
 
 class Naive(System):
     name = "naive"
+    order, colour = 30, "#64b5cd"
     upstream = UPSTREAM
 
     def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:

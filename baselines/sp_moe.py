@@ -48,6 +48,7 @@ UPSTREAM = replace(SPECTER_ARTIFACT, sources=(), assumption=_ASSUMED, by_archite
 
 class SPMoE(Specter):
     name = "sp-moe"
+    order, colour = 80, "#55a868"
     upstream = UPSTREAM
     options = {"cutoff": (int, -1, "MoE layers prefetched from the draft (-1: from the latency model, 0: off)",
                           (-1, 100_000))}

@@ -67,6 +67,7 @@ UPSTREAM = replace(SPECTER_ARTIFACT, draft_experts=SPECTER_ARTIFACT.draft_expert
 
 class SpecMoEOff(Specter):
     name = "specmoeoff"
+    order, colour = 90, "#8172b3"
     upstream = UPSTREAM
     separate_draft = True
     takes_window = False

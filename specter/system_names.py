@@ -1,6 +1,6 @@
-"""The systems' modules and names, without importing them: `specter.systems.registry` imports the modules
-`system_modules` lists, and `system_names` reads the same modules' source for the names it would find, where importing
-every system (and torch) would cost a table's reader seconds.
+"""The systems' modules, names, order and colours, without importing them: `specter.systems.registry` imports the
+modules `system_modules` lists, and `system_names` reads the same modules' source for the names it would find, where
+importing every system (and torch) would cost a table's reader seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 BASELINE_PACKAGE = "baselines"
 _OWN_MODULES = ("specter.systems.reference", "specter.systems.specter")
+DEFAULT_ORDER = 100  # `System.order`: a test holds the two equal
 
 
 def system_modules() -> dict[str, Path]:
@@ -26,6 +27,25 @@ def system_modules() -> dict[str, Path]:
     return modules
 
 
+def _constants(statement: ast.stmt) -> list[tuple[str, object]]:
+    """(name, value) for each name a class body's statement sets to a constant: `name = "x"`, `speculative: bool =
+    True`, `order, colour = 10, "#4c72b0"`."""
+    if isinstance(statement, ast.AnnAssign):
+        targets, value = [statement.target], statement.value
+    elif isinstance(statement, ast.Assign):
+        targets, value = statement.targets, statement.value
+    else:
+        return []
+    out = []
+    for target in targets:
+        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+            out += [(t.id, v.value) for t, v in zip(target.elts, value.elts)
+                    if isinstance(t, ast.Name) and isinstance(v, ast.Constant)]
+        elif isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            out.append((target.id, value.value))
+    return out
+
+
 @functools.cache
 def _declared() -> dict[str, dict]:
     """{system name: the constants its class body and the bodies of the System classes it subclasses set, the
@@ -37,10 +57,7 @@ def _declared() -> dict[str, dict]:
             if isinstance(node, ast.ClassDef):
                 bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else None
                          for b in node.bases]
-                own = {t.id: s.value.value for s in node.body if isinstance(s, (ast.Assign, ast.AnnAssign))
-                       and isinstance(s.value, ast.Constant)
-                       for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) if isinstance(t, ast.Name)}
-                classes[node.name] = (bases, own)
+                classes[node.name] = (bases, dict(pair for s in node.body for pair in _constants(s)))
 
     def constants(name: str, seen: frozenset = frozenset()) -> dict | None:  # None: not a System
         if name == "System":
@@ -63,6 +80,17 @@ def system_names() -> frozenset[str]:
     """The names `registry` finds, read from the same modules' source without importing them (nor torch). A table's
     reader checks its systems against these where importing every system would cost it seconds."""
     return frozenset(_declared())
+
+
+def system_order() -> tuple[str, ...]:
+    """Every system in its place in tables and figures: by its class's `order` (`System.order` where it sets none),
+    then by name."""
+    return tuple(sorted(_declared(), key=lambda name: (_declared()[name].get("order", DEFAULT_ORDER), name)))
+
+
+def system_colours() -> dict[str, str]:
+    """{system: its figures' colour} for the systems that set one (`System.colour`)."""
+    return {name: facts["colour"] for name, facts in _declared().items() if facts.get("colour")}
 
 
 def speculative_names() -> frozenset[str]:

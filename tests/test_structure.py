@@ -217,14 +217,21 @@ def test_calibration_figure_draws_rows_with_and_without_a_suite_figure(tmp_path)
 def test_the_system_names_read_from_source_are_the_registrys():
     """A table's reader checks its systems against `system_names` (no import of torch), and a row's K against
     `speculative_names`; they must find exactly what the registry imports."""
+    import re
     import subprocess
     import sys
 
-    from specter.system_names import speculative_names, system_names
+    from specter.system_names import DEFAULT_ORDER, speculative_names, system_colours, system_names, system_order
     from specter.systems import registry
+    from specter.systems.base import System
 
     assert system_names() == set(registry())
     assert speculative_names() == {name for name, cls in registry().items() if cls.speculative}
+    assert system_order() == tuple(sorted(registry(), key=lambda name: (registry()[name].order, name)))
+    assert system_colours() == {name: cls.colour for name, cls in registry().items() if cls.colour}
+    assert System.order == DEFAULT_ORDER
+    colours = list(system_colours().values())
+    assert len(set(colours)) == len(colours) and all(re.fullmatch("#[0-9a-f]{6}", c) for c in colours)
     code = "import sys; from specter.system_names import system_names; system_names(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 

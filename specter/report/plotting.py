@@ -17,23 +17,22 @@ import seaborn as sns  # noqa: E402
 
 from specter.errors import SpecterError  # noqa: E402
 from specter.runspec import PRICINGS  # noqa: E402
+from specter.system_names import system_colours  # noqa: E402
 
-#: the order systems appear in, in every figure (Specter's bars are marked)
-SYSTEM_ORDER = ("resident", "specter", "specter-oracle", "sp-moe", "specmoeoff", "on-demand", "mixtral-offloading",
-                "moe-infinity", "fiddler", "naive")
-SPECTER_COLOR, OTHER_COLOR = "#c44e52", "#4c72b0"
-#: every other system's colour, by its place in SYSTEM_ORDER (the same in every figure; none is Specter's red)
-_OTHERS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+#: Specter's colour (`System.colour`) where a figure marks its bars among the others'
+SPECTER_COLOR, OTHER_COLOR = system_colours()["specter"], "#4c72b0"
+#: colours for a system that names none (`System.colour`), chosen by its name
+_SPARE = ("#001c7f", "#b1400d", "#12711c", "#591e71", "#592f0d", "#a23582", "#3c3c3c", "#b8850a")
 
 
 def palette(systems) -> dict[str, str]:
-    """{system: colour}: Specter red, every other system its own fixed colour."""
-    others = [s for s in SYSTEM_ORDER if s != "specter"]
-    out = {}
-    for s in ordered(systems):
-        i = others.index(s) if s in others else len(others) + sorted(set(systems)).index(s)
-        out[s] = SPECTER_COLOR if base(s) == "specter" else _OTHERS[i % len(_OTHERS)]
-    return out
+    """{system: colour}: each system's own (`System.colour`; a governor's row its system's), the same in every
+    figure, or a spare one by its name."""
+    import hashlib
+
+    colours = system_colours()
+    return {s: colours.get(base(s)) or _SPARE[hashlib.sha256(base(s).encode()).digest()[0] % len(_SPARE)]
+            for s in ordered(systems)}
 
 
 def hardware_order(sub: pd.DataFrame) -> list[str]:
@@ -57,9 +56,12 @@ def base(system: str) -> str:
 
 
 def ordered(systems) -> list[str]:
-    """The rows in SYSTEM_ORDER (others after, by name), a system's governor rows right after it."""
-    known = [s for s in SYSTEM_ORDER if s in set(map(base, systems))]
-    return sorted(set(systems), key=lambda s: (known.index(base(s)) if base(s) in known else len(known), s))
+    """The rows in the systems' order (`specter.system_names.system_order`; a name no system has after, by name), a
+    system's governor rows right after it."""
+    from specter.system_names import system_order
+
+    order = system_order()
+    return sorted(set(systems), key=lambda s: (order.index(base(s)) if base(s) in order else len(order), s))
 
 
 def shapes(model: str, cost_as) -> str:

@@ -27,10 +27,6 @@ import pandas as pd
 from specter.errors import SpecterError
 from specter.experiments import GOVERNORS
 
-#: the order systems are listed in (the registry's order, Specter last); systems not named here follow, sorted
-SYSTEM_ORDER = ("resident", "on-demand", "naive", "hf-offload", "mixtral-offloading", "moe-infinity", "fiddler",
-                "sp-moe", "specmoeoff", "specter-oracle", "specter")
-
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -75,9 +71,12 @@ def _markdown(rows: list[list[str]], header: list[str], tight: bool = False) -> 
 
 
 def _system_key(system: str) -> tuple[int, str]:
-    """A row's place: the system's in SYSTEM_ORDER (its run at a governor's K, `specter (K auto)`, right after it)."""
+    """A row's place: its system's (`specter.system_names.system_order`; its run at a governor's K, `specter (K
+    auto)`, right after it)."""
+    from specter.system_names import system_order
+
     base = system.split(" (K ")[0]
-    return (SYSTEM_ORDER.index(base) if base in SYSTEM_ORDER else len(SYSTEM_ORDER), system)
+    return (system_order().index(base) if base in system_order() else len(system_order()), system)
 
 
 #: the columns each section reads (a table without one is refused by name); `cost_as` and `memory` default

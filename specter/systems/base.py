@@ -149,6 +149,11 @@ class System:
     `options`: {name: (type, default, help[, (low, high)])} a system accepts through `--system-option NAME=VALUE`."""
 
     name: str = ""
+    #: its place in every table and figure, lower first (ties by name): the references, the baselines by their papers'
+    #: order, a system that sets none, then Specter's own (read from the source by `specter.system_names`)
+    order: int = 100
+    #: its colour in every figure, "#rrggbb" (empty: one of `specter.report.plotting`'s spare colours, by its name)
+    colour: str = ""
     speculative: bool = False
     #: the draft window comes from the run's --k (a speculative system with its own K option sets False)
     takes_window: bool = True

@@ -11,6 +11,7 @@ class OnDemand(System):
     """The target alone: each missing expert is copied when its router asks for it, into LRU slots; no speculation."""
 
     name = "on-demand"
+    order, colour = 20, "#937860"
 
     def run(self, ctx: PromptContext) -> PromptResult:
         return decode_one_by_one(ctx, self.prefill(ctx))
@@ -20,6 +21,7 @@ class Resident(System):
     """Every expert on the device, nothing crosses the link: the upper bound."""
 
     name = "resident"
+    order, colour = 10, "#4c72b0"
 
     @staticmethod
     def fixed_slots(work) -> int:

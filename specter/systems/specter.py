@@ -48,6 +48,7 @@ SPECTER_ARTIFACT = Upstream(
 
 class Specter(System):
     name = "specter"
+    order, colour = 120, "#c44e52"
     upstream = SPECTER_ARTIFACT
     speculative = True
     options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute issued before it "
@@ -105,6 +106,7 @@ class SpecterOracle(Specter):
     others."""
 
     name = "specter-oracle"
+    order, colour = 110, "#dd8452"
     live_reads_recording = True
     options = {**Specter.options,
                "noise": (float, 0.0, "share of the target's expert identities replaced at random", (0.0, 1.0))}
