@@ -14,6 +14,7 @@ from pathlib import Path
 BASELINE_PACKAGE = "baselines"
 _OWN_MODULES = ("specter.systems.reference", "specter.systems.specter")
 DEFAULT_ORDER = 100  # `System.order`: a test holds the two equal
+OWN_ONLY = ("order", "colour")  # a class's own, never inherited (`System.__init_subclass__`)
 
 
 def system_modules() -> dict[str, Path]:
@@ -49,8 +50,8 @@ def _constants(statement: ast.stmt) -> list[tuple[str, object]]:
 @functools.cache
 def _declared() -> dict[str, dict]:
     """{system name: the constants its class body and the bodies of the System classes it subclasses set, the
-    nearest first}, read from `system_modules`' source: each class that subclasses `System`, directly or through
-    another such class, and sets `name` to a string."""
+    nearest first; `OWN_ONLY` from its own body only}, read from `system_modules`' source: each class that subclasses
+    `System`, directly or through another such class, and sets `name` to a string."""
     classes = {}
     for _, source in sorted(system_modules().items()):
         for node in ast.walk(ast.parse(source.read_text("utf-8"))):
@@ -66,7 +67,8 @@ def _declared() -> dict[str, dict]:
             return None
         bases, own = classes[name]
         inherited = [c for c in (constants(b, seen | {name}) for b in reversed(bases) if b) if c is not None]
-        return None if not inherited else {k: v for c in inherited for k, v in c.items()} | own
+        merged = {k: v for c in inherited for k, v in c.items() if k not in OWN_ONLY}
+        return None if not inherited else merged | own
 
     out = {}
     for name in classes:

@@ -429,3 +429,53 @@ def test_a_config_error_is_one_line_and_exit_2_before_snakemake_plans(edit, mess
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"specter: error: {message}"), \
         proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+_PROBE = '''"""A test's baseline: on-demand under another name, in a file of its own."""
+
+from specter.systems.reference import OnDemand
+
+
+class Probe(OnDemand):
+    """On-demand loading, added as a new baseline is: one file in baselines/."""
+
+    name = "probe-baseline"
+'''
+
+
+def test_a_new_baseline_is_one_file_seen_by_the_cli_the_workflow_the_tables_and_the_figures(tiny_dirs, rtn_drafts,
+                                                                                             tmp_path):
+    """A file dropped into `baselines/` of a copy of the repository, and nothing else changed: `specter systems` lists
+    it, the workflow's config check takes it, a sweep runs it, `main`'s table holds its row and its figure gives it a
+    colour of its own, placed before Specter's rows."""
+    repo = _repository_copy(tmp_path / "repo")
+    (repo / "baselines" / "probe_baseline.py").write_text(_PROBE)
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+
+    def specter(*args):
+        proc = subprocess.run([sys.executable, "-m", "specter", *args], cwd=repo, env=env, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout
+
+    assert "probe-baseline" in specter("systems")
+    config = yaml.safe_load((repo / ".test" / "config.yaml").read_text())
+    config["experiments"]["main"]["systems"].append("probe-baseline")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", str(tmp_path / "config.yaml")],
+                          cwd=repo, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    records = tmp_path / "main.jsonl"
+    specter("sweep", "--systems", "probe-baseline,specter", "--model", tiny_dirs["mixtral"], "--draft",
+            rtn_drafts["mixtral"], "--dataset", "code", "--hardware", "t4-pcie3", "--num-prompts", "1",
+            "--prefix-tokens", "8", "--max-new-tokens", "4", "--k", "2", "--resident-per-layer", "2", "--out",
+            str(records))
+    specter("aggregate", "main", str(records), "--out", str(tmp_path / "main.csv"), "--figure",
+            str(tmp_path / "main.png"))
+    table = (tmp_path / "main.csv").read_text()
+    assert "probe-baseline" in table and (tmp_path / "main.png").read_bytes()[:4] == b"\x89PNG"
+    code = ("from specter.report.plotting import _SPARE, palette; p = palette(['specter', 'probe-baseline', "
+            "'on-demand']); print(list(p), p['probe-baseline'] in _SPARE and len(set(p.values())) == 3)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == "['on-demand', 'probe-baseline', 'specter'] True", proc.stderr[-2000:]

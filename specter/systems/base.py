@@ -150,9 +150,11 @@ class System:
 
     name: str = ""
     #: its place in every table and figure, lower first (ties by name): the references, the baselines by their papers'
-    #: order, a system that sets none, then Specter's own (read from the source by `specter.system_names`)
+    #: order, a system that sets none, then Specter's own (read from the source by `specter.system_names`); a class's
+    #: own, never its parent's (`__init_subclass__`)
     order: int = 100
-    #: its colour in every figure, "#rrggbb" (empty: one of `specter.report.plotting`'s spare colours, by its name)
+    #: its colour in every figure, "#rrggbb" (empty: one of `specter.report.plotting`'s spare colours, by its name);
+    #: a class's own, as `order`
     colour: str = ""
     speculative: bool = False
     #: the draft window comes from the run's --k (a speculative system with its own K option sets False)
@@ -173,6 +175,13 @@ class System:
     #: the kernels and host reads its upstream code makes per part (`--pricing upstream`); default: the suite's own
     upstream: Upstream = Upstream()
     options: dict[str, tuple] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A system's `order` and `colour` are its own: a subclass that sets neither is not drawn as its parent."""
+        super().__init_subclass__(**kwargs)
+        for attr in ("order", "colour"):
+            if attr not in vars(cls):
+                setattr(cls, attr, getattr(System, attr))
 
     def __init__(self, **options) -> None:
         for key, (kind, default, _help, *bounds) in self.options.items():
