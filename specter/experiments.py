@@ -335,12 +335,6 @@ def get(name: str) -> Experiment:
     return EXPERIMENTS[name]
 
 
-def register(experiment: Experiment) -> Experiment:
-    """Add (or replace) an experiment; the workflow, the tables and the figures then know it."""
-    EXPERIMENTS[experiment.name] = experiment
-    return experiment
-
-
 def records_experiment(name: str) -> str:
     """The experiment whose records `name` reads (itself, unless its source names another)."""
     source = get(name).source
@@ -364,11 +358,10 @@ def own_numerics(entry: dict) -> bool:
 def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: tuple[str, ...] = ()) -> list[str]:
     """The `specter sweep` arguments of an experiment's config entry: its systems, its axes (every setting it does not
     vary at its case's `main` value: `k`, `hardware`, `prefix_tokens`, `slots` per layer, `engine` (and the live
-    engine's `device`), `cost_as`), its
-    options and its arms (named settings every point also runs in, in order). `governors`: the speculative systems
-    also run at each governor's K, beside the case's (an entry with a `k` axis lists its K itself). The pseudo-axis
-    `memory` takes `same_slots` (the case's slots for every system) and `same_memory` (Specter's device memory at
-    those slots for every system).
+    engine's `device`), `cost_as`), its options and its arms (named settings every point also runs in, in order).
+    `governors`: the speculative systems also run at each governor's K, beside the case's (an entry with a `k` axis
+    lists its K itself). The pseudo-axis `memory` takes `same_slots` (the case's slots for every system) and
+    `same_memory` (Specter's device memory at those slots for every system).
 
     `numerics_only`: only the axes that change the numerics, simulated, without options (the experiment's own
     recording). `measured`: profiles that join a `hardware` axis (this machine's, where it was measured). An

@@ -11,7 +11,7 @@ import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-# The converted GGUF of the default model's builder (specter/models/moefy.py) is cached: one cache for this session and
+# The converted GGUF of the default model's builder (specter/models/dense.py) is cached: one cache for this session and
 # the processes its tests start, not the user's, so the first test that loads it converts it (about 25 s) and the rest
 # read the cache (about 1 s); test_conversion_is_deterministic holds a build from the cache to one without it.
 os.environ["SPECTER_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="specter-test-cache-")

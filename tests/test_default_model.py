@@ -56,7 +56,8 @@ def test_reduced_model_goes_through_the_adapter(reduced):
 def test_conversion_is_deterministic_and_the_cached_gguf_changes_nothing(monkeypatch):
     """Two conversions give the same tensors, bit for bit: one reading the GGUF itself (no cache), one reading the
     session's cache of the converted GGUF (written by whichever test loaded it first, or by this one)."""
-    from specter.models.moefy import MoefyConfig, convert, dense_cache_dir, load_dense, smollm2_dir
+    from specter.models.dense import dense_cache_dir, load_dense, smollm2_dir
+    from specter.models.moefy import MoefyConfig, convert
 
     cfg = MoefyConfig(**{**SMALL, "layers": 1, "distill_steps": 0})
     load_dense()  # fills the cache if no test has yet

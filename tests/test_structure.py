@@ -246,3 +246,10 @@ def test_every_system_that_reads_warm_up_prompts_says_it_learns_from_history():
     for name, cls in registry().items():
         reads = "ctx.warmup" in inspect.getsource(inspect.getmodule(cls))
         assert reads == cls.learns_from_history, name
+
+
+def test_no_source_file_passes_400_lines():
+    """DESIGN.md's limit: a file has one responsibility and stays within 400 lines."""
+    long = {str(path.relative_to(ROOT)): n for path in [*ROOT.glob("specter/**/*.py"), *ROOT.glob("baselines/*.py")]
+            if (n := len(path.read_text("utf-8").splitlines())) > 400}
+    assert not long, long

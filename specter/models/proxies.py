@@ -26,7 +26,8 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from specter.errors import SpecterError
-from specter.models.moefy import GGUF_FILE, MoefyConfig
+from specter.models.dense import GGUF_FILE
+from specter.models.moefy import MoefyConfig
 from specter.progress import phase, steps
 
 #: name -> (experts, top-k, shared neurons, the architecture it stands in for)
@@ -74,7 +75,8 @@ def build_proxy(name: str, out: str | Path, seed: int = 0, overrides: dict[str, 
     """Build proxy `name` into `out` with its tokenizer and `model_card.json`; returns `out`."""
     import torch
 
-    from specter.models.moefy import convert, distill, perplexity, to_stock, token_windows
+    from specter.models.dense import perplexity, token_windows
+    from specter.models.moefy import convert, distill, to_stock
 
     cfg = proxy_config(name, seed, overrides)
     t0 = time.perf_counter()
@@ -128,7 +130,7 @@ def _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, per
     import specter
     from specter import determinism
     from specter.models.adapter import MoEModel
-    from specter.models.moefy import dense_perplexity
+    from specter.models.dense import dense_perplexity
     from specter.models.routing_stats import routing_statistics
 
     dense_ppl = {c: dense_perplexity(dense, ids, desc=f"perplexity, dense, {c}") for c, ids in held_out.items()}
