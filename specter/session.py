@@ -27,7 +27,7 @@ class Session:
         self._architectures: dict[str, tuple[object, object]] = {}  # --cost-as -> (Architecture, its ModelWork)
         self._tokenizers: dict[str, object] = {}  # model dir -> its tokenizer
         self._calibration: dict[tuple, list[list[int]]] = {}  # (model dir, corpus, count, length) -> prompts
-        self.structures: dict[tuple, tuple[int, ...]] = {}  # runs.checks.validate's --cost-as structures
+        self.structures: dict[tuple, tuple[int, ...]] = {}  # runs.checks.resolve's --cost-as structures
         self.counted: dict[tuple, object] = {}  # (model, dtype, draft, live draft kernel, device) -> its DecodeOps
 
     def calibration_prompts(self, model_dir: str | Path, corpus: str, count: int, length: int) -> list[list[int]]:

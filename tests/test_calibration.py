@@ -10,7 +10,7 @@ import pytest
 from conftest import spec
 from specter.errors import SpecterError
 from specter.runs import execute, grid
-from specter.runs.checks import validate
+from specter.runs.checks import resolve
 from specter.runspec import Arm, Budget
 
 ARCH = "mixtral"
@@ -49,7 +49,7 @@ def _shapes(tiny_dirs):
 
 def test_expert_bits_are_checked_before_anything_loads(tiny_dirs):
     with pytest.raises(SpecterError, match="--expert-bits must be one of 16, 2, 3, 4"):
-        validate(_spec(tiny_dirs, expert_bits=8))
+        resolve(_spec(tiny_dirs, expert_bits=8))
 
 
 def test_an_arm_sets_a_peer_s_machine_budget_and_expert_bits(tiny_dirs):

@@ -13,7 +13,7 @@ import torch
 from conftest import spec
 from specter.models import load_moe_model
 from specter.runs import live as on_live
-from specter.runs.checks import validate
+from specter.runs.checks import resolve
 from specter.runs.execute import execute, prepare, schedule
 from specter.session import Session
 from specter.systems import get_system, registry
@@ -267,7 +267,7 @@ def test_live_refuses_what_it_cannot_run_before_loading(over, message, tiny_dirs
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU, wherever this runs
     request = {**_request(tiny_dirs, rtn_drafts, "olmoe", "specter", tmp_path, engine="live"), **over}
     with pytest.raises(SpecterError, match=message):
-        validate(spec(**request))
+        resolve(spec(**request))
     assert not (tmp_path / f"{request['system']}.jsonl").exists()
 
 

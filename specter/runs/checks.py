@@ -1,15 +1,21 @@
 """A run's checks before any weight loads: its spec's data (`RunSpec.check_numbers`, `check_names`, `check_files`)
-and what needs the registry, a hardware profile or the model's config. `validate` is the one place a run's settings
-are checked; `execute`, `sweep` and `compare` call it for every spec before anything runs."""
+and what needs the registry, a hardware profile or the model's config. `resolve` is the one place a run's settings
+are checked, once a spec: `execute`, `sweep` and `compare` call it for every spec before anything runs, and keep what
+it found (`Resolved`)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specter.errors import SpecterError
 from specter.runspec import RunSpec, check_positions
+
+if TYPE_CHECKING:
+    from specter.systems import System
+    from specter.timing.hardware import HardwareProfile
 
 
 def with_dtype(spec: RunSpec) -> RunSpec:
@@ -29,15 +35,27 @@ def with_dtype(spec: RunSpec) -> RunSpec:
     return replace(spec, dtype=dtype)
 
 
-def validate(spec: RunSpec, structures: dict | None = None):
-    """Every check of `spec` that needs no model weights; returns (the system, the hardware profile).
+@dataclass(frozen=True)
+class Resolved:
+    """A run's specification once checked, with what its checks found: the spec with its dtype resolved
+    (`with_dtype`), its system (options applied) and its hardware profile (at `--dispatch-us` where given)."""
+
+    spec: RunSpec
+    system: System
+    profile: HardwareProfile
+
+
+def resolve(spec: RunSpec, structures: dict | None = None) -> Resolved:
+    """Every check of `spec` that needs no model weights, made once; what they found (`Resolved`), which `prepare`
+    takes without checking again.
 
     `structures` (a session's) keeps the structures that `--cost-as` compares, by the architecture's config and the
-    model's: both come from meta-device models (about 0.25 s a spec, and a sweep validates every spec twice)."""
+    model's: both come from meta-device models (about 0.25 s a spec)."""
     from specter.models.loading import read_model_config
     from specter.systems import get_system
     from specter.timing import load_profile
 
+    spec = with_dtype(spec)
     spec.check_numbers()
     system = get_system(spec.system, dict(spec.system_options))
     spec.check_names()
@@ -57,7 +75,7 @@ def validate(spec: RunSpec, structures: dict | None = None):
     if system.speculative and system.takes_window:
         spec.k.check(spec.system)
     spec.check_files()
-    return system, profile
+    return Resolved(spec, system, profile)
 
 
 def _check_live(spec: RunSpec, system) -> None:

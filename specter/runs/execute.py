@@ -1,7 +1,7 @@
-"""One run: validate its spec, prepare what it needs once (prompts, numerics, memory plan, window), schedule every
+"""One run: resolve its spec, prepare what it needs once (prompts, numerics, memory plan, window), schedule every
 prompt, and assemble its records.
 
-Everything that can be checked is checked before any model is loaded (`specter.runs.checks.validate`), and `run`
+Everything that can be checked is checked before any model is loaded (`specter.runs.checks.resolve`), and `run`
 writes the JSONL atomically at the end, so a bad spec or a failure leaves no partial output. Numerics come from the
 `Session`'s forward service (shared by every run in the process), so a second system on the same prompts only
 schedules.
@@ -22,7 +22,7 @@ from specter.offload.work import ModelWork
 from specter.progress import log, steps
 from specter.records import record_of, run_fields, write_records
 from specter.runs import live as on_live
-from specter.runs.checks import validate, with_dtype
+from specter.runs.checks import Resolved, resolve
 from specter.runspec import RunSpec, Window
 from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
@@ -66,13 +66,13 @@ def run(spec: RunSpec, session: Session | None = None, progress: bool = True) ->
     return records
 
 
-def execute(spec: RunSpec, session: Session | None = None, progress: bool = True,
+def execute(spec: RunSpec | Resolved, session: Session | None = None, progress: bool = True,
             recorders: tuple = ()) -> list[RunRecord]:
     """Run `spec`; returns its records (one per prompt) without writing them. `recorders`: extra numerics of the
     target's decode to compute with every trace from now on (a sweep names those of all its systems, so a trace is
     decoded once for all of them, not again when a later system needs more)."""
     session = session or Session()
-    prepared = prepare(with_dtype(spec), session, recorders)
+    prepared = prepare(spec, session, recorders)
     walk_windows([prepared])
     return schedule_prompts(prepared, session, progress)
 
@@ -95,11 +95,12 @@ def schedule_prompts(prepared: PreparedRun, session: Session, progress: bool = T
             prepared.device = None
 
 
-def prepare(spec: RunSpec, session: Session, recorders: tuple = ()) -> PreparedRun:
+def prepare(run: RunSpec | Resolved, session: Session, recorders: tuple = ()) -> PreparedRun:
+    """What a run needs, once: a spec `resolve`d first where it is not yet."""
     from specter.data.prompts import load_prompts
 
-    spec = with_dtype(spec)
-    system, profile = validate(spec, session.structures)
+    run = run if isinstance(run, Resolved) else resolve(run, session.structures)
+    spec, system, profile = run.spec, run.system, run.profile
     tokenizer = session.tokenizer(spec.model)
     prompts = load_prompts(spec.dataset, tokenizer, spec.num_prompts, spec.prefix_tokens, field=spec.field)
     calibration = partial(session.calibration_prompts, spec.model, "code")  # (count, length) -> prompts

@@ -1,5 +1,5 @@
 """Many runs in one process, sharing the session's numerics: a grid of specs (`grid`, `sweep`) and several systems
-side by side (`compare`). Every spec is validated before anything runs."""
+side by side (`compare`). Every spec is resolved (checked) once, before anything runs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from specter.errors import BudgetError, SpecterError
 from specter.metrics import RunRecord
 from specter.progress import log, phase
 from specter.records import write_records
-from specter.runs.checks import validate, with_dtype
-from specter.runs.execute import prepare, run, schedule_prompts, walk_windows
+from specter.runs.checks import resolve
+from specter.runs.execute import execute, prepare, schedule_prompts, walk_windows
 from specter.runspec import SWEEP_AXES, Arm, RunSpec, Window
 from specter.session import Session
 from specter.systems import get_system
@@ -80,19 +80,18 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     from specter.numerics.memo import save_memo
 
     session = session or Session()
-    specs = [with_dtype(spec) for spec in specs]
+    resolved = [resolve(spec, session.structures) for spec in specs]
     recorders = []  # every system's extra numerics, computed with each trace's first decode
-    for spec in specs:
-        system, _ = validate(spec, session.structures)
-        recorders += [r for r in system.trace_recorders if r not in recorders]
+    for r in resolved:
+        recorders += [each for each in r.system.trace_recorders if each not in recorders]
     prepared = []
-    for i, spec in enumerate(specs):
+    for i, r in enumerate(resolved):
         if progress:
-            log.info("preparing run %d/%d: %s", i + 1, len(specs), spec.describe())
+            log.info("preparing run %d/%d: %s", i + 1, len(resolved), r.spec.describe())
         try:
-            prepared.append(prepare(spec, session, tuple(recorders)))
+            prepared.append(prepare(r, session, tuple(recorders)))
         except BudgetError as err:  # this system cannot run in this budget: no record, and the log says why
-            log.warning("skipped: %s does not fit %s: %s", spec.system, spec.budget.describe(), err)
+            log.warning("skipped: %s does not fit %s: %s", r.spec.system, r.spec.budget.describe(), err)
     with phase(f"the draft windows of {len(prepared)} runs, in batches"):
         walk_windows(prepared)  # every run's windows together: larger batches than run by run
     records: list[RunRecord] = []
@@ -100,9 +99,10 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
         if progress:
             log.info("run %d/%d: %s", i + 1, len(prepared), p.spec.describe())
         records += schedule_prompts(p, session, progress)
-    if memo_out is not None and specs:
+    if memo_out is not None and resolved:
+        first = resolved[0].spec
         with phase(f"saving the numerics to {memo_out}"):
-            save_memo(session.service(specs[0].model, specs[0].dtype), memo_out, session.model_hash(specs[0].model))
+            save_memo(session.service(first.model, first.dtype), memo_out, session.model_hash(first.model))
     if out is not None:
         write_records(records, out)
     return records
@@ -115,11 +115,15 @@ def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Ses
     link bytes."""
     if len(set(systems)) != len(systems):
         raise SpecterError(f"--systems lists a system twice: {systems}")
-    specs = [with_dtype(replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl"))) for name in systems]
     session = session or Session()
-    for spec in specs:  # every name is checked before anything runs
-        validate(spec, session.structures)
-    return [summary(spec.system, run(spec, session, progress)) for spec in specs]
+    resolved = [resolve(replace(base, system=name, out=str(Path(out_dir) / f"{name}.jsonl")), session.structures)
+                for name in systems]  # every name is checked before anything runs
+    rows = []
+    for r in resolved:
+        records = execute(r, session, progress)
+        write_records(records, r.spec.out)
+        rows.append(summary(r.spec.system, records))
+    return rows
 
 
 def summary(name: str, records: list[RunRecord]) -> dict:

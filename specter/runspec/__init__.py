@@ -4,7 +4,7 @@ command-line flags of `specter run`, `compare` and `sweep`.
 A `RunSpec` is frozen. Its device budget is a `Budget` (expert slots per layer, a share of each layer's experts, or GB
 of device memory) that turns itself into slots given the model's work, and its draft window is a `Window` (an integer
 K, or a governor: `auto` or `profile`). The spec checks its own data (numbers, names, files);
-`specter.runs.checks.validate` adds what needs the system registry, a profile or the model's config, before any model
+`specter.runs.checks.resolve` adds what needs the system registry, a profile or the model's config, before any model
 is loaded; `RunSpec.as_dict()` is the `config` of every record the run writes. The flags are declared
 on the fields (`metadata`); `specter.runspec.flags` builds them for each command and reads specs back from them (in
 `sweep`, the fields marked sweepable take comma-separated lists: the grid's axes). `Budget` and `Window` are in
@@ -283,7 +283,7 @@ class RunSpec:
         return (f"{self.system}{k} {policy} {self.hardware}{shapes} {self.budget.describe()} prefix "
                 f"{self.prefix_tokens}{temperature}{opts}{priced}{dispatch}{arm}")
 
-    # the checks of data alone (`specter.runs.checks.validate` runs them beside those that need a system, a hardware
+    # the checks of data alone (`specter.runs.checks.resolve` runs them beside those that need a system, a hardware
     # profile or the model's config) ----------------------------------------------------------------------------------
     def check_names(self) -> None:
         """The engine, prefetch policy, live device, live draft kernel, host store and cache start are names this suite
