@@ -221,6 +221,13 @@ def _committed_with(w: Path, name: str, row: int, **cells) -> str:
     return _table_file(w, name, out.getvalue())
 
 
+def _plot_committed(experiment: str, row: int, **cells):
+    """A case's command: `specter plot EXPERIMENT` of its committed table (docs/results) with row `row`'s `cells`
+    changed."""
+    return lambda w, r: ["plot", experiment, "--table", _committed_with(w, f"{experiment}.csv", row, **cells), "--out",
+                         "{out}.png"]
+
+
 def _claims_with(w: Path, row: int, **cells) -> str:
     return _committed_with(w, "claims.csv", row, **cells)
 
@@ -928,25 +935,23 @@ CASES = [
      "holds no Specter row it could be over"),
     ("summary_table_tpot_under_its_lower_bound", _readme_cell("lower_bound_tpot_ms", "99999"),
      "under its own lower bound"),
-    ("plot_calibration_ratio_not_its_columns", lambda w, r: ["plot", "calibration", "--table", _committed_with(
-        w, "calibration.csv", 0, suite_over_published="1.0"), "--out", "{out}.png"], "and suite over published is"),
-    ("plot_calibration_in_band_not_its_ratio", lambda w, r: ["plot", "calibration", "--table", _committed_with(
-        w, "calibration.csv", 0, in_band="True"), "--out", "{out}.png"], "in_band is 'True', and suite_over_published"),
-    ("plot_calibration_in_band_without_a_ratio", lambda w, r: ["plot", "calibration", "--table", _committed_with(
-        w, "calibration.csv", 2, in_band="False"), "--out", "{out}.png"], "is no ratio"),
+    ("plot_calibration_ratio_not_its_columns", _plot_committed("calibration", 0, suite_over_published="1.0"),
+     "and suite over published is"),
+    ("plot_calibration_in_band_not_its_ratio", _plot_committed("calibration", 0, in_band="True"),
+     "in_band is 'True', and suite_over_published"),
+    ("plot_calibration_in_band_without_a_ratio", _plot_committed("calibration", 2, in_band="False"), "is no ratio"),
     ("summary_table_system_unknown", _readme_cell("system", "specter-turbo"),
      "system is 'specter-turbo', which no run"),
     ("summary_table_system_governor_unknown", _readme_cell("system", "specter (K magic)"),
      "system is 'specter (K magic)'"),
     ("summary_table_pricing_unknown", _readme_cell("pricing", "cheap"), "pricing is 'cheap', which no run writes"),
-    ("plot_calibration_diagnostic_not_its_ratios", lambda w, r: ["plot", "calibration", "--table", _committed_with(
-        w, "calibration.csv", 0, diagnostic="False"), "--out", "{out}.png"], "diagnostic is 'False', and the ratios"),
+    ("plot_calibration_diagnostic_not_its_ratios", _plot_committed("calibration", 0, diagnostic="False"),
+     "diagnostic is 'False', and the ratios"),
     ("aggregate_records_prompt_shorter_than_its_prefix", _aggregate(_record_field("prompt_token_ids", [5, 6, 7])),
      "prompt_token_ids holds 3 tokens, and its run's prompts are 8 long"),
-    ("plot_calibration_comparable_unknown", lambda w, r: ["plot", "calibration", "--table", _committed_with(
-        w, "calibration.csv", 0, comparable="maybe"), "--out", "{out}.png"], "neither True nor False"),
-    ("plot_sim_vs_measured_ratio_not_its_columns", lambda w, r: ["plot", "sim_vs_measured", "--table", _committed_with(
-        w, "sim_vs_measured.csv", 0, measured_over_simulated="50"), "--out", "{out}.png"],
+    ("plot_calibration_comparable_unknown", _plot_committed("calibration", 0, comparable="maybe"),
+     "neither True nor False"),
+    ("plot_sim_vs_measured_ratio_not_its_columns", _plot_committed("sim_vs_measured", 0, measured_over_simulated="50"),
      "and measured_ms over simulated_ms is"),
     ("aggregate_records_system_unknown", _aggregate(_both(
         _record_field("system", "specter-turbo"), _config_field("system", "specter-turbo"))),
@@ -974,8 +979,8 @@ CASES = [
      "has slots_per_layer 7"),
     ("summary_table_more_slots_than_experts", _readme_cell("experts_per_layer", "1"), "slots_per_layer is 2 with 1"),
     ("summary_table_resident_share_not_its_slots", _readme_cell("resident_share", "0.9"), "resident_share is 0.9"),
-    ("plot_calibration_published_zero", lambda w, r: ["plot", "calibration", "--table", _committed_with(
-        w, "calibration.csv", 0, published="0"), "--out", "{out}.png"], "a published figure is finite and positive"),
+    ("plot_calibration_published_zero", _plot_committed("calibration", 0, published="0"),
+     "a published figure is finite and positive"),
     ("summary_table_prompt_counts_mixed", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", **_NO_WINDOW, n="7"), checksum=False))), "has n 7"),
     ("aggregate_records_priced_at_another_architecture", _aggregate(_record_field("cost_as", "mixtral-8x7b")),
@@ -1006,14 +1011,14 @@ CASES = [
      "k is 2 for on-demand, which drafts no window"),
     ("aggregate_records_no_k_on_a_speculative_system", _aggregate(_record_field("k", None)),
      "k is None for specter, which drafts a window"),
-    ("plot_main_k_on_a_system_without_a_draft", lambda w, r: ["plot", "main", "--table", _committed_with(
-        w, "main.csv", 0, k="4"), "--out", "{out}.png"], "k is 4 for fiddler, which drafts no window"),
-    ("plot_main_no_k_on_a_speculative_system", lambda w, r: ["plot", "main", "--table", _committed_with(
-        w, "main.csv", 9, k=""), "--out", "{out}.png"], "k is empty for specter, which drafts a window"),
-    ("plot_main_acceptance_on_a_system_without_a_draft", lambda w, r: ["plot", "main", "--table", _committed_with(
-        w, "main.csv", 0, acceptance_rate="0.5"), "--out", "{out}.png"], "acceptance_rate is 0.5 for fiddler"),
-    ("plot_calibration_metric_no_row_compares", lambda w, r: ["plot", "calibration", "--table", _committed_with(
-        w, "calibration.csv", 0, metric="bogus_per_s"), "--out", "{out}.png"], "metric is 'bogus_per_s', which no run"),
+    ("plot_main_k_on_a_system_without_a_draft", _plot_committed("main", 0, k="4"),
+     "k is 4 for fiddler, which drafts no window"),
+    ("plot_main_no_k_on_a_speculative_system", _plot_committed("main", 9, k=""),
+     "k is empty for specter, which drafts a window"),
+    ("plot_main_acceptance_on_a_system_without_a_draft", _plot_committed("main", 0, acceptance_rate="0.5"),
+     "acceptance_rate is 0.5 for fiddler"),
+    ("plot_calibration_metric_no_row_compares", _plot_committed("calibration", 0, metric="bogus_per_s"),
+     "metric is 'bogus_per_s', which no run"),
     ("aggregate_records_bytes_no_float_holds", _aggregate(_record_field("h2d_bytes_prefetch", 10**400)),
      "too large for its field"),
     ("aggregate_records_without_commit_times", _aggregate(_extra_edit(lambda e: e.pop("commit_ms"))),
