@@ -1,5 +1,6 @@
-"""How the CLI stops on Ctrl-C (SIGINT) and SIGTERM (or SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, whose default would kill it
-unheard): exit 130 (128 + the signal's number) with one line, leaving no partial output.
+"""How the CLI stops on Ctrl-C (SIGINT) and SIGTERM (or another of `TERMINATING`, whose default would kill it
+unheard): exit 128 + the signal's number (130, 143) with one line, leaving no partial output. SIGXFSZ is ignored, so
+a write past a file size limit fails as any other refused write does.
 
 `install()` runs as the first instruction of both entry points (`python -m specter`, and `specter.cli.entry` behind
 the `specter` script, through `specter.cli.main`), before any heavy import, and imports nothing heavy itself. A signal
@@ -25,7 +26,8 @@ import sys
 
 INTERRUPTED = "specter: interrupted; outputs are written whole or not at all, so none is partial"
 #: the signals that end a command as SIGTERM does (each one's default action would kill the process without a line)
-TERMINATING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+TERMINATING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
+               signal.SIGXCPU, signal.SIGVTALRM, signal.SIGPROF)
 #: {the status a terminating signal ends a command with (128 + its number, as the shell reports it): its line}
 TERMINATED = {128 + s: f"specter: terminated ({signal.Signals(s).name}); outputs are written whole or not at all, so "
                        "none is partial" for s in TERMINATING}
@@ -50,6 +52,9 @@ def install() -> None:
     heavy imports."""
     for signum in (signal.SIGINT, *TERMINATING):
         signal.signal(signum, _on_signal)
+    # past a file size limit a write then fails with EFBIG, met as any other refusal of the file system (one line),
+    # where SIGXFSZ's default action would kill the process without one
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def exit_process(code: int):

@@ -36,17 +36,19 @@ def git_commit() -> str:
 
 
 def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict | None = None,
-               k_source: str | None = None, numerics_device: str = "cpu", expert_storage: dict | None = None) -> dict:
+               k_source: str | None = None, numerics_device: str = "cpu", expert_storage: dict | None = None,
+               model_sha256: str = "") -> dict:
     """The fields every record of a run shares (`priced_at`: the architecture a `--cost-as` run is priced at;
     `k_source`: where a speculative run's K came from; `numerics_device`: where the target's forwards ran, beside
-    their dtype in `config.dtype`; `expert_storage`: how the target's routed experts are stored and priced)."""
+    their dtype in `config.dtype`; `expert_storage`: how the target's routed experts are stored and priced;
+    `model_sha256`: the checkpoint's hash, so that two models of one name are never one table row)."""
     from specter import determinism
     from specter.quant.meta import versions
     from specter.timing.hardware import profile_digest
 
     resolved = {**spec.as_dict(), "system_settings": system.settings(), "slots_per_layer": slots,
                 "memory": memory.as_dict() if memory else None, "hardware_profile": profile.to_yaml_dict(),
-                "hardware_sha256": profile_digest(profile.to_yaml_dict()),
+                "hardware_sha256": profile_digest(profile.to_yaml_dict()), "model_sha256": model_sha256,
                 "initial_cache": spec.cache_start, "numerics": {**determinism.settings(), "device": numerics_device},
                 "cost": priced_at, "priced_ops": work.pricing(),
                 "k_source": k_source, "expert_storage": expert_storage}
@@ -185,15 +187,25 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
     return out
 
 
+#: a run's settings that say where it wrote or read, not what it ran: two runs apart only in these are one run
+BOOKKEEPING = ("out", "hardware")  # `hardware` as given (a preset's name or a file): its name and hash stay
+
+
+def _run_identity(record: dict) -> list:
+    config = record.get("config")
+    if isinstance(config, dict):
+        config = {key: value for key, value in config.items() if key not in BOOKKEEPING}
+    return [config, record.get("system"), record.get("model"), record.get("dataset"), record.get("engine"),
+            record.get("hardware")]
+
+
 def run_key(record: dict) -> str:
     """What the records of one run share (`record_key` without the prompt and the repeat)."""
-    return json.dumps([record.get("config"), record.get("system"), record.get("model"), record.get("dataset"),
-                       record.get("engine"), record.get("hardware")], sort_keys=True, default=str)
+    return json.dumps(_run_identity(record), sort_keys=True, default=str)
 
 
 def record_key(record: dict) -> str:
-    """What tells one record apart from every other of a suite's runs: its run's whole configuration (its output path
-    among it), its system, model, prompt set, prompt and repeat."""
-    return json.dumps([record.get("config"), record.get("system"), record.get("model"), record.get("dataset"),
-                       record.get("prompt_index"), (record.get("extra") or {}).get("repeat", 0),
-                       record.get("engine"), record.get("hardware")], sort_keys=True, default=str)
+    """What tells one record apart from every other of a suite's runs: its run's whole configuration but the
+    `BOOKKEEPING` (a run written twice, to two paths, is one run), its system, model, prompt set, prompt and repeat."""
+    return json.dumps([*_run_identity(record), record.get("prompt_index"),
+                       (record.get("extra") or {}).get("repeat", 0)], sort_keys=True, default=str)

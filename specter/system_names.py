@@ -95,6 +95,12 @@ def system_colours() -> dict[str, str]:
     return {name: facts["colour"] for name, facts in _declared().items() if facts.get("colour")}
 
 
+def host_compute_names() -> frozenset[str]:
+    """The systems among `system_names` that compute missed experts on the host (`host_compute = True`): a miss of
+    theirs copies nothing."""
+    return frozenset(name for name, facts in _declared().items() if facts.get("host_compute") is True)
+
+
 def speculative_names() -> frozenset[str]:
     """The systems among `system_names` whose class (or a System class it subclasses) sets `speculative = True`: the
     ones whose runs draft a window, and so have a K."""

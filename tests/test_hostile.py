@@ -806,6 +806,34 @@ CASES = [
                                                                   "--out", "{out}.csv"], "repeats record 1"),
     ("aggregate_a_second_record_for_a_prompt", _aggregate(_second_record(
         wall_s=1.0)), "repeats record 1"),
+    ("aggregate_the_run_written_to_two_paths", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
+        w, r, _config_field("out", "elsewhere.jsonl")), "--out", "{out}.csv"], "repeats record 1"),
+    ("aggregate_two_models_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
+        w, r, _both(_config_field("model_sha256", "0" * 64), _config_field("seed", 43), _record_field("seed", 43))),
+        "--out", "{out}.csv"], "both name their model"),
+    ("aggregate_two_prompt_files_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
+        w, r, _both(_record_field("prompt_token_ids", [*_first_record(r)["prompt_token_ids"][:-1], 7]),
+                    _config_field("seed", 43), _record_field("seed", 43))), "--out", "{out}.csv"],
+     "as other tokens: two prompt files of one name"),
+    ("aggregate_records_without_the_models_hash", _aggregate(_config_field("model_sha256", None)),
+     "config lacks model_sha256"),
+    ("aggregate_records_parts_of_time_not_its_tpot", _aggregate(_extra_edit(
+        lambda e: e["breakdown_ms"].update(draft=e["breakdown_ms"]["draft"] * 3 + 1))), "extra.breakdown_ms's parts"),
+    ("aggregate_records_resident_bytes_not_their_parts", lambda w, r: _aggregate(_config_field("memory", {
+        **_first_record(r)["config"]["memory"], "resident_bytes": 10**15, "fits_device": False}))(w, r),
+     "config.memory.resident_bytes is 1000000000000000"),
+    ("aggregate_records_fits_device_flipped", lambda w, r: _aggregate(_config_field("memory", {
+        **_first_record(r)["config"]["memory"], "fits_device": False}))(w, r), "config.memory.fits_device is False"),
+    ("aggregate_records_bound_not_the_one_it_names", _aggregate(_extra_edit(lambda e: e.update(
+        lower_bound_per_pass_ms=e["lower_bound_per_pass_ms"] * 2, lower_bound_per_token_ms=e[
+            "lower_bound_per_token_ms"] * 2))), "and its per-"),
+    ("aggregate_records_prefill_bytes_negative", _aggregate(_extra_edit(lambda e: e.update(h2d_bytes_prefill=-5))),
+     "extra.h2d_bytes_prefill is -5"),
+    ("aggregate_records_fewer_misses_than_the_decodes", _aggregate(_both(
+        _record_field("demand_misses", 1), _record_field("demand_hits", 0), _record_field("hit_rate", 0.0))),
+     "fewer than the decode's own"),
+    ("aggregate_records_misses_without_bytes", _aggregate(_record_field("h2d_bytes_demand", 0)),
+     "with no bytes copied on demand"),
     ("aggregate_two_profiles_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
         w, r, _other_machine), "--out", "{out}.csv"], "both name their hardware 't4-pcie3', with other numbers"),
     ("aggregate_tpot_negative", _aggregate(_record_field("tpot_ms", -5.0)), "tpot_ms is -5.0"),
@@ -1244,8 +1272,10 @@ def test_a_planted_symlink_at_a_predictable_temporary_name_is_not_followed(tmp_p
                                                           ("SIGTERM", 143, "terminated", False),
                                                           ("SIGTERM", 143, "terminated", True),
                                                           ("SIGHUP", 129, "terminated (SIGHUP)", False),
-                                                          ("SIGQUIT", 131, "terminated (SIGQUIT)", False)],
-                         ids=["sigint", "sigterm", "sigterm_twice", "sighup", "sigquit"])
+                                                          ("SIGQUIT", 131, "terminated (SIGQUIT)", False),
+                                                          ("SIGALRM", 142, "terminated (SIGALRM)", False),
+                                                          ("SIGXCPU", 152, "terminated (SIGXCPU)", False)],
+                         ids=["sigint", "sigterm", "sigterm_twice", "sighup", "sigquit", "sigalrm", "sigxcpu"])
 def test_sigint_and_sigterm_exit_with_one_line_without_a_traceback(signame, status, word, twice, tiny_dirs,
                                                                    tmp_path):
     import signal

@@ -24,7 +24,7 @@ COUNTS = ["demand_misses", "h2d_bytes_demand", "h2d_bytes_prefetch", "live_forwa
 def read_records(paths: list[str | Path]) -> list[dict]:
     from specter.records import read_jsonl, record_key
 
-    records, seen, profiles = [], {}, {}
+    records, seen, profiles, named = [], {}, {}, {}
     for path in paths:
         for number, record in enumerate(read_jsonl(path), 1):
             key = record_key(record)
@@ -34,6 +34,7 @@ def read_records(paths: list[str | Path]) -> list[dict]:
                                    "a table would count that prompt twice; give each run's records once")
             seen[key] = (path, number)
             _same_hardware(record, path, number, profiles)
+            _same_model_and_prompts(record, path, number, named)
             records.append(record)
     if not records:
         raise SpecterError(f"no records in {', '.join(map(str, paths))}; the runs wrote nothing")
@@ -63,6 +64,28 @@ def _whole_runs(records: list[dict], where: dict) -> None:
                     f"records its prompts {dict(sorted(prompts.items()))} times")
             raise SpecterError(f"the run of record {number} of {path} ({json.loads(key)[1]}) has {wanted} prompts and "
                                f"{said}: a file cut short or edited; run it again")
+
+
+def _same_model_and_prompts(record: dict, path, number: int, named: dict) -> None:
+    """Refuse two records that name one model but hold other weights (`config.model_sha256`), or one prompt of one
+    prompt set (its name, field and length, on one model) but other tokens: a table would average two models, or two
+    prompts, as one."""
+    config = record.get("config") or {}
+    digest = config.get("model_sha256")
+    first = named.setdefault(("model", record.get("model")), (digest, path, number))
+    if first[0] != digest:
+        raise SpecterError(f"record {number} of {path} and record {first[2]} of {first[1]} both name their model "
+                           f"{record.get('model')!r}, but their weights differ (config.model_sha256 {str(digest)[:12]} "
+                           f"and {str(first[0])[:12]}): a table would average two models as one row; give each model "
+                           "directory its own name")
+    tokens = record.get("prompt_token_ids")
+    key = ("prompt", digest, record.get("dataset"), config.get("field"), record.get("prompt_index"),
+           len(tokens) if isinstance(tokens, list) else None)
+    first = named.setdefault(key, (tokens, path, number))
+    if first[0] != tokens:
+        raise SpecterError(f"record {number} of {path} and record {first[2]} of {first[1]} both give prompt "
+                           f"{record.get('prompt_index')} of {record.get('dataset')!r}, as other tokens: two prompt "
+                           "files of one name; give each prompt set its own file name")
 
 
 def _same_hardware(record: dict, path, number: int, profiles: dict) -> None:

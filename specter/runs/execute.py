@@ -130,7 +130,7 @@ def prepare(run: RunSpec | Resolved, session: Session, recorders: tuple = ()) ->
     config = DecodeConfig(spec.max_new_tokens, slots, k, spec.prefetch, draft_bytes, spec.temperature, spec.seed,
                           spec.draft_kernel, spec.cache_start)
     common = run_fields(spec, system, profile, work, slots, memory, priced_at, k_source,
-                        next(target.model.parameters()).device.type, storage)
+                        next(target.model.parameters()).device.type, storage, session.model_hash(spec.model))
     return PreparedRun(spec, system, profile, cost, prompts, target, draft, service, work, slots, memory, config,
                        governor, _warmup(calibration, spec, service), common, online=online, calibration=calibration)
 
