@@ -615,6 +615,9 @@ CASES = [
                                                  "{out}"], "--set hidden: not a setting of tiny-mixtral"),
     ("build_tiny_set_not_a_number", lambda w, r: ["build-model", "tiny-mixtral", "--set", "hidden_size=big",
                                                   "--out", "{out}"], "hidden_size='big': not a whole number"),
+    ("build_tiny_set_a_million_layers", lambda w, r: ["build-model", "tiny-mixtral", "--set",
+                                                      "num_hidden_layers=1000000", "--out", "{out}"],
+     "num_hidden_layers is 1000000, it must be at most 1024"),
     ("build_tiny_set_zero", lambda w, r: ["build-model", "tiny-mixtral", "--set", "num_hidden_layers=0",
                                           "--out", "{out}"], "num_hidden_layers=0"),
     ("build_tiny_set_heads_not_dividing", lambda w, r: ["build-model", "tiny-mixtral", "--set", "hidden_size=66",
@@ -1165,6 +1168,10 @@ CASES = [
         d / "config.json", rms_norm_eps=float("nan"))), system="on-demand"), "rms_norm_eps"),
     ("config_hidden_size_negative_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
         d / "config.json", hidden_size=-1))], "hidden_size"),
+    ("config_a_billion_layers_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", num_hidden_layers=10**9))], "num_hidden_layers is 1000000000, it must be at most 1024"),
+    ("config_more_experts_than_any_model_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", num_local_experts=10**6))], "num_local_experts is 1000000, it must be at most 4096"),
     ("config_top_k_above_experts_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
         d / "config.json", num_experts_per_tok=9))], "num_experts_per_tok"),
     ("config_top_k_above_experts_run", lambda w, r: _run(r, model=_model_copy(w, r, lambda d: _edit_json(
@@ -1941,3 +1948,16 @@ def test_a_table_its_reader_would_refuse_is_never_written(tmp_path):
         with pytest.raises(SpecterError, match="not written: the records it was made from hold a value"):
             write_table(frame, tmp_path / "t.csv")
         assert not list(tmp_path.iterdir())
+
+
+def test_a_model_larger_than_memory_is_one_line_exit_1(tmp_path, capsys):
+    """torch's allocator refusing a tensor (a tiny model set 2^20 wide: 4 TB a matrix) ends the command with one
+    line, not a traceback, and writes nothing."""
+    from specter.cli import main
+
+    code = main(["build-model", "tiny-mixtral", "--set", "hidden_size=1048576", "--set", "intermediate_size=1048576",
+                 "--out", str(tmp_path / "m")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("specter:")]
+    assert code == 1 and "Traceback" not in err and len(lines) == 1 and "out of memory" in lines[0], err
+    assert not list(tmp_path.iterdir())

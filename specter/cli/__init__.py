@@ -55,9 +55,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"specter: error: {line}", file=sys.stderr)
         return 1
+    except MemoryError:
+        print("specter: error: out of memory: the command needs more memory than this machine gives it; give smaller "
+              "settings or a machine with more memory (outputs are written whole or not at all)", file=sys.stderr)
+        return 1
     except Exception as err:
         if _caused_by_interrupt(err):  # e.g. transformers' lazy import wraps a Ctrl-C in a RuntimeError
             return _interrupted()
+        if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):  # torch's CPU allocator
+            print(f"specter: error: out of memory ({' '.join(str(err).split())[:120]}); give smaller settings or a "
+                  "machine with more memory (outputs are written whole or not at all)", file=sys.stderr)
+            return 1
         if type(err).__name__ == "SafetensorError" and "No space left on device" in str(err):  # safetensors' writer
             print(f"specter: error: {_file_system_line(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))}",
                   file=sys.stderr)

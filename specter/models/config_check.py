@@ -30,6 +30,10 @@ _NON_NEGATIVE = ("shared_expert_intermediate_size", "n_shared_experts", "first_k
 _POSITIVE_REAL = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "routed_scaling_factor", "swiglu_limit", "factor")
 _BELOW_ONE = ("rms_norm_eps", "layer_norm_eps")  # a normalization's epsilon of 1 or more drowns the signal
 _DEEPSEEK_V2_TOPK = ("greedy", "group_limited_greedy")  # the routing methods transformers' DeepSeek-V2 implements
+#: The most decoder layers and routed experts a config may declare: far above any published MoE (94 layers in
+#: Qwen3-235B-A22B, 512 experts in Qwen3-Next), and few enough that the modules a layer count makes, even on the meta
+#: device, fit in memory (a billion layers took every gigabyte of a 24 GiB machine to describe)
+MAX_LAYERS, MAX_EXPERTS = 1024, 4096
 #: The largest magnitude of any number: a model computing in float32 (or bfloat16, with float32's range) holds no
 #: larger value (swiglu_limit 1e300 overflowed when made a tensor).
 MAX_MAGNITUDE = 3.4e38
@@ -63,6 +67,9 @@ def check_config(config: dict, origin: str, fix: str = "fix or re-download the c
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < high:
                 raise bad(prefix + key, value, "a finite number above 0" + (" and below 1" if high == 1 else ""))
     experts_key = next((k for k in EXPERT_KEYS if config.get(k) is not None), None)
+    for key, most in (("num_hidden_layers", MAX_LAYERS), (experts_key, MAX_EXPERTS)):
+        if key is not None and isinstance(config.get(key), int) and config[key] > most:
+            raise bad(key, config[key], f"at most {most} (no published model comes near)")
     top_k = config.get("num_experts_per_tok")
     if experts_key is not None and top_k is not None and top_k > config[experts_key]:
         raise bad("num_experts_per_tok", top_k, f"at most the {config[experts_key]} routed experts ({experts_key})")

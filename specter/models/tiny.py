@@ -101,6 +101,9 @@ def shape_settings(model_type: str, overrides: dict[str, str]) -> tuple[dict[str
             raise SpecterError(f"--set {key}={value}: give a whole number from 1 to {1 << 20}")
         shapes[key] = value
     merged = {**_COMMON, **TINY_CONFIGS[model_type], **shapes}
+    from specter.models.config_check import check_config
+
+    check_config(merged, "--set", "give a smaller setting")  # a depth or expert count no model has, among others
     if merged.get("head_dim") is None and merged["hidden_size"] % merged["num_attention_heads"]:
         raise SpecterError(f"--set: hidden_size {merged['hidden_size']} is not a multiple of num_attention_heads "
                            f"{merged['num_attention_heads']}; set both so that it is")
