@@ -938,7 +938,8 @@ CASES = [
         w, r, _table_cell("speedup_of_specter", "inf"), checksum=False)), "a ratio is finite and positive"),
     ("aggregate_records_tpot_an_integer_no_float_holds", _aggregate(_record_field("tpot_ms", 10**400)),
      "too large for its field"),
-    ("summary_table_speedup_not_its_tpots", _readme_cell("speedup_of_specter", "50"), "and its TPOT over Specter's is"),
+    ("summary_table_speedup_not_its_tpots", _readme_cell("speedup_of_specter", "50"),
+     "speedup_of_specter is 50, and no Specter row"),
     ("summary_table_memory_unknown", _readme_cell("memory", "same banana"), "memory is 'same banana', which no run"),
     ("summary_table_simulated_unknown", _readme_cell("simulated", "banana"),
      "simulated is 'banana', neither True nor False"),
@@ -963,7 +964,7 @@ CASES = [
         {**yaml.safe_load((Path(__file__).parents[1] / "docs/results/run.yaml").read_text()), "command": ["rm"]}))),
      "run.yaml: command is ['rm']"),
     ("summary_table_speedup_without_specter", _readme_cell("system", "sp-moe"),
-     "holds no Specter row it could be over"),
+     "speedup_of_specter is 1, and no Specter row"),
     ("summary_table_tpot_under_its_lower_bound", _readme_cell("lower_bound_tpot_ms", "99999"),
      "under its own lower bound"),
     ("plot_calibration_ratio_not_its_columns", _plot_committed("calibration", 0, suite_over_published="1.0"),
@@ -1002,7 +1003,7 @@ CASES = [
      "one line of printable text"),
     ("summary_table_mean_above_its_max", _readme_cell("tpot_ms_max", "0.0001"), "outside its prompts' range"),
     ("summary_table_dispatch_mixed", lambda w, r: _readme(_resealed(_table_copy(
-        w, r, _second_row(system="on-demand", **_NO_WINDOW, dispatch_us="17"), checksum=False))),
+        w, r, _second_row(system="on-demand", **_NO_WINDOW, dispatch_us="17", speedup_of_specter=""), checksum=False))),
      "the table mixes runs of another protocol"),
     ("summary_table_same_slots_at_other_slots", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", **_NO_WINDOW, slots_per_layer="7", resident_share="0.875"),
@@ -1048,6 +1049,8 @@ CASES = [
      "k is empty for specter, which drafts a window"),
     ("plot_main_acceptance_on_a_system_without_a_draft", _plot_committed("main", 0, acceptance_rate="0.5"),
      "acceptance_rate is 0.5 for fiddler"),
+    ("plot_main_speedup_over_no_specter_row", _plot_committed("main", 0, speedup_of_specter="50"),
+     "speedup_of_specter is 50, and no Specter row"),
     ("plot_calibration_metric_no_row_compares", _plot_committed("calibration", 0, metric="bogus_per_s"),
      "metric is 'bogus_per_s', which no run"),
     ("aggregate_records_bytes_no_float_holds", _aggregate(_record_field("h2d_bytes_prefetch", 10**400)),
@@ -1961,3 +1964,18 @@ def test_a_model_larger_than_memory_is_one_line_exit_1(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("specter:")]
     assert code == 1 and "Traceback" not in err and len(lines) == 1 and "out of memory" in lines[0], err
     assert not list(tmp_path.iterdir())
+
+
+def test_diff_tells_a_damaged_checksum_from_the_table_it_was_written_for(tmp_path):
+    """Two trees with the same table bytes, one with the checksum the suite wrote and one with a damaged one (every
+    reader refuses its table) are not identical."""
+    import hashlib
+
+    from specter.report.diff import diff_results
+
+    for side, digest in (("a", hashlib.sha256(b"x\n1\n").hexdigest()), ("b", "0" * 64)):
+        (tmp_path / side / "tables").mkdir(parents=True)
+        (tmp_path / side / "tables" / "t.csv").write_text("x\n1\n")
+        (tmp_path / side / "tables" / "t.csv.sha256").write_text(f"{digest}  t.csv\n")
+    differences = diff_results(tmp_path / "a", tmp_path / "b").differences
+    assert differences == ["tables/t.csv.sha256: the checksum files differ"]

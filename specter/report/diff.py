@@ -1,10 +1,10 @@
 """`specter diff A B`: whether two results trees hold the same results, and where they differ.
 
 Compares every run-record file (`*.jsonl` under `runs/` and `experiments/`) record by record and field by field, and
-every table (`tables/*.csv`) byte for byte. Fields that legitimately differ between identical runs are left out:
-wall-clock time, package versions and the git commit by default (`--ignore` names more, as dotted paths such as
-`config.memo`). The answer names each differing file and field, so "identical" is something one can check, not
-assume.
+every table (`tables/*.csv`) and its checksum file byte for byte. Fields that legitimately differ between identical
+runs are left out: wall-clock time, package versions and the git commit by default (`--ignore` names more, as dotted
+paths such as `config.memo`). The answer names each differing file and field, so "identical" is something one can
+check, not assume.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
                 for p in found:
                     paths[p] = paths.get(p, 0) + 1
             out.differences += [f"{name}: {p} differs in {n} of {len(ra)} records" for p, n in sorted(paths.items())]
-    names = sorted({p.relative_to(r).as_posix() for r in (a, b) for p in (r / "tables").glob("*.csv")})
+    names = sorted({p.relative_to(r).as_posix() for r in (a, b) for pattern in ("*.csv", "*.csv.sha256")
+                    for p in (r / "tables").glob(pattern)})  # a table with its checksum: what its readers hold it to
     for name in names:
         pa, pb = a / name, b / name
         if not (pa.is_file() and pb.is_file()):
@@ -95,5 +96,5 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
             raise SpecterError(f"cannot read a table to compare: {err.strerror}: {err.filename}; make it readable "
                                "(or compare other directories)") from None
         if not same:
-            out.differences.append(f"{name}: the tables differ")
+            out.differences.append(f"{name}: the {'checksum files' if name.endswith('.sha256') else 'tables'} differ")
     return out

@@ -281,12 +281,35 @@ def _checked(text: str, path: Path, fix: str) -> pd.DataFrame:
             if not pd.isna(value) and str(value) not in texts[column][0]:
                 raise SpecterError(f"{path}:{i + 2}: {column} is {str(value)!r:.60}, which no run writes (one of "
                                    f"{texts[column][1]}); {fix}")
+    _check_speedups(df, path, fix)
     claims = {"verdict", "rule", "paper", "suite", "low", "high"} <= set(df.columns)
     for i, row in df.iterrows():
         problem = _row_problem(row) or (_claims_row_problem(row) if claims else None)
         if problem is not None:
             raise SpecterError(f"{path}:{i + 2}: {problem}, which no run gives; {fix}")
     return df
+
+
+def _check_speedups(df: pd.DataFrame, path: Path, fix: str) -> None:
+    """Each `speedup_of_specter` is its row's TPOT over a Specter row's of the same scope (model, prompt set,
+    hardware, pricing, dispatch: `experiments.SCOPE`), as `tables._speedups` computes it."""
+    from specter.experiments import SCOPE
+
+    if not {"speedup_of_specter", "system", "tpot_ms"} <= set(df.columns):
+        return
+    scope = [c for c in SCOPE if c in df.columns]
+    ours: dict[tuple, list[float]] = {}
+    for _, row in df[df["system"] == "specter"].iterrows():
+        ours.setdefault(tuple(str(row[c]) for c in scope), []).append(float(row["tpot_ms"]))
+    for i, row in df.iterrows():
+        ratio = _cell_number(row["speedup_of_specter"])
+        if ratio is None or math.isnan(ratio):
+            continue
+        tpots = ours.get(tuple(str(row[c]) for c in scope), [])
+        if not any(math.isclose(ratio, float(row["tpot_ms"]) / tpot, rel_tol=1e-6) for tpot in tpots):
+            raise SpecterError(f"{path}:{i + 2}: speedup_of_specter is {ratio:g}, and no Specter row of its model, "
+                               f"prompt set and hardware has {float(row['tpot_ms']) / ratio:g} ms, its TPOT over it; "
+                               f"{fix}")
 
 
 def write_table(table: pd.DataFrame, out: str | Path) -> None:
