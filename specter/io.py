@@ -297,8 +297,11 @@ def _guard_bytecode(prefix: str) -> None:
     """The bytecode kept under `prefix` written whole and read whole: Python's own writer publishes what one `write`
     call wrote, so a full disk left a truncated file that every later import of that module failed on (`EOFError:
     marshal data too short`), every later command with it. Under `prefix` a file is renamed into place only once its
-    size is the data's, and a file that does not unmarshal is removed and its module compiled from source (the next
-    process writes it again). Bytecode elsewhere is Python's business and left alone."""
+    size is the data's, and ends in the sha256 of its code (Python's header checks only the source's size and time,
+    so a flipped byte ran: a changed constant, or a SyntaxError from the middle of an import); a file whose code is
+    not its sha256's or does not unmarshal is removed and its module compiled from source (the next process writes it
+    again). Hashing what a command imports costs it about 0.1 s. Bytecode elsewhere is Python's business and left
+    alone."""
     import _frozen_importlib_external as external  # the module the import system itself runs (importlib's is it)
 
     if getattr(external, "_specter_guard", None) == prefix:
@@ -310,6 +313,7 @@ def _guard_bytecode(prefix: str) -> None:
     def write_whole(path, data, mode=0o666):
         if not str(path).startswith(ours):
             return write(path, data, mode)
+        data = bytes(data) + hashlib.sha256(memoryview(data)[_PYC_HEADER:]).digest()
         tmp = f"{path}.{os.getpid()}.{id(data)}.tmp"
         fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, mode & 0o666)
         try:
@@ -324,10 +328,16 @@ def _guard_bytecode(prefix: str) -> None:
             raise  # the import system ignores a failed write: the module still runs from its source
 
     def unmarshal_whole(data, name=None, bytecode_path=None, source_path=None):
+        ours_here = source_path is not None and str(bytecode_path or "").startswith(ours)
         try:
+            if ours_here:
+                code, digest = memoryview(data)[:-32], bytes(memoryview(data)[-32:])
+                if len(data) < 32 or hashlib.sha256(code).digest() != digest:
+                    raise ValueError("bytecode other than its checksum")
+                data = code
             return unmarshal(data, name, bytecode_path, source_path)
         except (EOFError, ValueError, TypeError, ImportError):  # ImportError: a file that holds no code object
-            if source_path is None or not str(bytecode_path or "").startswith(ours):
+            if not ours_here:
                 raise
             with contextlib.suppress(OSError):
                 os.unlink(bytecode_path)
@@ -337,6 +347,9 @@ def _guard_bytecode(prefix: str) -> None:
     write_whole.__wrapped__, unmarshal_whole.__wrapped__ = write, unmarshal
     external._write_atomic, external._compile_bytecode = write_whole, unmarshal_whole
     external._specter_guard = prefix
+
+
+_PYC_HEADER = 16  # a .pyc file's header (magic, flags, the source's time and size) before its code
 
 
 def files_sha256(paths) -> str:

@@ -1604,10 +1604,11 @@ def stream_moe_model(*args, **kwargs):
     return load(*args, **kwargs)
 
 
-def test_bytecode_cut_short_by_a_full_disk_is_never_kept_and_a_truncated_file_is_compiled_again(tmp_path):
+def test_bytecode_cut_short_by_a_full_disk_is_never_kept_and_a_truncated_or_damaged_file_is_compiled_again(tmp_path):
     """A file-size limit stands in for a full disk (each write stops at it, as on a full file system): the bytecode
     the suite keeps in its cache is not published short, the module still imports; and a truncated file already there
-    (as Python's own writer left one) is removed and its module compiled from source, so later commands still run."""
+    (as Python's own writer left one), or one with a byte of its code flipped, is removed and its module compiled from
+    source, so later commands still run as their source says."""
     import subprocess
     import sys
 
@@ -1638,6 +1639,11 @@ def test_bytecode_cut_short_by_a_full_disk_is_never_kept_and_a_truncated_file_is
     assert out.returncode == 0 and out.stdout.strip() == "7" and "Traceback" not in out.stderr, out.stderr
     out = python(plain)  # written whole again by the process after
     assert out.returncode == 0 and pyc.stat().st_size > 4000
+    data = bytearray(pyc.read_bytes())  # a byte of the kept code flipped, its header whole: a constant changed
+    data[data.index(b"x" * 100) + 50] = ord("y")
+    pyc.write_bytes(bytes(data))
+    out = python(plain.replace("print(probe_module.VALUE)", "print(probe_module.TEXT == 'x' * 4000)"))
+    assert out.returncode == 0 and out.stdout.strip() == "True" and "Traceback" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("entry", [b"\xff\xfe" + b"\x80" * 62, b"", b"z" * 64, bytes(64), b"0" * 63],
