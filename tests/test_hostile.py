@@ -701,6 +701,14 @@ CASES = [
         d / "experts.safetensors", 0.0))), "experts.safetensors"),
     ("draft_meta_bits_edited", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
         d / "meta.json", bits=3))), "bits"),
+    ("draft_meta_bytes_per_expert_edited", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", quantized_bytes_per_expert=1))), "quantized_bytes_per_expert is 1"),
+    ("draft_meta_bytes_per_expert_edited_same_memory", lambda w, r: _without(_run(
+        r, "--same-memory-as", "2", system="on-demand", draft=_draft_copy(w, r, lambda d: _edit_json(
+            d / "meta.json", quantized_bytes_per_expert=1))), "--resident-per-layer"),
+     "quantized_bytes_per_expert is 1"),
+    ("draft_meta_key_twice", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: (d / "meta.json").write_text(
+        (d / "meta.json").read_text().rstrip().rstrip("}") + ', "bits": 4}'))), "the key 'bits' is given twice"),
     ("draft_meta_bits_out_of_range", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
         d / "meta.json", bits=99))), "bits"),
     ("draft_meta_group_size_zero", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(

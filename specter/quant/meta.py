@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specter.errors import SpecterError
+from specter.io import json_strict
 
 METHODS = ("gptq", "rtn")  # GPTQ (GPTQModel, calibrated) and round-to-nearest
 
@@ -61,11 +62,26 @@ class DraftMeta:
                 "`specter quantize --model DIR --out DIR`"
             )
         try:
-            meta = cls(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as err:
+            meta = cls(**json_strict(path.read_text()))
+        except (ValueError, TypeError) as err:  # JSON's errors, a key given twice, bytes other than UTF-8
             raise SpecterError(f"{path} is not a valid draft sidecar ({err}); quantize the draft again") from None
         meta.check(path)
         return meta
+
+    def expert_bytes(self, expert_shapes, draft_dir) -> int:
+        """`quantized_bytes_per_expert`, held to what a draft of the target's `expert_shapes` ((out, in) of each
+        linear) stores at its bits and groups: the packed linears, and their float16 biases where the target has
+        them. An edited figure would change every memory plan that charges the draft."""
+        from specter.quant.packing import packed_bytes
+
+        codes = sum(packed_bytes(in_f, out_f, self.bits, self.group_size) for out_f, in_f in expert_shapes)
+        biased = codes + 2 * sum(out_f for out_f, _ in expert_shapes)
+        if self.quantized_bytes_per_expert not in (codes, biased):
+            raise SpecterError(f"{Path(draft_dir) / META_FILE}: quantized_bytes_per_expert is "
+                               f"{self.quantized_bytes_per_expert}, and a {self.bits}-bit draft in groups of "
+                               f"{self.group_size} of this model's experts stores {codes} bytes an expert ({biased} "
+                               "with biases); quantize the draft again")
+        return self.quantized_bytes_per_expert
 
     def check(self, path) -> None:
         """Every field of a sidecar in range (an edited meta.json is refused, not trusted)."""

@@ -111,7 +111,7 @@ def prepare(run: RunSpec | Resolved, session: Session, recorders: tuple = ()) ->
     # a live run's twin prices its weights at the dtype they decode in; a simulation at 2 bytes, the paper's targets'
     work = ModelWork.of(target, **({"weight_bytes": next(target.model.parameters()).dtype.itemsize}
                                    if spec.engine == "live" else {}))
-    draft_bytes = draft.quantized_bytes_per_expert if draft else 0
+    draft_bytes = draft.meta.expert_bytes(work.expert_shapes, spec.draft) if draft else 0
     priced_at = None
     if spec.cost_as is not None:
         work, service, draft_bytes, priced_at = _priced_at(spec, session, work, service, draft)
@@ -258,7 +258,7 @@ def _specter_resident(spec: RunSpec, work: ModelWork, k: Window) -> int:
 
     meta = DraftMeta.read(spec.draft)
     per_expert = (work.quantized_expert_bytes(meta.bits, meta.group_size) if spec.cost_as
-                  else meta.quantized_bytes_per_expert)
+                  else meta.expert_bytes(work.expert_shapes, spec.draft))
     return specter_resident_bytes(work, per_expert, spec.prefix_tokens + spec.max_new_tokens + k.longest)
 
 
