@@ -1179,6 +1179,10 @@ CASES = [
         d / "config.json", rms_norm_eps=float("nan"))), system="on-demand"), "rms_norm_eps"),
     ("config_hidden_size_negative_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
         d / "config.json", hidden_size=-1))], "hidden_size"),
+    ("config_dtype_other_than_its_weights_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", dtype="bfloat16"))], "config.json says dtype bfloat16, and its weights are stored in F32"),
+    ("config_dtype_other_than_its_weights_live", lambda w, r: _live(r, _model_copy(w, r, lambda d: _edit_json(
+        d / "config.json", dtype="bfloat16"))), "config.json says dtype bfloat16"),
     ("config_a_billion_layers_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(
         d / "config.json", num_hidden_layers=10**9))], "num_hidden_layers is 1000000000, it must be at most 1024"),
     ("config_more_experts_than_any_model_inspect", lambda w, r: ["inspect", _model_copy(w, r, lambda d: _edit_json(

@@ -141,11 +141,17 @@ def stored_twice(path: Path, name: str, first: str, second: str) -> SpecterError
                         "checkpoint")
 
 
+#: config.json's floating-point dtypes and how safetensors names each
+_FLOAT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
+
+
 def check_weight_dtypes(path: Path) -> None:
     """Refuse, naming the tensor, a checkpoint with a plain weight stored as integers (`integer_weight`) or a tensor
-    stored in two of its files (loaders differ in which copy they read), from its safetensors headers alone (a header
-    the loader cannot read is the loader's to report)."""
+    stored in two of its files (loaders differ in which copy they read), or a config.json whose dtype none of its
+    floating-point weights is stored in, from its safetensors headers alone (a header the loader cannot read is the
+    loader's to report)."""
     held: dict[str, str] = {}
+    floats: set[str] = set()  # the floating-point dtypes the weights are stored in
     files = weight_files(path)  # (an index that lists no file it could be is refused there)
     for file in files:
         try:
@@ -163,10 +169,17 @@ def check_weight_dtypes(path: Path) -> None:
             if name != "__metadata__" and held.setdefault(name, file.name) != file.name:
                 raise stored_twice(path, name, held[name], file.name)
             dtype = info.get("dtype") if isinstance(info, dict) else None
+            floats |= {dtype} if dtype in _FLOAT_DTYPES.values() else set()
             if isinstance(dtype, str) and integer_weight(name, dtype):
                 raise SpecterError(f"the model in {str(path)!r}: tensor {name} is stored as {_INTEGER_DTYPES[dtype]}, "
                                    "and a weight is a floating-point tensor (it would be converted silently): a "
                                    "damaged or foreign checkpoint; rebuild or re-download it")
+    said = read_model_config(path)
+    said = said.get("dtype") or said.get("torch_dtype")
+    if floats and said in _FLOAT_DTYPES and _FLOAT_DTYPES[said] not in floats:
+        raise SpecterError(f"the model in {str(path)!r}: config.json says dtype {said}, and its weights are stored in "
+                           f"{', '.join(sorted(floats))}: a config.json that does not describe its weights (every "
+                           "byte count and a live run's dtype follow it); restore it from the checkpoint's source")
     index = path / "model.safetensors.index.json"
     if index.is_file() and held:  # where the index says each tensor is: a loader may look for it only there
         weight_map = json.loads(index.read_text()).get("weight_map") or {}
@@ -253,8 +266,11 @@ class ModelSummary:
 
 
 def describe_model(path: str | Path) -> ModelSummary:
-    """Summarize a checkpoint from its config alone: the model is built on the meta device, no weights are read."""
+    """Summarize a checkpoint from its config alone: the model is built on the meta device, no weights are read (the
+    weight files' headers are, where there are any: a config that contradicts them is refused)."""
     read_model_config(path)
+    if any(Path(path).glob("*.safetensors")):
+        check_weight_dtypes(Path(path))
     config_file = Path(path) / "config.json"
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
