@@ -127,10 +127,18 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 def cmd_profile_bandwidth(args: argparse.Namespace) -> int:
     from specter.offload.policy import policy_seconds
-    from specter.timing.hardware import load_profile, profile_summary
+    from specter.timing.hardware import load_profile, preset_names, profile_summary
     from specter.timing.profiler import default_sizes, profile_bandwidth
 
     _threads_set(args)  # the CPU's figures (its matmul, its copies) are those of the threads the runs will use
+    name = args.name
+    if name is not None and not (name.isascii() and name.isprintable() and name.strip() and not set(name) & set("|`")):
+        raise SpecterError(f"--name {name!r:.60} is not a name of printable ASCII letters, digits and signs (tables "
+                           "and reports print it); give a plain name")
+    like = next((n for n in preset_names() if name is not None and n.lower() == name.strip().lower()), None)
+    if like is not None:  # checked before minutes of measuring, not by the profile's reader after them
+        raise SpecterError(f"--name {name!r} is the preset {like!r}'s name, and a measured profile has its own: its "
+                           f"records would pass for the preset's; give another (e.g. --name {like}-measured)")
     if args.dispatch_model is not None:
         from specter.models.loading import read_model_config
 

@@ -23,7 +23,9 @@ with one line naming the cause if the fault persists. Both write `bandwidth.csv`
 from __future__ import annotations
 
 import csv
+import io
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ import torch
 import yaml
 
 from specter.errors import SpecterError
+from specter.io import atomic_write_text
 from specter.timing.dispatch import dispatch_seconds
 from specter.timing.hardware import load_profile
 
@@ -172,13 +175,17 @@ def profile_bandwidth(out_dir: str | Path, device: str = "auto", sizes: list[int
         "experts in slots, no kernel run), per MoE layer (specter.offload.policy)" if policy is not None
         else "0, not measured")
     csv_path, yaml_path = out / "bandwidth.csv", out / "profile.yaml"
-    with csv_path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["size_bytes", "memory", "median_s", "gbps", "repeats"])
-        for r in rows:
-            w.writerow([r.size_bytes, r.memory, f"{r.median_s:.9f}", f"{r.gbps:.4f}", r.repeats])
-    yaml_path.write_text(yaml.safe_dump(profile, sort_keys=False))
-    load_profile(yaml_path)  # what we wrote must load
+    text = yaml.safe_dump(profile, sort_keys=False)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:  # what we write must load: checked before it is in place
+        (Path(tmp) / yaml_path.name).write_text(text)
+        load_profile(Path(tmp) / yaml_path.name)
+    lines = io.StringIO()
+    w = csv.writer(lines)
+    w.writerow(["size_bytes", "memory", "median_s", "gbps", "repeats"])
+    for r in rows:
+        w.writerow([r.size_bytes, r.memory, f"{r.median_s:.9f}", f"{r.gbps:.4f}", r.repeats])
+    atomic_write_text(csv_path, lines.getvalue())
+    atomic_write_text(yaml_path, text)
     return csv_path, yaml_path
 
 
