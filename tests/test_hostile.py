@@ -2001,3 +2001,21 @@ def test_diff_tells_a_damaged_checksum_from_the_table_it_was_written_for(tmp_pat
         (tmp_path / side / "tables" / "t.csv.sha256").write_text(f"{digest}  t.csv\n")
     differences = diff_results(tmp_path / "a", tmp_path / "b").differences
     assert differences == ["tables/t.csv.sha256: the checksum files differ"]
+
+
+def test_a_table_whose_checksum_cannot_be_written_is_not_left_without_it(tmp_path, monkeypatch):
+    """A disk with room for the table but not for its checksum: the table is removed with the error, never left for
+    readers that would take it with a warning only."""
+    import errno
+
+    import pandas as pd
+
+    from specter.report import tablefile
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(tablefile, "atomic_write_text", full)
+    with pytest.raises(OSError):
+        tablefile.write_table(pd.DataFrame({"x": [1]}), tmp_path / "t.csv")
+    assert not list(tmp_path.iterdir())

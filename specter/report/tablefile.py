@@ -325,4 +325,8 @@ def write_table(table: pd.DataFrame, out: str | Path) -> None:
                                            "the rules that write them again")
     data = buffer.getvalue().encode("utf-8")
     atomic_write(out, lambda f: f.write(data), binary=True)
-    atomic_write_text(Path(str(out) + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {Path(out).name}\n")
+    try:
+        atomic_write_text(Path(str(out) + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {Path(out).name}\n")
+    except OSError:  # a table without its checksum would be read with a warning only: none is left
+        Path(out).unlink(missing_ok=True)
+        raise
