@@ -596,6 +596,8 @@ CASES = [
         "{out}.txt", "--out", "{out}"], "--calibration-length 513"),
     ("stride_zero", lambda w, r: ["fidelity", "--model", r["model"], "--draft", str(r["draft"]), "--stride", "0",
                                   "--out", "{out}.csv"], "--stride"),
+    ("run_model_path_with_a_bar", lambda w, r: _run(r, model=str(Path(shutil.copytree(r["model"], w / "ti|ny")))),
+     "tables and reports print it, and a | or `"),
     ("profile_named_as_a_preset", lambda w, r: ["profile-bandwidth", "--out", "{out}", "--name", "T4-PCIe3"],
      "--name 'T4-PCIe3' is the preset 't4-pcie3''s name"),
     ("profile_name_with_a_bar", lambda w, r: ["profile-bandwidth", "--out", "{out}", "--name", "my|gpu"],
