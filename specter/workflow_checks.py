@@ -123,6 +123,15 @@ def _check_cases(config: dict, widths: dict) -> None:
                 check_structure(arch, moe.num_experts, moe.top_k, experts, top_k, case["model"])
             except SpecterError as err:
                 raise ConfigError(f"config cases.{name}.cost_as: {err}") from None
+    from specter.experiments import cases_of
+
+    for name, entry in config["experiments"].items():  # a slots axis past a case's experts fails its sweep's job
+        for slots in (entry.get("axes") or {}).get("resident_per_layer") or []:
+            for case in cases_of(config, name):
+                experts = widths[config["cases"][case]["model"]][2]
+                if not (isinstance(slots, int) and 1 <= slots <= experts):
+                    raise ConfigError(f"config experiments.{name}.axes.resident_per_layer: {slots!r} must be between "
+                                      f"1 and {experts} (the experts per layer of case {case}'s model); drop it")
 
 
 def _same_memory_slots(entry: dict, case: dict) -> list[int]:
