@@ -1090,7 +1090,9 @@ CASES = [
     ("plot_table_binary", lambda w, r: ["plot", "main", "--table", _write(w, "t.csv", bytes(range(256)) * 4),
                                         "--out", "{out}.png"], "t.csv"),
     ("plot_table_wrong_columns", lambda w, r: ["plot", "main", "--table", _table_file(w, "t.csv", "a,b\n1,2\n"),
-                                               "--out", "{out}.png"], "columns"),
+                                               "--out", "{out}.png"], "the table is not a main table (it lacks"),
+    ("plot_another_experiments_table", lambda w, r: ["plot", "budget", "--table", str(r["table"]), "--out",
+                                                     "{out}.png"], "the table is not a budget table (it holds memory"),
     ("plot_table_header_only", lambda w, r: ["plot", "main", "--table", _table_file(
         w, "t.csv", Path(r["table"]).read_text().splitlines()[0] + "\n"), "--out", "{out}.png"], "no rows"),
     ("diff_not_directories", lambda w, r: ["diff", str(w / "a"), str(w / "b")], "directory"),

@@ -37,6 +37,7 @@ from specter.report.plotting import (  # noqa: E402
     palette,
     panel_grid,
 )
+from specter.report.tablefile import its_own_table  # noqa: E402
 from specter.report.tables import timing_note  # noqa: E402
 
 
@@ -44,11 +45,13 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
     """Draw experiment `name`'s figure from its table to `out` (PNG), by its registry entry's figure kind."""
     from specter import experiments
 
-    figure = experiments.get(name).figure
+    spec = experiments.get(name)
+    figure = spec.figure
     if figure.kind not in KINDS:
         raise SpecterError(f"experiment {name!r}: no figure kind {figure.kind!r}; kinds: {', '.join(KINDS)}")
     if table.empty:
         raise SpecterError(f"the {name} table has no rows; aggregate the experiment's records again")
+    its_own_table(name, spec.table, table)
     sns.set_theme(style="whitegrid", context="paper")
     try:
         KINDS[figure.kind](figure, table, out, timing_note(table))

@@ -330,3 +330,23 @@ def write_table(table: pd.DataFrame, out: str | Path) -> None:
     except OSError:  # a table without its checksum would be read with a warning only: none is left
         Path(out).unlink(missing_ok=True)
         raise
+
+
+def its_own_table(name: str, spec, table: pd.DataFrame) -> None:
+    """Refuse another experiment's table (it would be drawn as this one's): one without this table's keys, or, for a
+    table of statistics, with a column such a table does not hold."""
+    from specter.experiments import SCOPE
+    from specter.report.frames import COUNTS, METRICS
+
+    lacking = [c for c in (*spec.keys, *(spec.columns or ())) if c not in table.columns]
+    extra = []
+    if spec.kind == "stats":
+        allowed = set(spec.columns) if spec.columns else {*SCOPE, *spec.keys, *METRICS, *COUNTS, "n", "tpot_ms_median",
+                                                          "tpot_ms_p90", "tpot_ms_p99", "tpot_ms_min", "tpot_ms_max",
+                                                          "speedup_of_specter"}
+        extra = [c for c in table.columns if c not in allowed]
+    if lacking or extra:
+        said = "; ".join(part for part in (f"it lacks {', '.join(lacking)}" if lacking else "",
+                                           f"it holds {', '.join(extra)}" if extra else "") if part)
+        raise SpecterError(f"the table is not a {name} table ({said}); give the table `specter aggregate {name}` "
+                           f"wrote (results/tables/{name}.csv)")
