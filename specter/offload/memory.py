@@ -106,6 +106,12 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget_kind:
                 raise SpecterError(f"--resident-per-layer {slots} must be between 1 and {work.experts_per_layer} "
                                    "(the experts per layer)")
     fits = None if device_bytes is None else resident + slots * per_slot_row <= device_bytes
+    if fits is False:  # a slot budget is taken as given: the run goes on, its record says `fits_device: false`
+        from specter.progress import log
+
+        log.warning("the memory plan (%d slots a layer: %.2f GB) does not fit the device's %.2f GB; the run goes on "
+                    "as if it did, and its records say fits_device: false", slots,
+                    (resident + slots * per_slot_row) / 1e9, device_bytes / 1e9)
     return MemoryPlan(slots_per_layer=slots, expert_slot_bytes=slots * per_slot_row, budget_bytes=budget_bytes,
                       fits_device=fits, **plan)
 
