@@ -1904,6 +1904,7 @@ def test_a_bar_in_a_cell_stays_in_its_cell_and_diff_names_the_side_that_holds_a_
     from specter.report.summary import _markdown
 
     assert _markdown([["fiddler|x", "1"]], ["system", "tpot"])[2] == "| fiddler\\|x | 1 |"
+    assert _markdown([["d\nraft", "a`m"]], ["draft", "arm"])[2] == "| d\\nraft | a\\`m |"
     for side in ("a", "b"):
         (tmp_path / side / "tables").mkdir(parents=True)
     (tmp_path / "a" / "tables" / "t.csv").mkdir()
