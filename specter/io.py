@@ -184,6 +184,10 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = F
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is None and err.errno is not None:  # a full disk names no file: name the output
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
+        raise
     finally:
         _remove(tmp)  # after the rename there is nothing left to remove
     return path
@@ -274,12 +278,11 @@ def cache_root() -> Path | None:
 def cache_bytecode() -> None:
     """Let this process keep the bytecode it compiles, in the suite's cache (`cache_root()/pycache`), where the
     environment forbids writing it beside the sources (`PYTHONDONTWRITEBYTECODE`) and names no other place for it
-    (`PYTHONPYCACHEPREFIX`). Call first in an entry point, before the heavy imports.
-
-    Without it, on such a machine with a `pip install --no-compile` environment, every process compiles torch's,
-    transformers' and the suite's modules from source again: measured, a replayed sweep took 21 to 24 s of which about
-    11 s was compiling, and the default workflow starts about fifty processes. Nothing is written beside the sources;
-    with no cache (`SPECTER_CACHE_DIR` set empty) this does nothing."""
+    (`PYTHONPYCACHEPREFIX`). Call first in an entry point, before the heavy imports. Without it, on such a machine with
+    a `pip install --no-compile` environment, every process compiles torch's, transformers' and the suite's modules
+    from source again: measured, a replayed sweep took 21 to 24 s of which about 11 s was compiling, and the default
+    workflow starts about fifty processes. Nothing is written beside the sources; with no cache (`SPECTER_CACHE_DIR`
+    set empty) this does nothing."""
     if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
         return
     try:
@@ -313,7 +316,7 @@ def _guard_bytecode(prefix: str) -> None:
     def write_whole(path, data, mode=0o666):
         if not str(path).startswith(ours):
             return write(path, data, mode)
-        data = bytes(data) + hashlib.sha256(memoryview(data)[_PYC_HEADER:]).digest()
+        data = bytes(data) + hashlib.sha256(memoryview(data)[16:]).digest()  # past the header: magic, flags, source
         tmp = f"{path}.{os.getpid()}.{id(data)}.tmp"
         fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, mode & 0o666)
         try:
@@ -347,9 +350,6 @@ def _guard_bytecode(prefix: str) -> None:
     write_whole.__wrapped__, unmarshal_whole.__wrapped__ = write, unmarshal
     external._write_atomic, external._compile_bytecode = write_whole, unmarshal_whole
     external._specter_guard = prefix
-
-
-_PYC_HEADER = 16  # a .pyc file's header (magic, flags, the source's time and size) before its code
 
 
 def files_sha256(paths) -> str:

@@ -222,7 +222,8 @@ def _check_positions(config: dict, widths: dict) -> None:
                 f"config protocol.max_new_tokens: a prompt of {max(prefixes)} tokens (protocol.prefix_tokens or an "
                 f"experiment's prefix_tokens) + protocol.max_new_tokens {protocol['max_new_tokens']} + a window of "
                 f"{max(windows)} (the case's k or an experiment's) is {need} positions in case {case_name}, more than "
-                f"model {case['model']}'s {positions} (max_position_embeddings); lower protocol.max_new_tokens")
+                f"model {case['model']}'s {positions} (max_position_embeddings); lower protocol.max_new_tokens, the "
+                "prefix_tokens or the window")
 
 
 def _check_options(name: str, entry: dict, systems: dict) -> None:
