@@ -187,28 +187,15 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
     return out
 
 
-#: a run's settings that say where it wrote or read, not what it ran: two runs apart only in these are one run
-BOOKKEEPING = ("out", "hardware", "k_source")  # `hardware` as given (a preset's name or a file): its name and hash stay
-
-
-def _run_identity(record: dict) -> list:
-    config = record.get("config")
-    if isinstance(config, dict):
-        config = {key: value for key, value in config.items() if key not in BOOKKEEPING}
-        if config.get("k") is None and record.get("k") is not None:  # the default K is the K it chose
-            config["k"] = record["k"]
-    return [config, record.get("system"), record.get("model"), record.get("dataset"), record.get("engine"),
-            record.get("hardware")]
-
-
 def run_key(record: dict) -> str:
     """What the records of one run share (`record_key` without the prompt and the repeat)."""
-    return json.dumps(_run_identity(record), sort_keys=True, default=str)
+    return json.dumps([record.get("config"), record.get("system"), record.get("model"), record.get("dataset"),
+                       record.get("engine"), record.get("hardware")], sort_keys=True, default=str)
 
 
 def record_key(record: dict) -> str:
-    """What tells one record apart from every other of a suite's runs: its run's whole configuration but the
-    `BOOKKEEPING` (a run written twice, to two paths, is one run; a run at the default K is the run at that K), its
-    system, model, prompt set, prompt and repeat."""
-    return json.dumps([*_run_identity(record), record.get("prompt_index"),
-                       (record.get("extra") or {}).get("repeat", 0)], sort_keys=True, default=str)
+    """What tells one record apart from every other of a suite's runs: its run's whole configuration (its output path
+    among it), its system, model, prompt set, prompt and repeat."""
+    return json.dumps([record.get("config"), record.get("system"), record.get("model"), record.get("dataset"),
+                       record.get("prompt_index"), (record.get("extra") or {}).get("repeat", 0),
+                       record.get("engine"), record.get("hardware")], sort_keys=True, default=str)

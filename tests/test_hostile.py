@@ -824,7 +824,11 @@ CASES = [
     ("aggregate_a_second_record_for_a_prompt", _aggregate(_second_record(
         wall_s=1.0)), "repeats record 1"),
     ("aggregate_the_run_written_to_two_paths", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
-        w, r, _config_field("out", "elsewhere.jsonl")), "--out", "{out}.csv"], "repeats record 1"),
+        w, r, _config_field("out", "elsewhere.jsonl")), "--out", "{out}.csv"], "two records of one run"),
+    ("aggregate_the_run_at_its_default_k_and_at_that_k", lambda w, r: ["aggregate", "main", str(r["records"]),
+                                                                       _records_copy(w, r, _both(
+        _config_field("k", None), _config_field("k_source", "the default"))), "--out", "{out}.csv"],
+     "two records of one run"),
     ("aggregate_two_models_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
         w, r, _both(_config_field("model_sha256", "0" * 64), _config_field("seed", 43), _record_field("seed", 43))),
         "--out", "{out}.csv"], "both name their model"),

@@ -61,9 +61,9 @@ def fmt_ms(x) -> str:
 
 
 def _markdown(rows: list[list[str]], header: list[str], tight: bool = False) -> list[str]:
-    """A markdown table (a `|` or a backtick within a cell escaped, a line break or other control character written
-    as its escape, so that a cell stays one cell of one line); `tight`: no padding around the cells (a wide table
-    within the README's line length)."""
+    """A markdown table (a `|` or a backtick within a cell escaped, a cell that is one code span kept as it is, a line
+    break or other control character written as its escape, so that a cell stays one cell of one line); `tight`: no
+    padding around the cells (a wide table within the README's line length)."""
     bar, rule = ("|", "---|") if tight else (" | ", " --- |")
     edge = "|" if tight else "| "
 
@@ -71,7 +71,8 @@ def _markdown(rows: list[list[str]], header: list[str], tight: bool = False) -> 
         text = str(c)
         if not text.isprintable():
             text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-        return text.replace("|", "\\|").replace("`", "\\`")
+        code = len(text) > 1 and text[0] == text[-1] == "`" and "`" not in text[1:-1]  # a code span the suite made
+        return text.replace("|", "\\|") if code else text.replace("|", "\\|").replace("`", "\\`")
 
     out = [edge + bar.join(header) + edge[::-1], "|" + rule * len(header)]
     out += [edge + bar.join(cell(c) for c in row) + edge[::-1] for row in rows]

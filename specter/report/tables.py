@@ -50,6 +50,21 @@ def _stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return out.reset_index()
 
 
+def _one_record_a_prompt(df: pd.DataFrame) -> None:
+    """Refuse two records of one run's prompt and repeat in a table of statistics (they would count it twice): equal
+    in every setting the frame holds, a run at the default K being the run at that K, wherever each was written."""
+    from specter.report.frames import COUNTS, METRICS
+
+    key = df.drop(columns=[c for c in (*METRICS, *COUNTS) if c in df]).astype(str)
+    key["k_setting"] = [s if s else k for s, k in zip(key["k_setting"], key["k"])]
+    twice = key.duplicated(keep=False)
+    if twice.any():
+        r = df[twice].iloc[0]
+        raise SpecterError(f"two records of one run: {r['system']} on {r['model']} ({r['dataset']}, {r['hardware']}), "
+                           f"prompt {r['prompt_index']}, at the same settings (one run written to two files, or run "
+                           "twice): a table would count that prompt twice; give each run's records once")
+
+
 def _speedups(table: pd.DataFrame, scope: list[str], of: str = "specter") -> pd.DataFrame:
     """Add `speedup_of_<of>`: each row's mean TPOT over `of`'s in the same scope (a ratio of means, as the paper
     computes it; > 1: `of` is faster); empty where the scope has no single `of` row to compare with."""
@@ -154,6 +169,7 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records)
+    _one_record_a_prompt(df)
     df = derive(spec.derive, df)
     scope = list(experiments.SCOPE)
     table = _stats(df, scope + list(spec.keys))
