@@ -56,7 +56,7 @@ def _one_record_a_prompt(df: pd.DataFrame) -> None:
     from specter.report.frames import COUNTS, METRICS
 
     key = df.drop(columns=[c for c in (*METRICS, *COUNTS) if c in df]).astype(str)
-    key["k_setting"] = [s if s else k for s, k in zip(key["k_setting"], key["k"])]
+    key["k_setting"] = [s if s else "" if pd.isna(k) else str(int(k)) for s, k in zip(key["k_setting"], df["k"])]
     twice = key.duplicated(keep=False)
     if twice.any():
         r = df[twice].iloc[0]
