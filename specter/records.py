@@ -141,7 +141,8 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
     wrong. `strict=False` reads records of older versions too (for `specter diff`)."""
     path = Path(path)
     if not path.is_file():
-        raise SpecterError(f"records file {str(path)!r} does not exist; run the workflow rule that writes it")
+        said = "is not a regular file" if path.exists() else "does not exist"
+        raise SpecterError(f"records file {str(path)!r} {said}; run the workflow rule that writes it")
     out = []
     try:
         raw = path.read_bytes().splitlines()

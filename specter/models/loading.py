@@ -28,6 +28,9 @@ def read_model_config(path: str | Path) -> dict:
     if not path.is_dir():
         raise SpecterError(f"model directory {str(path)!r} does not exist; pass a directory written by save_pretrained")
     config_file = path / "config.json"
+    if config_file.exists() and not config_file.is_file():
+        raise SpecterError(f"{config_file} is not a regular file (a directory, a device or a pipe); restore the "
+                           "checkpoint's config.json")
     if not config_file.is_file():
         raise SpecterError(
             f"{str(path)!r} holds no model (no config.json); pass a directory written by save_pretrained, "

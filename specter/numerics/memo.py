@@ -222,7 +222,8 @@ def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int
     """Add a memo's traces and windows to the service (what it already holds wins); returns the traces added."""
     path = Path(path)
     if not path.is_file():
-        raise SpecterError(f"--memo {str(path)!r} does not exist; record it with `specter sweep --memo-out`")
+        said = "is not a regular file" if path.exists() else "does not exist"
+        raise SpecterError(f"--memo {str(path)!r} {said}; record it with `specter sweep --memo-out`")
     try:
         traces = [_trace_in(line) for line in _lines(path, model_hash, _dtype(service), MemoShape.of(service.target))]
     except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError) as err:  # gzip, JSON or layout

@@ -325,7 +325,8 @@ class RunSpec:
                                "(the draft whose memory sets the budget)")
         for memo in self.memo:
             if not Path(memo).is_file():
-                raise SpecterError(f"--memo {memo!r} does not exist; record it with `specter sweep --memo-out`")
+                said = "is not a regular file" if Path(memo).exists() else "does not exist"
+                raise SpecterError(f"--memo {memo!r} {said}; record it with `specter sweep --memo-out`")
         if self.out and Path(self.out).is_dir():
             raise SpecterError(f"--out {self.out} is a directory; give a file name ending in .jsonl")
 
