@@ -120,15 +120,18 @@ def fidelity(target: MoEModel, draft: MoEModel, prompts: list[list[int]], new_to
             accepted = 0
             while accepted < horizon and spec[accepted] == committed[pos + accepted]:
                 accepted += 1
-            accepted_by_window.append(accepted)
+            accepted_by_window.append((accepted, horizon))
     acceptance = []
     for k in range(1, MAX_K + 1):
-        capped = [min(a, k) for a in accepted_by_window]
-        accepted, checked = sum(capped), sum(min(a + 1, k) for a in capped)
+        # a window of K proposes only as far as the text goes (its horizon): a window cut short by the end of the text
+        # proposed fewer, and none of those it never proposed was rejected
+        proposed = [min(k, horizon) for _, horizon in accepted_by_window]
+        capped = [min(a, n) for (a, _), n in zip(accepted_by_window, proposed)]
+        accepted, checked = sum(capped), sum(min(a + 1, n) for a, n in zip(capped, proposed))
         acceptance.append(dict(
             k=k, mean_accepted=accepted / len(capped) if capped else 0.0,
             acceptance_rate=acceptance_rate(accepted, checked) if checked else 0.0,
-            window_utilization=window_utilization(accepted, k * len(capped)) if capped else 0.0, windows=len(capped)))
+            window_utilization=window_utilization(accepted, sum(proposed)) if capped else 0.0, windows=len(capped)))
     summary = FidelitySummary(
         prompts=len(prompts),
         positions=top1_total,
