@@ -13,14 +13,12 @@ this host whose process is gone (`sweep_stale`). Nothing else there is touched.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -275,83 +273,6 @@ def cache_root() -> Path | None:
     return Path(root)
 
 
-def cache_bytecode() -> None:
-    """Let this process keep the bytecode it compiles, in the suite's cache (`cache_root()/pycache`), where the
-    environment forbids writing it beside the sources (`PYTHONDONTWRITEBYTECODE`) and names no other place for it
-    (`PYTHONPYCACHEPREFIX`). Call first in an entry point, before the heavy imports. Without it, on such a machine with
-    a `pip install --no-compile` environment, every process compiles torch's, transformers' and the suite's modules
-    from source again: measured, a replayed sweep took 21 to 24 s of which about 11 s was compiling, and the default
-    workflow starts about fifty processes. Nothing is written beside the sources; with no cache (`SPECTER_CACHE_DIR`
-    set empty) this does nothing."""
-    if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
-        return
-    try:
-        root = cache_root()
-    except RuntimeError:  # no home directory to find the default cache in: compile as before, never fail here
-        return
-    if root is None:
-        return
-    sys.pycache_prefix = str((root / "pycache").absolute())  # absolute: the GPTQ worker runs in a temporary cwd
-    sys.dont_write_bytecode = False
-    _guard_bytecode(sys.pycache_prefix)
-
-
-def _guard_bytecode(prefix: str) -> None:
-    """The bytecode kept under `prefix` written whole and read whole: Python's own writer publishes what one `write`
-    call wrote, so a full disk left a truncated file that every later import of that module failed on (`EOFError:
-    marshal data too short`), every later command with it. Under `prefix` a file is renamed into place only once its
-    size is the data's, and ends in the sha256 of its code (Python's header checks only the source's size and time,
-    so a flipped byte ran: a changed constant, or a SyntaxError from the middle of an import); a file whose code is
-    not its sha256's or does not unmarshal is removed and its module compiled from source (the next process writes it
-    again). Hashing what a command imports costs it about 0.1 s. Bytecode elsewhere is Python's business and left
-    alone."""
-    import _frozen_importlib_external as external  # the module the import system itself runs (importlib's is it)
-
-    if getattr(external, "_specter_guard", None) == prefix:
-        return
-    write, unmarshal = external._write_atomic, external._compile_bytecode
-    write, unmarshal = getattr(write, "__wrapped__", write), getattr(unmarshal, "__wrapped__", unmarshal)
-    ours = prefix.rstrip(os.sep) + os.sep
-
-    def write_whole(path, data, mode=0o666):
-        if not str(path).startswith(ours):
-            return write(path, data, mode)
-        data = bytes(data) + hashlib.sha256(memoryview(data)[16:]).digest()  # past the header: magic, flags, source
-        tmp = f"{path}.{os.getpid()}.{id(data)}.tmp"
-        fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, mode & 0o666)
-        try:
-            with os.fdopen(fd, "wb") as f:  # buffered: writes until every byte is out, or raises
-                f.write(data)
-            if os.stat(tmp).st_size != len(data):
-                raise OSError(f"wrote {os.stat(tmp).st_size} of {len(data)} bytes")
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise  # the import system ignores a failed write: the module still runs from its source
-
-    def unmarshal_whole(data, name=None, bytecode_path=None, source_path=None):
-        ours_here = source_path is not None and str(bytecode_path or "").startswith(ours)
-        try:
-            if ours_here:
-                code, digest = memoryview(data)[:-32], bytes(memoryview(data)[-32:])
-                if len(data) < 32 or hashlib.sha256(code).digest() != digest:
-                    raise ValueError("bytecode other than its checksum")
-                data = code
-            return unmarshal(data, name, bytecode_path, source_path)
-        except (EOFError, ValueError, TypeError, ImportError):  # ImportError: a file that holds no code object
-            if not ours_here:
-                raise
-            with contextlib.suppress(OSError):
-                os.unlink(bytecode_path)
-            with open(source_path, "rb") as f:
-                return compile(f.read(), source_path, "exec", dont_inherit=True)
-
-    write_whole.__wrapped__, unmarshal_whole.__wrapped__ = write, unmarshal
-    external._write_atomic, external._compile_bytecode = write_whole, unmarshal_whole
-    external._specter_guard = prefix
-
-
 def files_sha256(paths) -> str:
     """sha256 over each file's name and bytes, in the order given. Kept in the cache (`specter.io.cache_root`) under
     the files' paths, sizes, inodes and modification and change times (a model's weights take about 2.5 s to hash,
@@ -392,6 +313,10 @@ def _files_sha256(paths: list[Path]) -> str:
     buffer = bytearray(1 << 20)  # one reused buffer: hashing a checkpoint holds 1 MiB of it, never a chunk per read
     view = memoryview(buffer)
     for path in paths:
+        if not Path(path).is_file():  # a pipe or a device would be read for ever
+            from specter.errors import SpecterError
+
+            raise SpecterError(f"{path} is not a regular file (a pipe, a device or a directory); restore the file")
         h.update(Path(path).name.encode())
         with Path(path).open("rb") as f:
             while n := f.readinto(buffer):

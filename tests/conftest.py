@@ -17,7 +17,7 @@ import tempfile  # noqa: E402
 os.environ["SPECTER_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="specter-test-cache-")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
-from specter.io import cache_bytecode  # noqa: E402
+from specter.bytecode import cache_bytecode  # noqa: E402
 
 cache_bytecode()  # where bytecode may not be written beside the sources, this session's processes share one cache
 

@@ -213,7 +213,7 @@ def test_bytecode_is_kept_in_the_suite_cache_only_where_the_environment_forbids_
            "SPECTER_CACHE_DIR": str(tmp_path / "cache") if cache else "",
            "PYTHONPATH": os.pathsep.join([str(src), os.getcwd()])}
     env.pop("PYTHONPYCACHEPREFIX", None)
-    code = ("import sys; from specter.io import cache_bytecode; cache_bytecode(); import probe_module; "
+    code = ("import sys; from specter.bytecode import cache_bytecode; cache_bytecode(); import probe_module; "
             "print(sys.pycache_prefix, sys.dont_write_bytecode)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     kept = list((tmp_path / "cache").rglob("probe_module*.pyc"))

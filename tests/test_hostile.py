@@ -1643,10 +1643,11 @@ def test_bytecode_cut_short_by_a_full_disk_is_never_kept_and_a_truncated_or_dama
            "PYTHONPATH": os.pathsep.join([str(src), os.getcwd()])}
     env.pop("PYTHONPYCACHEPREFIX", None)
     full = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-            "from specter.io import cache_bytecode; cache_bytecode(); "
+            "from specter.bytecode import cache_bytecode; cache_bytecode(); "
             "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY)); "
             "import probe_module; print(probe_module.VALUE)")
-    plain = "from specter.io import cache_bytecode; cache_bytecode(); import probe_module; print(probe_module.VALUE)"
+    plain = ("from specter.bytecode import cache_bytecode; cache_bytecode(); import probe_module; "
+             "print(probe_module.VALUE)")
 
     def python(code):
         return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -1668,6 +1669,21 @@ def test_bytecode_cut_short_by_a_full_disk_is_never_kept_and_a_truncated_or_dama
     pyc.write_bytes(bytes(data))
     out = python(plain.replace("print(probe_module.VALUE)", "print(probe_module.TEXT == 'x' * 4000)"))
     assert out.returncode == 0 and out.stdout.strip() == "True" and "Traceback" not in out.stderr, out.stderr
+    pyc.unlink(missing_ok=True)  # (the damaged file was removed, and no process has written it since)
+    os.mkfifo(pyc)  # a pipe where the bytecode should be: never read (it would be read for ever)
+    out = python(plain)
+    assert out.returncode == 0 and out.stdout.strip() == "7" and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_pipe_where_a_hashed_file_should_be_is_one_line_not_a_hang(tmp_path):
+    """`specter summary` hashes every model and draft of a results tree: a pipe or a device in their place is refused
+    in one line, where reading it would never end."""
+    from specter.errors import SpecterError
+    from specter.io import files_sha256
+
+    os.mkfifo(tmp_path / "experts.safetensors")
+    with pytest.raises(SpecterError, match="is not a regular file"):
+        files_sha256([tmp_path / "experts.safetensors"])
 
 
 @pytest.mark.parametrize("entry", [b"\xff\xfe" + b"\x80" * 62, b"", b"z" * 64, bytes(64), b"0" * 63],

@@ -20,8 +20,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from specter import interrupt
 
     interrupt.install()  # first: a Ctrl-C or SIGTERM from here on exits 130 (143) with one line, nothing left behind
+    from specter.bytecode import cache_bytecode
     from specter.determinism import pin_environment
-    from specter.io import cache_bytecode
 
     cache_bytecode()  # before the heavy imports (torch, transformers): see its docstring
     try:
@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 FILE_SYSTEM_FIXES = {
     **dict.fromkeys((errno.ENOSPC, errno.EDQUOT), "free space there or write elsewhere"),
     errno.EROFS: "write elsewhere",
+    **dict.fromkeys((errno.EISDIR, errno.ENOTDIR), "put the file there (a directory stands where a file should, or a "
+                    "file where a directory should)"),
     **dict.fromkeys((errno.EACCES, errno.EPERM), "make it accessible or use another path"),
 }
 

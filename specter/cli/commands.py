@@ -283,7 +283,9 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     if args.figure:
         from specter.report.figures import plot
 
-        plot(args.experiment, written, args.figure)
+        with _of_another_shape(f"{args.out} holds a cell", f"the records are not {args.experiment}'s: aggregate that "
+                               "experiment's records"):
+            plot(args.experiment, written, args.figure)
         print(f"wrote {args.figure}")
     if args.html:
         from specter.experiments import EXPERIMENTS

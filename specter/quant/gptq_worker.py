@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from specter.io import cache_bytecode
+from specter.bytecode import cache_bytecode
 
 cache_bytecode()  # before torch and GPTQModel are imported (see its docstring)
 

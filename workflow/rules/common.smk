@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)  # the suite of this repository: its registry and run settings plan the jobs
-from specter.io import cache_bytecode  # noqa: E402
+from specter.bytecode import cache_bytecode  # noqa: E402
 
 # Planning imports the suite, and with it torch and transformers: where the environment forbids writing bytecode beside
 # the sources, Snakemake's own process (and, under SLURM, each job's) keeps it in the suite's cache, as the suite's
