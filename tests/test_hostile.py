@@ -160,6 +160,12 @@ def _table_cell(column: str, value: str):
 _NO_WINDOW = dict(k="", acceptance_rate="", window_utilization="", window_recall="", window_working_set="")
 
 
+def _table_value(path: Path, column: str) -> str:
+    """The first row's `column` of the table at `path`."""
+    lines = path.read_text().splitlines()
+    return lines[1].split(",")[lines[0].split(",").index(column)]
+
+
 def _second_row(**cells):
     """A damage: the table's first row again below it, with `cells` changed."""
     def damage(path: Path) -> None:
@@ -1019,7 +1025,10 @@ CASES = [
      "--same-memory-as 9 must be between 1 and 8"),
     ("summary_table_a_line_break_in_a_cell", _readme_cell("model", '"smollm2-moe\n|evil|"'),
      "one line of printable text"),
-    ("summary_table_mean_above_its_max", _readme_cell("tpot_ms_max", "0.0001"), "outside its prompts' range"),
+    ("summary_table_p99_under_its_p90", lambda w, r: _readme(_resealed(_table_copy(w, r, lambda p: (
+        _table_cell("tpot_ms_p99", str(float(_table_value(p, "tpot_ms_p90")) * 0.99))(p)), checksum=False))),
+     "tpot_ms_p90 is"),
+    ("summary_table_mean_above_its_max", _readme_cell("tpot_ms", "999"), "outside its prompts' range"),
     ("summary_table_dispatch_mixed", lambda w, r: _readme(_resealed(_table_copy(
         w, r, _second_row(system="on-demand", **_NO_WINDOW, dispatch_us="17", speedup_of_specter=""), checksum=False))),
      "the table mixes runs of another protocol"),

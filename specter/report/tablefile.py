@@ -122,6 +122,12 @@ def _row_problem(row) -> str | None:
     if None not in (slots, experts, share) and experts > 0 and not math.isnan(share) and not math.isclose(
             share, slots / experts, rel_tol=1e-9):
         return f"resident_share is {share:g}, and its slots over its experts give {slots / experts:g}"
+    order = [(c, _cell_number(row.get(c))) for c in ("tpot_ms_min", "tpot_ms_median", "tpot_ms_p90", "tpot_ms_p99",
+                                                      "tpot_ms_max")]
+    order = [(c, v) for c, v in order if v is not None and not math.isnan(v)]
+    for (a, x), (b, y) in zip(order, order[1:]):
+        if x > y * (1 + 1e-9):
+            return f"{a} is {x:g}, above {b} {y:g} (a quantile is never above a higher one)"
     low, high = _cell_number(row.get("tpot_ms_min")), _cell_number(row.get("tpot_ms_max"))
     if low is not None and high is not None and not (math.isnan(low) or math.isnan(high)):
         for column in ("tpot_ms", "tpot_ms_median", "tpot_ms_p90", "tpot_ms_p99"):
