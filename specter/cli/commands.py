@@ -66,11 +66,15 @@ def cmd_plan_memory(args: argparse.Namespace) -> int:
     from specter.offload.work import ModelWork
     from specter.timing import load_profile, preset_names
 
-    profiles = [load_profile(name) for name in (args.hardware or preset_names())]
+    profiles = [load_profile(name) for name in dict.fromkeys(args.hardware or preset_names())]
     rows = []
-    for name in args.architectures or architecture_names():
+    for name in dict.fromkeys(args.architectures or architecture_names()):
         arch = load_architecture(name)
         work = ModelWork.of(arch.meta_model())  # at 2 bytes a weight: bfloat16 or float16, as a GPU runs it
+        widths = sorted({in_f for _, in_f in work.expert_shapes})
+        if any(w % args.group_size for w in widths):  # as quantize refuses it: groups would straddle the rows
+            raise SpecterError(f"--group-size {args.group_size} does not divide {arch.name}'s expert input widths "
+                               f"({', '.join(map(str, widths))}); give a divisor of them (the paper's is 128)")
         for profile in profiles:
             for fit in device_fits(work, profile.device_memory_bytes, args.context + args.k,
                                    work.quantized_expert_bytes(args.draft_bits, args.group_size)):
