@@ -286,62 +286,9 @@ def _consistency_problem(record: dict) -> str | None:
     timed = (extra.get("repeats") or {}).get("timed") if isinstance(extra.get("repeats"), dict) else None
     if isinstance(extra.get("repeat"), int) and isinstance(timed, int) and not extra["repeat"] < timed:
         return f"extra.repeat is {extra['repeat']}, and its run timed {timed} repeats (0 to {timed - 1})"
-    return _arithmetic_problem(record, extra, config)
+    from specter.record_sums import arithmetic_problem
 
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
-
-
-def _arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
-    """Where a record's sums and counts contradict each other: its time's parts and its TPOT, its twin's parts and
-    the twin's TPOT, its lower bound and the bound it names, its memory plan's parts and their total, its window
-    figures on a run without a window, its demand hits and misses against the decode's counts, misses without the
-    bytes they copy, a negative byte count."""
-    tokens, tpot = len(record.get("output_token_ids") or []), record.get("tpot_ms")
-    for name, time in (("breakdown_ms", tpot), ("simulated_breakdown_ms", extra.get("simulated_tpot_ms"))):
-        parts = extra.get(name)
-        if isinstance(parts, dict) and isinstance(time, (int, float)) and tokens > 1 and not _close(
-                sum(parts.values()), time * (tokens - 1)):
-            return (f"extra.{name}'s parts sum to {sum(parts.values()):g} ms, and its TPOT {time:g} ms over "
-                    f"{tokens - 1} tokens is {time * (tokens - 1):g} ms")
-    kind, bound = extra.get("lower_bound_kind"), record.get("lower_bound_tpot_ms")
-    named = extra.get({"per-pass": "lower_bound_per_pass_ms", "per-token": "lower_bound_per_token_ms"}.get(kind, ""))
-    if isinstance(named, (int, float)) and isinstance(bound, (int, float)) and not _close(named, bound):
-        return f"lower_bound_tpot_ms is {bound:g}, and its {kind} bound (extra) is {named:g}"
-    for name in ("h2d_bytes_prefill", "link_bytes_activations", "d2h_bytes_writeback"):
-        value = extra.get(name)
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            return f"extra.{name} is {value!r}, not a whole number of bytes of at least 0"
-    memory = config.get("memory")
-    if isinstance(memory, dict) and all(isinstance(memory.get(k), int) for k in (
-            "resident_bytes", "non_expert_bytes", "draft_bytes", "kv_bytes", "workspace_bytes", "expert_slot_bytes")):
-        parts = sum(memory[k] for k in ("non_expert_bytes", "draft_bytes", "kv_bytes", "workspace_bytes"))
-        if memory["resident_bytes"] != parts:
-            return f"config.memory.resident_bytes is {memory['resident_bytes']}, and its parts sum to {parts}"
-        device = memory.get("device_bytes")
-        if isinstance(device, int) and memory.get("fits_device") is not (
-                memory["resident_bytes"] + memory["expert_slot_bytes"] <= device):
-            return (f"config.memory.fits_device is {memory.get('fits_device')!r}, and its resident part and slots "
-                    f"({memory['resident_bytes'] + memory['expert_slot_bytes']} bytes) against the device's {device} "
-                    "give the other")
-    if record.get("k") is None:
-        given = [name for name in ("acceptance_rate", "window_utilization", "window_recall", "window_working_set")
-                 if record.get(name) is not None]
-        if given:
-            return f"{given[0]} is {record[given[0]]!r} in a run that drafts no window (k is null)"
-    counts = extra.get("counts") or {}
-    for field, part in (("demand_hits", "decode_hits"), ("demand_misses", "decode_misses")):
-        value, decode = record.get(field), counts.get(part)
-        if isinstance(value, int) and isinstance(decode, int) and value < decode:
-            return f"{field} is {value}, fewer than the decode's own (extra.counts.{part} = {decode})"
-    from specter.system_names import host_compute_names
-
-    misses, copied = record.get("demand_misses"), record.get("h2d_bytes_demand")
-    if (isinstance(misses, int) and misses > 0 and copied == 0 and record.get("system") not in host_compute_names()
-            and record.get("engine") == "sim"):
-        return f"demand_misses is {misses} with no bytes copied on demand, and each miss copies its expert"
-    return None
+    return arithmetic_problem(record, extra, config)
 
 
 def _window_problem(record: dict, k, histogram: dict, tokens: int) -> str | None:

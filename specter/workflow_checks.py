@@ -314,6 +314,9 @@ def check_config(config: dict) -> None:
     widths = _check_models(config)
     for name, spec in config["datasets"].items():
         check_name("datasets", name)
+        if "path" in spec and name in DATASETS:
+            raise ConfigError(f"config datasets.{name}: {name!r} is a prompt set the suite ships, and this one is a "
+                              "file: runs and the fidelity report would each read another; give the file its own name")
         if "path" in spec:
             _check_prompt_file(f"datasets.{name}.path", spec["path"])
         elif name not in DATASETS:

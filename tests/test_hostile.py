@@ -289,6 +289,7 @@ def _other_machine(path: Path, rehash: bool = True) -> None:
     for line in path.read_text().splitlines():
         record = json.loads(line)
         record["config"]["hardware_profile"]["device"]["memory_gb"] = 80.0
+        record["config"]["memory"]["device_bytes"] = 80_000_000_000  # its memory plan made on that device
         if rehash:
             record["config"]["hardware_sha256"] = profile_digest(record["config"]["hardware_profile"])
         out.append(json.dumps(record))
@@ -844,6 +845,15 @@ CASES = [
         w, r, _both(_record_field("prompt_token_ids", [*_first_record(r)["prompt_token_ids"][:-1], 7]),
                     _config_field("seed", 43), _record_field("seed", 43))), "--out", "{out}.csv"],
      "as other tokens: two prompt files of one name"),
+    ("aggregate_two_greedy_runs_of_other_tokens", lambda w, r: ["aggregate", "main", str(r["records"]),
+                                                                _records_copy(w, r, _both(
+        _record_field("output_token_ids", [*_first_record(r)["output_token_ids"][:-1], 3]),
+        _config_field("seed", 43), _record_field("seed", 43))), "--out", "{out}.csv"],
+     "greedily on the same numerics into other tokens"),
+    ("aggregate_a_prompt_file_named_as_a_shipped_set", lambda w, r: ["aggregate", "main", str(r["records"]),
+                                                                     _records_copy(w, r, _both(
+        _record_field("dataset", "/x/code.jsonl"), _config_field("dataset", "/x/code.jsonl"))), "--out",
+                                                                     "{out}.csv"], "the tables call both 'code'"),
     ("aggregate_records_without_the_models_hash", _aggregate(_config_field("model_sha256", None)),
      "config lacks model_sha256"),
     ("aggregate_records_parts_of_time_not_its_tpot", _aggregate(_extra_edit(
@@ -856,6 +866,15 @@ CASES = [
     ("aggregate_records_bound_not_the_one_it_names", _aggregate(_extra_edit(lambda e: e.update(
         lower_bound_per_pass_ms=e["lower_bound_per_pass_ms"] * 2, lower_bound_per_token_ms=e[
             "lower_bound_per_token_ms"] * 2))), "and its per-"),
+    ("aggregate_records_pricing_not_its_priced_ops", _aggregate(_config_field("pricing", "upstream")),
+     "config.pricing is 'upstream' (upstream), and its priced ops are 'fused'"),
+    ("aggregate_records_dispatch_not_its_profiles", _aggregate(_config_field("dispatch_us", 5.0)),
+     "config.dispatch_us is 5.0, and its profile's dispatch is"),
+    ("aggregate_records_device_bytes_not_its_profiles", lambda w, r: _aggregate(_config_field("memory", {
+        **_first_record(r)["config"]["memory"], "device_bytes": 80_000_000_000}))(w, r),
+     "config.memory.device_bytes is 80000000000"),
+    ("aggregate_records_fewer_tokens_than_its_run_commits", _aggregate(_config_field("max_new_tokens", 20)),
+     "output tokens, and its run commits config.max_new_tokens = 20"),
     ("aggregate_records_prefill_bytes_negative", _aggregate(_extra_edit(lambda e: e.update(h2d_bytes_prefill=-5))),
      "extra.h2d_bytes_prefill is -5"),
     ("aggregate_records_fewer_misses_than_the_decodes", _aggregate(_both(

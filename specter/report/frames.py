@@ -78,6 +78,12 @@ def _same_model_and_prompts(record: dict, path, number: int, named: dict) -> Non
                            f"{record.get('model')!r}, but their weights differ (config.model_sha256 {str(digest)[:12]} "
                            f"and {str(first[0])[:12]}): a table would average two models as one row; give each model "
                            "directory its own name")
+    label = Path(str(record.get("dataset"))).stem  # what the tables call it
+    first = named.setdefault(("label", label), (record.get("dataset"), path, number))
+    if first[0] != record.get("dataset"):
+        raise SpecterError(f"record {number} of {path} runs prompt set {record.get('dataset')!r} and record {first[2]} "
+                           f"of {first[1]} runs {first[0]!r}: the tables call both {label!r} and would mix them; give "
+                           "the prompt file a name of its own")
     tokens = record.get("prompt_token_ids")
     key = ("prompt", digest, record.get("dataset"), config.get("field"), record.get("prompt_index"),
            len(tokens) if isinstance(tokens, list) else None)
@@ -86,6 +92,17 @@ def _same_model_and_prompts(record: dict, path, number: int, named: dict) -> Non
         raise SpecterError(f"record {number} of {path} and record {first[2]} of {first[1]} both give prompt "
                            f"{record.get('prompt_index')} of {record.get('dataset')!r}, as other tokens: two prompt "
                            "files of one name; give each prompt set its own file name")
+    out = record.get("output_token_ids")
+    if record.get("engine") != "sim" or (config.get("temperature") or 0) != 0 or not isinstance(out, list):
+        return
+    # greedy decoding on one model's numerics commits the target's own tokens, whichever system and draft run it
+    key = ("greedy", digest, config.get("dtype"), json.dumps(config.get("numerics"), sort_keys=True, default=str),
+           json.dumps(tokens, default=str))
+    first = named.setdefault(key, (out, path, number))
+    if first[0][:len(out)] != out[:len(first[0])]:
+        raise SpecterError(f"record {number} of {path} and record {first[2]} of {first[1]} decode prompt "
+                           f"{record.get('prompt_index')} greedily on the same numerics into other tokens, and every "
+                           "system commits the target's own: a record was edited or damaged; run it again")
 
 
 def _same_hardware(record: dict, path, number: int, profiles: dict) -> None:

@@ -1,0 +1,75 @@
+"""A run record's sums and counts held to each other (`arithmetic_problem`, one of `record_checks`' checks): what
+a record that is whole in every field alone can still contradict."""
+
+from __future__ import annotations
+
+import math
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
+    """Where a record's sums and counts contradict each other: its time's parts and its TPOT, its twin's parts and
+    the twin's TPOT, its lower bound and the bound it names, its memory plan's parts and their total, its window
+    figures on a run without a window, its demand hits and misses against the decode's counts, misses without the
+    bytes they copy, a negative byte count."""
+    tokens, tpot = len(record.get("output_token_ids") or []), record.get("tpot_ms")
+    for name, time in (("breakdown_ms", tpot), ("simulated_breakdown_ms", extra.get("simulated_tpot_ms"))):
+        parts = extra.get(name)
+        if isinstance(parts, dict) and isinstance(time, (int, float)) and tokens > 1 and not _close(
+                sum(parts.values()), time * (tokens - 1)):
+            return (f"extra.{name}'s parts sum to {sum(parts.values()):g} ms, and its TPOT {time:g} ms over "
+                    f"{tokens - 1} tokens is {time * (tokens - 1):g} ms")
+    kind, bound = extra.get("lower_bound_kind"), record.get("lower_bound_tpot_ms")
+    named = extra.get({"per-pass": "lower_bound_per_pass_ms", "per-token": "lower_bound_per_token_ms"}.get(kind, ""))
+    if isinstance(named, (int, float)) and isinstance(bound, (int, float)) and not _close(named, bound):
+        return f"lower_bound_tpot_ms is {bound:g}, and its {kind} bound (extra) is {named:g}"
+    for name in ("h2d_bytes_prefill", "link_bytes_activations", "d2h_bytes_writeback"):
+        value = extra.get(name)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return f"extra.{name} is {value!r}, not a whole number of bytes of at least 0"
+    memory = config.get("memory")
+    if isinstance(memory, dict) and all(isinstance(memory.get(k), int) for k in (
+            "resident_bytes", "non_expert_bytes", "draft_bytes", "kv_bytes", "workspace_bytes", "expert_slot_bytes")):
+        parts = sum(memory[k] for k in ("non_expert_bytes", "draft_bytes", "kv_bytes", "workspace_bytes"))
+        if memory["resident_bytes"] != parts:
+            return f"config.memory.resident_bytes is {memory['resident_bytes']}, and its parts sum to {parts}"
+        device = memory.get("device_bytes")
+        if isinstance(device, int) and memory.get("fits_device") is not (
+                memory["resident_bytes"] + memory["expert_slot_bytes"] <= device):
+            return (f"config.memory.fits_device is {memory.get('fits_device')!r}, and its resident part and slots "
+                    f"({memory['resident_bytes'] + memory['expert_slot_bytes']} bytes) against the device's {device} "
+                    "give the other")
+    profile = config.get("hardware_profile") if isinstance(config.get("hardware_profile"), dict) else {}
+    given, ops = config.get("pricing"), config.get("priced_ops")
+    pricing = given or ("counted" if record.get("engine") == "live" else "fused")
+    if isinstance(ops, dict) and "pricing" in ops and ops["pricing"] != pricing:
+        return f"config.pricing is {given!r} ({pricing}), and its priced ops are {ops['pricing']!r}"
+    dispatch = (profile.get("host") or {}).get("dispatch_us") if isinstance(profile.get("host"), dict) else None
+    if config.get("dispatch_us") is not None and dispatch is not None and config["dispatch_us"] != dispatch:
+        return f"config.dispatch_us is {config['dispatch_us']!r}, and its profile's dispatch is {dispatch!r} us"
+    device = (profile.get("device") or {}).get("memory_gb") if isinstance(profile.get("device"), dict) else None
+    if isinstance(memory, dict) and isinstance(device, (int, float)) and memory.get("device_bytes") is not None and \
+            memory["device_bytes"] != int(device * 1e9):
+        return f"config.memory.device_bytes is {memory['device_bytes']!r}, and its profile's device holds {device} GB"
+    if isinstance(config.get("max_new_tokens"), int) and tokens != config["max_new_tokens"]:
+        return f"{tokens} output tokens, and its run commits config.max_new_tokens = {config['max_new_tokens']}"
+    if record.get("k") is None:
+        given = [name for name in ("acceptance_rate", "window_utilization", "window_recall", "window_working_set")
+                 if record.get(name) is not None]
+        if given:
+            return f"{given[0]} is {record[given[0]]!r} in a run that drafts no window (k is null)"
+    counts = extra.get("counts") or {}
+    for field, part in (("demand_hits", "decode_hits"), ("demand_misses", "decode_misses")):
+        value, decode = record.get(field), counts.get(part)
+        if isinstance(value, int) and isinstance(decode, int) and value < decode:
+            return f"{field} is {value}, fewer than the decode's own (extra.counts.{part} = {decode})"
+    from specter.system_names import host_compute_names
+
+    misses, copied = record.get("demand_misses"), record.get("h2d_bytes_demand")
+    if (isinstance(misses, int) and misses > 0 and copied == 0 and record.get("system") not in host_compute_names()
+            and record.get("engine") == "sim"):
+        return f"demand_misses is {misses} with no bytes copied on demand, and each miss copies its expert"
+    return None
