@@ -69,7 +69,13 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     from specter.system_names import host_compute_names
 
     misses, copied = record.get("demand_misses"), record.get("h2d_bytes_demand")
-    if (isinstance(misses, int) and misses > 0 and copied == 0 and record.get("system") not in host_compute_names()
+    each = (config.get("expert_storage") or {}).get("expert_bytes") if isinstance(config.get("expert_storage"),
+                                                                                 dict) else None
+    if (isinstance(misses, int) and isinstance(copied, int) and record.get("system") not in host_compute_names()
             and record.get("engine") == "sim"):
-        return f"demand_misses is {misses} with no bytes copied on demand, and each miss copies its expert"
+        if misses > 0 and copied == 0:
+            return f"demand_misses is {misses} with no bytes copied on demand, and each miss copies its expert"
+        if isinstance(each, int) and each > 0 and (copied < misses * each or copied % each):
+            return (f"h2d_bytes_demand is {copied}, and its {misses} demand misses copy at least {misses * each} bytes "
+                    f"in whole experts of {each} (config.expert_storage)")
     return None

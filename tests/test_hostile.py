@@ -880,6 +880,8 @@ CASES = [
     ("aggregate_records_fewer_misses_than_the_decodes", _aggregate(_both(
         _record_field("demand_misses", 1), _record_field("demand_hits", 0), _record_field("hit_rate", 0.0))),
      "fewer than the decode's own"),
+    ("aggregate_records_demand_bytes_one_off", lambda w, r: _aggregate(_record_field(
+        "h2d_bytes_demand", _first_record(r)["h2d_bytes_demand"] + 1))(w, r), "demand misses copy"),
     ("aggregate_records_misses_without_bytes", _aggregate(_record_field("h2d_bytes_demand", 0)),
      "with no bytes copied on demand"),
     ("aggregate_two_profiles_of_one_name", lambda w, r: ["aggregate", "main", str(r["records"]), _records_copy(
