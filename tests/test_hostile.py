@@ -604,7 +604,7 @@ CASES = [
     ("stride_zero", lambda w, r: ["fidelity", "--model", r["model"], "--draft", str(r["draft"]), "--stride", "0",
                                   "--out", "{out}.csv"], "--stride"),
     ("run_model_path_with_a_bar", lambda w, r: _run(r, model=str(Path(shutil.copytree(r["model"], w / "ti|ny")))),
-     "tables and reports print it, and a | or `"),
+     "tables and reports print it, and a | or a control"),
     ("plan_memory_group_size_dividing_no_width", lambda w, r: ["plan-memory", "mixtral-8x7b", "--group-size",
                                                                "1048576"], "--group-size 1048576 does not divide"),
     ("profile_named_as_a_preset", lambda w, r: ["profile-bandwidth", "--out", "{out}", "--name", "T4-PCIe3"],

@@ -303,8 +303,8 @@ class RunSpec:
             if value not in choices:
                 raise SpecterError(f"{flag} {value!r} is not {what}; give one of {', '.join(choices)}")
         for flag, value in (("--model", self.model), ("--dataset", self.dataset), ("--cost-as", self.cost_as)):
-            if isinstance(value, str) and not (value.isprintable() and not set(value) & set("|`")):
-                raise SpecterError(f"{flag} {value!r:.80}: tables and reports print it, and a | or ` or a control "
+            if isinstance(value, str) and not (value.isprintable() and "|" not in value):
+                raise SpecterError(f"{flag} {value!r:.80}: tables and reports print it, and a | or a control "
                                    "character would break them; give a path without one (rename or link it)")
         if self.engine != "live":  # the live engine's settings, where another engine would ignore them
             for flag, value, default, what in (
