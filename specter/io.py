@@ -273,6 +273,25 @@ def cache_root() -> Path | None:
     return Path(root)
 
 
+def not_a_file(path: str | Path) -> str | None:
+    """Why `path` is no regular file to read ("does not exist", or what stands there instead), or None where it is
+    one."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    return "is not a regular file (a directory, a pipe or a device)" if path.exists() else "does not exist"
+
+
+def read_at_most(path: str | Path, limit: int) -> bytes:
+    """The bytes of the regular file `path`, reading no more than `limit` + 1 of them: a longer file (a sparse file of
+    gigabytes where a few hundred bytes belong) raises ValueError naming it and the limit."""
+    with Path(path).open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than the {limit} bytes a file of its kind holds")
+    return data
+
+
 def files_sha256(paths) -> str:
     """sha256 over each file's name and bytes, in the order given. Kept in the cache (`specter.io.cache_root`) under
     the files' paths, sizes, inodes and modification and change times (a model's weights take about 2.5 s to hash,
@@ -281,8 +300,8 @@ def files_sha256(paths) -> str:
     paths = [Path(p) for p in paths]
     key_path = _hash_cache_entry(paths)
     try:  # an entry that cannot be reached (an unsearchable cache) costs the hashing, as a missing one does
-        cached = key_path.read_bytes().strip() if key_path is not None and key_path.is_file() else None
-    except OSError:
+        cached = read_at_most(key_path, 80).strip() if key_path is not None and key_path.is_file() else None
+    except (OSError, ValueError):  # an entry longer than a digest is no entry this suite wrote
         cached = b""
     if cached is not None and len(cached) == 64 and all(c in b"0123456789abcdef" for c in cached):
         return cached.decode()

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specter.errors import SpecterError
-from specter.io import atomic_dir, cache_root, writable_problem
+from specter.io import atomic_dir, cache_root, read_at_most, writable_problem
 from specter.models.integrity import model_hash
 from specter.progress import log
 
@@ -56,6 +56,8 @@ def disk_tier_dir(path: Path, dtype: torch.dtype, known_hash: str | None = None)
 
 #: the disk tier's manifest: what the build wrote, checked before every later load maps the files
 MANIFEST = "manifest.json"
+#: the most a manifest holds (about 200 bytes a layer file: a real model's is tens of kilobytes)
+MAX_MANIFEST_BYTES = 1 << 24
 _SAMPLES, _BLOCK = 16, 1 << 16  # a file's digest reads 16 blocks of 64 KiB, evenly spaced from its first to its last
 
 
@@ -102,7 +104,7 @@ def tier_problem(tier: Path, expected: set[str] | None = None, identity: str | N
     try:
         if (tier / MANIFEST).exists() and not (tier / MANIFEST).is_file():  # a FIFO's read would wait forever
             return f"{MANIFEST} is not a regular file"
-        manifest = json.loads((tier / MANIFEST).read_bytes())
+        manifest = json.loads(read_at_most(tier / MANIFEST, MAX_MANIFEST_BYTES))
     except FileNotFoundError:
         return f"no {MANIFEST}"
     except (OSError, ValueError, RecursionError) as err:

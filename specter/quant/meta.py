@@ -7,12 +7,13 @@ Loaders read the sidecar; nothing is inferred from file names.
 from __future__ import annotations
 
 import json
+import math
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specter.errors import SpecterError
-from specter.io import json_strict
+from specter.io import json_strict, read_at_most
 
 METHODS = ("gptq", "rtn")  # GPTQ (GPTQModel, calibrated) and round-to-nearest
 
@@ -34,6 +35,19 @@ def versions() -> dict[str, str]:
     except Exception:  # noqa: BLE001 - any failure means "not installed"
         out["gptqmodel"] = "not installed"
     return out
+
+
+#: the most a sidecar holds (a few hundred bytes are written)
+MAX_META_BYTES = 1 << 20
+
+
+def _calibration_ok(calibration) -> bool:
+    """A GPTQ draft's calibration as quantize records it: a corpus name and whole numbers of sequences and
+    positions."""
+    if not isinstance(calibration, dict) or not isinstance(calibration.get("corpus"), str):
+        return False
+    counts = (calibration.get("num_sequences"), calibration.get("seq_len"))
+    return all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts)
 
 
 @dataclass(frozen=True)
@@ -62,8 +76,8 @@ class DraftMeta:
                 "`specter quantize --model DIR --out DIR`"
             )
         try:
-            meta = cls(**json_strict(path.read_text()))
-        except (ValueError, TypeError) as err:  # JSON's errors, a key given twice, bytes other than UTF-8
+            meta = cls(**json_strict(read_at_most(path, MAX_META_BYTES)))
+        except (ValueError, TypeError) as err:  # JSON's errors, a key given twice, bytes other than UTF-8, too long
             raise SpecterError(f"{path} is not a valid draft sidecar ({err}); quantize the draft again") from None
         meta.check(path)
         return meta
@@ -99,5 +113,23 @@ class DraftMeta:
             problems.append(f"quantized_bytes_per_expert {q!r} (a whole number >= 1)")
         if not isinstance(self.source_hash, str) or len(self.source_hash) != 64:
             problems.append(f"source_hash {self.source_hash!r} (a sha256)")
+        if not isinstance(self.sym, bool):
+            problems.append(f"sym {self.sym!r} (true or false)")
+        if not isinstance(self.source_model, str):
+            problems.append(f"source_model {self.source_model!r} (a path)")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
+                or not math.isfinite(self.seconds) or self.seconds < 0:
+            problems.append(f"seconds {self.seconds!r} (a finite number >= 0)")
+        calibrated = self.method == "gptq"
+        if calibrated and not _calibration_ok(self.calibration):
+            problems.append(f"calibration {self.calibration!r} (GPTQ's corpus, num_sequences and seq_len)")
+        if self.method == "rtn" and self.calibration is not None:
+            problems.append(f"calibration {self.calibration!r} on a round-to-nearest draft (null: RTN calibrates "
+                            "nothing)")
+        if not isinstance(self.versions, dict) or not all(isinstance(v, str) for v in self.versions.values()):
+            problems.append(f"versions {self.versions!r} (each a version string)")
+        threads = self.numerics.get("threads", 1) if isinstance(self.numerics, dict) else None
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            problems.append(f"numerics {self.numerics!r} (what determinism.settings records: threads >= 1)")
         if problems:
             raise SpecterError(f"{path}: {'; '.join(problems)}; quantize the draft again")
