@@ -32,7 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.configure(args.verbosity)  # phases and progress on stderr (see specter/progress.py)
         _outputs_are_not_inputs(args)
         func: Callable[[argparse.Namespace], int] = args.func
-        return func(args)
+        stdout, sys.stdout = sys.stdout, _Named(sys.stdout, "standard output")
+        try:
+            return func(args)
+        finally:
+            sys.stdout = stdout
     except SpecterError as err:
         print(f"specter: error: {' '.join(str(err).split())}", file=sys.stderr)  # one line, whatever it quotes
         return err.exit_code
@@ -71,6 +75,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         raise
+
+
+class _Named:
+    """A stream whose write errors name it (`specter models >/dev/full` says that standard output is full)."""
+
+    def __init__(self, stream, name: str) -> None:
+        self._stream, self._name = stream, name
+
+    def _named(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as err:
+            if err.filename is not None or err.errno is None:
+                raise
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), self._name) from None
+
+    def write(self, text: str) -> int:
+        return self._named(self._stream.write, text)
+
+    def flush(self) -> None:
+        return self._named(self._stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 #: what the file system refuses, and its fix

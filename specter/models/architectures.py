@@ -20,6 +20,7 @@ from functools import cached_property
 from pathlib import Path
 
 from specter.errors import SpecterError
+from specter.io import not_a_file
 
 _KEEP_OUT = ("torch_dtype", "dtype", "architectures", "transformers_version", "auto_map", "quantization_config")
 
@@ -122,8 +123,8 @@ def load_architecture(name_or_path: str | Path) -> Architecture:
     shipped form with `config` inside)."""
     path = Path(name_or_path)
     if path.suffix == ".json" or path.is_file():
-        if not path.is_file():
-            raise SpecterError(f"--cost-as {str(path)!r} does not exist; give a config.json or one of "
+        if (why := not_a_file(path)) is not None:
+            raise SpecterError(f"--cost-as {str(path)!r} {why}; give a config.json or one of "
                                f"{', '.join(architecture_names())}")
         text, origin = path.read_text(), str(path)
         default_name = path.parent.name if path.name == "config.json" else path.stem

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from specter.errors import SpecterError
+from specter.io import not_a_file
 
 
 def fidelity_table(paths: list[str | Path]) -> pd.DataFrame:
@@ -37,8 +38,8 @@ _ACCEPTANCE_KEYS = ("k", "mean_accepted", "acceptance_rate", "window_utilization
 
 def _fidelity_summary(path: Path) -> dict:
     """A `specter fidelity` JSON summary, checked to have what the table reads."""
-    if not path.is_file():
-        raise SpecterError(f"fidelity summary {str(path)!r} does not exist; run `specter fidelity` (it writes the "
+    if (why := not_a_file(path)) is not None:
+        raise SpecterError(f"fidelity summary {str(path)!r} {why}; run `specter fidelity` (it writes the "
                            ".json beside its --out CSV)")
     try:
         s = json.loads(path.read_text(encoding="utf-8"))

@@ -36,6 +36,7 @@ from specter.report.plotting import (  # noqa: E402
     ordered,
     palette,
     panel_grid,
+    save,
 )
 from specter.report.tablefile import its_own_table  # noqa: E402
 from specter.report.tables import timing_note  # noqa: E402
@@ -309,10 +310,7 @@ def _plot_breakdown(figure, table: pd.DataFrame, out, timing: str) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=len(BREAKDOWN), fontsize=8, frameon=False)
     fig.suptitle(f"{figure.title} ({timing})", fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _plot_memory(figure, table: pd.DataFrame, out, timing: str) -> None:

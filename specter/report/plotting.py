@@ -111,10 +111,19 @@ def panel_grid(df: pd.DataFrame, width: float = 5.2, height: float = 3.8, sharey
 def finish(fig, title: str, out: str | Path) -> None:
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
+    save(fig, out)
+
+
+def save(fig, out: str | Path) -> None:
+    """Write `fig` to `out` as a PNG, whole or not at all (a full disk leaves no empty or cut figure), and close it."""
+    from specter.io import atomic_write
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
+    try:
+        atomic_write(out, lambda f: fig.savefig(f, dpi=150, format="png"), binary=True)
+    finally:
+        plt.close(fig)
 
 
 def bars_with_bound(ax, sub: pd.DataFrame, x: str, order: list | None = None) -> None:

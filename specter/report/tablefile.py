@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from specter.errors import SpecterError
-from specter.io import atomic_write, atomic_write_text
+from specter.io import atomic_write, atomic_write_text, not_a_file
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE | re.ASCII)
 _UNCHECKED: set[str] = set()  # tables read without a checksum, warned of once a process
@@ -188,8 +188,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
     import hashlib
 
     path = Path(path)
-    if not path.is_file():
-        raise SpecterError(f"table {str(path)!r} does not exist; write it with `specter aggregate`")
+    if (why := not_a_file(path)) is not None:
+        raise SpecterError(f"table {str(path)!r} {why}; write it with `specter aggregate`")
     fix = "write it again with `specter aggregate` (or rerun the workflow)"
     try:
         data = path.read_bytes()
