@@ -37,9 +37,12 @@ def _check_path(key: str, value: str) -> None:
                           "below the directory the workflow runs in)")
 
 
-def _check_prompt_file(key: str, value: str) -> None:
-    """A prompt set given as a file: a safe path to an existing file of a format the suite reads."""
-    from specter.data.prompts import READERS
+def _check_prompt_file(key: str, value: str, num_prompts: int, field: str | None = None) -> None:
+    """A prompt set given as a file: a safe path to an existing file of a format the suite reads, with its text field
+    and at least `num_prompts` non-empty texts (each must also hold the prompt's tokens, which the first run checks:
+    counting them needs the model's tokenizer)."""
+    from specter.data.prompts import READERS, read_texts
+    from specter.errors import SpecterError
 
     _check_path(key, value)
     path = Path(value)
@@ -47,6 +50,17 @@ def _check_prompt_file(key: str, value: str) -> None:
         raise ConfigError(f"config {key}: {value!r} does not exist (or is not a file); fix the path")
     if path.suffix.lower() not in READERS:
         raise ConfigError(f"config {key}: {value!r} is not a prompt file ({', '.join(READERS)}); give one of those")
+    try:
+        texts = read_texts(path, field)
+    except SpecterError as err:
+        raise ConfigError(f"config {key}: {err}") from None
+    _enough_prompts(key, value, len(texts), num_prompts)
+
+
+def _enough_prompts(key: str, name: str, held: int, num_prompts: int) -> None:
+    if held < num_prompts:
+        raise ConfigError(f"config {key}: {name!r} holds {held} non-empty prompts, and num_prompts asks for "
+                          f"{num_prompts}; give num_prompts {held} or fewer, or a set with more prompts")
 
 
 def _model_widths(name: str, spec: dict) -> tuple[int, int, int, int, int | None]:
@@ -304,7 +318,7 @@ def _check_measured(name: str, entry: dict, config: dict) -> None:
 
 def check_config(config: dict) -> None:
     """Every check the schema cannot make; raises ConfigError naming the first problem."""
-    from specter.data.prompts import DATASETS
+    from specter.data.prompts import DATASETS, SHIPPED_SIZES
     from specter.errors import SpecterError
     from specter.experiments import EXPERIMENTS, records_experiment
     from specter.systems import registry
@@ -318,7 +332,10 @@ def check_config(config: dict) -> None:
             raise ConfigError(f"config datasets.{name}: {name!r} is a prompt set the suite ships, and this one is a "
                               "file: runs and the fidelity report would each read another; give the file its own name")
         if "path" in spec:
-            _check_prompt_file(f"datasets.{name}.path", spec["path"])
+            _check_prompt_file(f"datasets.{name}.path", spec["path"], config["protocol"]["num_prompts"],
+                               spec.get("field"))
+        elif name in SHIPPED_SIZES:
+            _enough_prompts(f"datasets.{name}", name, SHIPPED_SIZES[name], config["protocol"]["num_prompts"])
         elif name not in DATASETS:
             raise ConfigError(f"config datasets.{name}: not a prompt set the suite ships ({', '.join(DATASETS)}); "
                               "name one of them, or give this one a path: {path: FILE.jsonl}")
@@ -331,7 +348,9 @@ def check_config(config: dict) -> None:
         if "/" not in str(dataset) and not Path(str(dataset)).suffix:
             raise ConfigError(f"config fidelity.dataset: {dataset!r} is not a prompt set the suite ships "
                               f"({', '.join(DATASETS)}) and not a file's path; name one of them, or a FILE.jsonl")
-        _check_prompt_file("fidelity.dataset", dataset)
+        _check_prompt_file("fidelity.dataset", dataset, config["fidelity"]["num_prompts"])
+    elif dataset in SHIPPED_SIZES:
+        _enough_prompts("fidelity.dataset", dataset, SHIPPED_SIZES[dataset], config["fidelity"]["num_prompts"])
     _check_positions(config, widths)
     _check_cases(config, widths)
     systems = registry()
