@@ -188,6 +188,18 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
     return out
 
 
+def value_problem(record: dict) -> str | None:
+    """What no run of this version writes in `record` (a field of another type, or a value `record_problem`
+    refuses), or None; a record of an older version (one lacking a field this version writes) is not judged."""
+    if any(name not in record for name in REQUIRED_FIELDS):
+        return None
+    wrong = next((name for name, value in record.items()
+                  if name in _ANNOTATIONS and not _type_ok(value, _ANNOTATIONS[name])), None)
+    if wrong is not None:
+        return f"field {wrong!r} is {str(record[wrong])[:60]!r}, not {_ANNOTATIONS[wrong]}"
+    return record_problem(record)
+
+
 def run_key(record: dict) -> str:
     """What the records of one run share (`record_key` without the prompt and the repeat)."""
     return json.dumps([record.get("config"), record.get("system"), record.get("model"), record.get("dataset"),

@@ -358,7 +358,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     for line in d.differences:
         print(f"  {line}")
     print("identical" if d.identical else f"{len(d.differences)} differences")
-    return 0 if d.identical else 1
+    if d.impossible:
+        print(f"and {len(d.impossible)} records hold what no run writes (aggregate refuses them):")
+        for line in d.impossible[:20]:
+            print(f"  {line}")
+    return 0 if d.identical and not d.impossible else 1
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:

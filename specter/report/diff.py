@@ -4,7 +4,8 @@ Compares every run-record file (`*.jsonl` under `runs/` and `experiments/`) reco
 every table (`tables/*.csv`) and its checksum file byte for byte. Fields that legitimately differ between identical
 runs are left out: wall-clock time, package versions and the git commit by default (`--ignore` names more, as dotted
 paths such as `config.memo`). The answer names each differing file and field, so "identical" is something one can
-check, not assume.
+check, not assume. Records of this version that no run writes (a NaN TPOT, say) are named too, on either side: two
+trees can be identical and both damaged.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specter.errors import SpecterError
-from specter.records import read_jsonl
+from specter.records import read_jsonl, value_problem
 
 DEFAULT_IGNORED = ("wall_s", "versions", "git_commit")
 RECORD_DIRS = ("runs", "experiments")
@@ -26,6 +27,7 @@ class Diff:
     records: int = 0
     tables: int = 0
     differences: list[str] = field(default_factory=list)
+    impossible: list[str] = field(default_factory=list)  # records of this version no run writes, on either side
 
     @property
     def identical(self) -> bool:
@@ -76,7 +78,9 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
                 out.differences.append(f"{name}: {len(ra)} records against {len(rb)}")
                 continue
             paths: dict[str, int] = {}
-            for x, y in zip(ra, rb):
+            for i, (x, y) in enumerate(zip(ra, rb), 1):
+                out.impossible += [f"{root / name} record {i}: {problem}" for root, record in ((a, x), (b, y))
+                                   if (problem := value_problem(record)) is not None]
                 found: list[str] = []
                 _fields(x, y, "", ignored, found)
                 for p in found:
