@@ -181,7 +181,7 @@ def _consistency_problem(record: dict) -> str | None:
     config = record.get("config") or {}
     for name in ("system", "hardware", "dataset", "model", "cost_as"):
         value = record.get(name)
-        if isinstance(value, str) and not (value.isprintable() and not any(c in value for c in "|`")):
+        if isinstance(value, str) and (not value.isprintable() or "|" in value):
             return f"{name} is {value!r:.60}, which no run names (tables and reports print it)"
     from specter.system_names import system_names
 

@@ -728,6 +728,14 @@ CASES = [
         d / "meta.json", bits=99))), "bits"),
     ("draft_meta_group_size_zero", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
         d / "meta.json", group_size=0))), "group_size"),
+    ("draft_meta_seconds_nan", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", seconds=float("nan")))), "seconds nan"),
+    ("draft_meta_threads_negative", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", numerics={"threads": -2}))), "threads >= 1"),
+    ("draft_meta_rtn_claims_calibration", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", method="gptq"))), "calibration None"),
+    ("draft_meta_sparse_gigabytes", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: os.truncate(
+        d / "meta.json", 1 << 26))), "larger than"),
     ("draft_meta_not_json", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _truncate(d / "meta.json"))),
      "meta.json"),
     ("draft_of_another_model", lambda w, r: _run(r, draft=str(r["other_draft"])), "draft"),
@@ -1718,8 +1726,8 @@ def test_a_pipe_where_a_hashed_file_should_be_is_one_line_not_a_hang(tmp_path):
         files_sha256([tmp_path / "experts.safetensors"])
 
 
-@pytest.mark.parametrize("entry", [b"\xff\xfe" + b"\x80" * 62, b"", b"z" * 64, bytes(64), b"0" * 63],
-                         ids=["not_utf8", "empty", "not_hex", "nul_bytes", "short"])
+@pytest.mark.parametrize("entry", [b"\xff\xfe" + b"\x80" * 62, b"", b"z" * 64, bytes(64), b"0" * 63, None],
+                         ids=["not_utf8", "empty", "not_hex", "nul_bytes", "short", "sparse_gigabytes"])
 def test_a_damaged_file_hash_entry_is_computed_again(entry, tmp_path, monkeypatch):
     """An entry of the file-hash cache that is not 64 lowercase hex digits (bytes that are not UTF-8, empty, other
     characters) is ignored and the hash computed and written again."""
@@ -1732,7 +1740,10 @@ def test_a_damaged_file_hash_entry_is_computed_again(entry, tmp_path, monkeypatc
     (model / "config.json").write_text("{}")
     first = model_hash(model)
     [kept] = [p for p in (tmp_path / "cache" / "file-hashes").rglob("*") if p.is_file()]
-    kept.write_bytes(entry)
+    if entry is None:  # a digest followed by 16 GB of holes: read whole, it would take the machine's memory
+        os.truncate(kept, 1 << 34)
+    else:
+        kept.write_bytes(entry)
     assert model_hash(model) == first == _files_sha256([model / "config.json"])
     assert kept.read_text().strip() == first
 
@@ -1756,6 +1767,39 @@ def test_a_name_the_config_does_not_define_is_refused_with_the_config(edit, mess
     with pytest.raises(ConfigError) as err:
         check_config(config)
     assert message.format(case=next(iter(config["cases"]))) in str(err.value) and "\n" not in str(err.value)
+
+
+def _prompt_file(tmp_path, rows: list[dict]) -> str:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c, t: c["datasets"].update(mine={"path": _prompt_file(t, [{"prompt": "def f(x):"}])}),
+     "config datasets.mine.path: '{tmp}/mine.jsonl' holds 1 non-empty prompts, and num_prompts asks for {n}"),
+    (lambda c, t: c["datasets"].update(mine={"path": _prompt_file(t, [{"prompt": "def f(x):"}] * 9),
+                                             "field": "nosuch"}),
+     "config datasets.mine.path: {tmp}/mine.jsonl has no field 'nosuch'; its columns: ['prompt']"),
+    (lambda c, t: (c["protocol"].update(num_prompts=165), c["datasets"].update(humaneval={})),
+     "config datasets.humaneval: 'humaneval' holds 164"),
+    (lambda c, t: c["fidelity"].update(num_prompts=81, dataset="mtbench"),
+     "config fidelity.dataset: 'mtbench' holds 80 non-empty prompts, and num_prompts asks for 81"),
+    (lambda c, t: c["fidelity"].update(dataset=_prompt_file(t, [{"text": "  "}, {"text": "one"}])),
+     "config fidelity.dataset: '{tmp}/mine.jsonl' holds 1 non-empty prompts"),
+], ids=["file_of_one_prompt", "field_nosuch", "shipped_set_too_small", "fidelity_set_too_small",
+        "fidelity_file_too_small"])
+def test_a_prompt_set_too_small_for_the_protocol_is_refused_with_the_config(edit, message, tmp_path):
+    """A prompt set that cannot give the protocol's prompts (too few texts, or no such text field) is refused before
+    any job, naming the key, not met by the first run after the builds."""
+    from specter.workflow_checks import ConfigError, check_config
+
+    config = yaml.safe_load((Path(__file__).parents[1] / ".test" / "config.yaml").read_text())
+    edit(config, tmp_path)
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    want = message.format(tmp=tmp_path, n=config["protocol"]["num_prompts"])
+    assert want in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(tmp_path):
@@ -1883,6 +1927,82 @@ def test_a_fifo_as_the_tiers_manifest_is_damage_not_a_wait(tmp_path):
     assert found == [f"{MANIFEST} is not a regular file"]
 
 
+def test_a_sparse_manifest_of_gigabytes_is_damage_not_read_whole(tmp_path):
+    from specter.models.disk_tier import MANIFEST, tier_problem
+
+    (tmp_path / MANIFEST).write_text('{"format": 3}')
+    os.truncate(tmp_path / MANIFEST, 1 << 34)
+    assert tier_problem(tmp_path) == f"{MANIFEST} unreadable (ValueError)"
+
+
+def test_a_full_standard_output_is_named(tmp_path):
+    import subprocess
+    import sys
+
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "specter", "systems"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.startswith("specter: error: No space left on device (standard output); free space"), done.stderr
+
+
+def test_a_table_that_is_a_directory_is_named_so(tmp_path):
+    from specter.errors import SpecterError
+    from specter.report.tablefile import read_table
+
+    (tmp_path / "main.csv").mkdir()
+    with pytest.raises(SpecterError, match="'.*main.csv' is not a regular file"):
+        read_table(tmp_path / "main.csv")
+    with pytest.raises(SpecterError, match="does not exist"):
+        read_table(tmp_path / "other.csv")
+
+
+def test_a_figure_that_fails_to_save_leaves_no_file(tmp_path, monkeypatch):
+    """A figure whose writing fails midway (a full disk) leaves no empty or cut PNG, and any figure already there
+    stays as it was."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specter.report.plotting import save
+
+    def full(self, f, **kwargs):
+        f.write(b"\x89PNG")
+        raise OSError(28, "No space left on device")
+
+    out = tmp_path / "figure.png"
+    fig = plt.figure()
+    monkeypatch.setattr(type(fig), "savefig", full)
+    with pytest.raises(OSError):
+        save(fig, out)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    out.write_bytes(b"before")
+    with pytest.raises(OSError):
+        save(plt.figure(), out)
+    assert out.read_bytes() == b"before" and list(tmp_path.iterdir()) == [out]
+
+
+@pytest.mark.parametrize("value, bound", [(1e-12, r"positive \(at least 1e-09\) and at most"), (-1.0, "non-negative")])
+def test_a_profile_number_out_of_range_is_refused_with_its_true_bound(value, bound, tmp_path):
+    """A number past its range is refused naming the range it must be in: a positive 1e-12 is not told to be
+    positive."""
+    import yaml as yaml_
+
+    from specter.errors import SpecterError
+    from specter.timing.hardware import load_profile
+
+    preset = Path(__file__).parents[1] / "specter" / "presets" / "hardware" / "a100-40gb-pcie4.yaml"
+    profile = yaml_.safe_load(preset.read_text())
+    profile["name"] = "mine"
+    profile["device" if value > 0 else "link"]["peak_tflops" if value > 0 else "latency_us"] = value
+    (tmp_path / "mine.yaml").write_text(yaml_.safe_dump(profile))
+    with pytest.raises(SpecterError, match=bound):
+        load_profile(str(tmp_path / "mine.yaml"))
+
+
 def test_a_presets_name_is_the_preset_whatever_the_working_directory_holds(tmp_path, monkeypatch):
     from specter.timing.hardware import load_profile
 
@@ -1949,6 +2069,35 @@ def test_diff_tells_a_missing_field_from_a_null_and_refuses_what_no_parser_reads
         assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "x.jsonl:1 is no record this suite writes" in err[0], err
+
+
+def test_a_prompt_file_named_with_a_backtick_runs_and_aggregates(real, tmp_path, capsys):
+    """What `run` takes, `aggregate` takes: a prompt file whose name holds a backtick (the summary escapes it)."""
+    prompts = tmp_path / "a`b.jsonl"
+    prompts.write_text("".join(json.dumps({"text": f"def function_{i}(argument): return argument * {i}"}) + "\n"
+                               for i in range(2)))
+    records = tmp_path / "records.jsonl"
+    assert main(["run", "--system", "on-demand", "--model", real["model"], "--dataset", str(prompts),
+                 "--hardware", "t4-pcie3", "--num-prompts", "1", "--prefix-tokens", "8", "--max-new-tokens", "4",
+                 "--resident-per-layer", "2", "--out", str(records)]) == 0
+    assert main(["aggregate", "main", str(records), "--out", str(tmp_path / "tables" / "main.csv")]) == 0
+    assert main(["summary", str(tmp_path)]) == 0
+    assert "a`b, same slots" in capsys.readouterr().out
+
+
+def test_diff_of_two_trees_both_damaged_alike_names_the_damage(real, tmp_path, capsys):
+    """Two trees holding the same impossible record (a NaN TPOT) are identical, and diff says so, and names the
+    records no run writes, exiting 1: "identical" never vouches for damage."""
+    record = json.loads(Path(real["records"]).read_text().splitlines()[0])
+    for side in ("a", "b"):
+        (tmp_path / side / "runs").mkdir(parents=True)
+        (tmp_path / side / "runs" / "x.jsonl").write_text(json.dumps({**record, "tpot_ms": float("nan")}) + "\n")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "identical\nand 2 records hold what no run writes" in out and "x.jsonl record 1: tpot_ms is nan" in out
+    (tmp_path / "b" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
+    (tmp_path / "a" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
 
 
 def test_a_bar_in_a_cell_stays_in_its_cell_and_diff_names_the_side_that_holds_a_file(tmp_path):

@@ -270,7 +270,7 @@ def _number(value: object, where: str, low: float, high: float, origin: str) -> 
     if not ok:
         raise SpecterError(f"hardware profile {origin}: {where} must be a finite number, got {value!r:.80}")
     if not low <= value <= high:
-        bound = "positive" if low > 0 else "non-negative"
+        bound = f"positive (at least {low:g})" if low > 0 else "non-negative"
         raise SpecterError(f"hardware profile {origin}: {where} must be {bound} and at most {high:g}, got "
                            f"{value!r:.80}")
     return float(value)
