@@ -197,7 +197,7 @@ class MoEInfinity(System):
                              "code's)", (0, 100_000)),
     }
 
-    def make_cache(self, work, slots) -> ExpertCache:
+    def make_cache(self, work, slots, future=()) -> ExpertCache:
         return PriorityCache(work.moe_layers, slots)
 
     def run(self, ctx: PromptContext) -> PromptResult:

@@ -16,11 +16,9 @@ model computes (`NUMERICS_AXES`) records its own numerics; the others replay the
 
 Table kinds (`specter/report/tables.py`): `stats` (per setting, means over prompts of times and rates with TPOT's
 median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `memory`, `routing_entropy`, `calibration`,
-`claims`,
-`sim_vs_measured`, `fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`, `grouped_bars`,
-`lines`, `k_sweep`, `routing`, `working_set`, `fidelity`, `hit_rate`, `breakdown`, `memory`, `routing_entropy`,
-`claims`,
-`calibration`, `sim_vs_measured`.
+`claims`, `sim_vs_measured`, `fidelity`. Figure kinds (`specter/report/figures.py`): `system_bars`, `bars`,
+`grouped_bars`, `lines`, `k_sweep`, `routing`, `working_set`, `fidelity`, `hit_rate`, `breakdown`, `memory`,
+`routing_entropy`, `claims`, `calibration`, `sim_vs_measured`.
 
 This module imports nothing heavy (the workflow imports it to plan jobs).
 """
@@ -79,10 +77,6 @@ class Experiment:
     #: beside its simulated twin on this machine's measured profile (`specter profile-bandwidth`), in cases that price
     #: the model at its own shapes
     measured: bool = False
-
-
-#: the caching policies of the hit_rate experiment (the paper's Table 3), in the order they are shown
-HIT_POLICIES = ("LRU", "LRU scaled to equal memory", "single prefetch sooner", "single prefetch later", "speculative")
 
 
 def governed_label(system: str, k_setting: str) -> str:
@@ -202,7 +196,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "slots), ``LRU scaled to equal memory`` (on-demand with the device memory Specter needs at those slots, its "
         "INT4 draft charged: more slots), ``single prefetch sooner`` (Specter with one plan after the first draft "
         "step), ``single prefetch later`` (one plan over the whole window just before verification) and "
-        "``speculative`` (Specter's adaptive plans). The table keeps each run's TPOT and slots per layer, and carries "
+        "``speculative`` (Specter's adaptive plans); where the config sets the ``replacement`` option, the field's "
+        "caches beside LRU (``LFU``, ``Least-Stale`` as SpecMD's, ``Belady`` as the optimum on the recorded decode), "
+        "each under on-demand loading and as ``speculative, <policy>``. The table keeps each run's TPOT and slots per "
+        "layer, and carries "
         "every definition of a hit rate (``specter.metrics.HIT_RATES``) beside the paper's Table 3 "
         "(``paper_table3``, DeepSeek-V2-Lite only): ``hit_rate_pass`` (per pass over the decode passes: the "
         "artifact's), ``hit_rate`` (the same with the prefill's pass), ``hit_rate_token`` (per token and layer), "

@@ -1,11 +1,12 @@
-"""The device ExpertCache: a fixed number of slots per MoE layer, LRU replacement, protection, events, counters.
+"""The device ExpertCache: a fixed number of slots per MoE layer, a replacement policy, protection, events.
 
 Each resident expert occupies one numbered slot (`Slot.index`: the row of the layer's device buffer its weights are
 copied into, when a `LiveRuntime` backs the run), and has a `ready` event (its copy landed) and a `last_use` event
 (its last compute finished). A copy into a slot waits on the evicted expert's `last_use`, so a slot is never overwritten
 while an expert that uses it still runs. Experts prefetched for the coming verification are protected from eviction
 until it ends. The cache is one OrderedDict per layer (least recently used first), as Mixtral-Offloading and the Specter
-artifact keep theirs.
+artifact keep theirs; which expert a full layer gives up is its eviction policy's choice (`specter.offload.eviction`:
+LRU unless a system is set otherwise).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from specter.offload.eviction import LRU
 from specter.timing.engine import Event
 
 
@@ -24,10 +26,11 @@ class Slot:
 
 
 class ExpertCache:
-    def __init__(self, layers: tuple[int, ...], slots_per_layer: int) -> None:
+    def __init__(self, layers: tuple[int, ...], slots_per_layer: int, eviction: LRU | None = None) -> None:
         if slots_per_layer < 1:
             raise ValueError(f"slots_per_layer must be >= 1, got {slots_per_layer}")
         self.slots_per_layer = slots_per_layer
+        self.eviction = eviction if eviction is not None else LRU()
         self.entries: dict[int, OrderedDict[int, Slot]] = {layer: OrderedDict() for layer in layers}
         self.protected: dict[int, set[int]] = {layer: set() for layer in layers}
 
@@ -42,23 +45,28 @@ class ExpertCache:
         return self.entries[layer][expert]
 
     def touch(self, layer: int, expert: int) -> None:
+        """`expert` of `layer` used by the current pass: the most recently used now."""
         self.entries[layer].move_to_end(expert)
+        self.eviction.used(layer, expert)
+
+    def new_pass(self, position: int) -> None:
+        """A target pass begins at `position` (the tokens before it)."""
+        self.eviction.new_pass(position)
 
     def victim(self, layer: int, keep: set[int] = frozenset()) -> int | None:
-        """The least recently used expert that is neither protected nor in `keep`; None if every slot is pinned."""
+        """The expert the eviction policy gives up among those neither protected nor in `keep`; None if the layer has
+        a free slot or every slot is pinned."""
         if len(self.entries[layer]) < self.slots_per_layer:
             return None
-        for expert in self.entries[layer]:
-            if expert not in self.protected[layer] and expert not in keep:
-                return expert
-        return None
+        candidates = [e for e in self.entries[layer] if e not in self.protected[layer] and e not in keep]
+        return self.eviction.choose(layer, candidates) if candidates else None
 
     def has_room(self, layer: int, keep: set[int] = frozenset()) -> bool:
         return len(self.entries[layer]) < self.slots_per_layer or self.victim(layer, keep) is not None
 
     def insert(self, layer: int, expert: int, keep: set[int] = frozenset()) -> Slot | None:
-        """Make room (evicting the LRU victim) and add `expert`; returns the evicted slot (its `last_use` must be waited
-        on before the copy), or None if nothing was evicted. Raises if no slot can be freed."""
+        """Make room (evicting the policy's victim) and add `expert`; returns the evicted slot (its `last_use` must be
+        waited on before the copy), or None if nothing was evicted. Raises if no slot can be freed."""
         evicted = None
         if len(self.entries[layer]) >= self.slots_per_layer:
             victim = self.victim(layer, keep)
@@ -69,6 +77,7 @@ class ExpertCache:
         else:
             index = self._free_index(layer)
         self.entries[layer][expert] = Slot(index)
+        self.eviction.inserted(layer, expert)
         return evicted
 
     def _free_index(self, layer: int) -> int:
@@ -93,4 +102,5 @@ class ExpertCache:
         placed = [e for e in experts[: self.slots_per_layer - len(self.entries[layer])] if e not in self.entries[layer]]
         for e in placed:
             self.entries[layer][e] = Slot(self._free_index(layer))
+            self.eviction.inserted(layer, e)
         return placed

@@ -270,6 +270,8 @@ class Executor:
                 ready, staging = self._copy_to_staging(layer, e, label, timed=True)
             self.engine.wait(COMPUTE, ready)
             self._expert(layer, e, tokens_per_expert[e], f"{tag}.L{layer}.e{e}", staging)
+            if staging is None:
+                self.cache.touch(layer, e)
 
     @property
     def live(self) -> bool:
@@ -283,6 +285,7 @@ class Executor:
         On the live engine the pass runs the model on `inputs` (token ids) and `routes` is None: the routes are the
         live router's, and they and the pass's argmax are in `last_pass` once it returns."""
         self._acc = []
+        self.cache.new_pass(context)
         before = self.stats.demand.counts()
         if self.live:
             routes = self._live_forward(inputs, context, tag, draft=False)

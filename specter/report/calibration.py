@@ -89,7 +89,7 @@ def _runs(df: pd.DataFrame, row: dict, default_hardware: str, system: str | None
     """The prompts' records of the row's configuration (another `system` or `budget` for the reference of a ratio):
     the architecture, the hardware (the paper's unless the row says `any`), the system and its settings, the budget,
     the experts' storage; a speculative system at the row's K, prefetch policy and draft kernel (adaptive and fused
-    unless said), demand copies not serialized, the shared KV, greedy, no oracle; each run once (a run in two
+    unless said), demand copies not serialized, the shared KV, LRU slots, greedy, no oracle; each run once (a run in two
     experiments' records counts once)."""
     system = system or row["system"]
     budget = row.get("budget") if budget is None else budget
@@ -110,6 +110,8 @@ def _runs(df: pd.DataFrame, row: dict, default_hardware: str, system: str | None
                               & (sub["draft_kernel"] == row.get("draft_kernel", "fused")))]
     sub = sub[(sub["serialize_demand"].astype(str).str.lower() != "true") & sub["noise"].isna()
               & sub["draft_kv"].isin(["", "shared"]) & (sub["temperature"] == 0)]
+    if "replacement" not in (row.get("settings") or {}):  # the papers' caches are LRU unless the row says
+        sub = sub[sub["replacement"] == "lru"]
     return sub.drop_duplicates([c for c in RUN_KEYS if c in sub])
 
 

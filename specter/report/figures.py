@@ -39,7 +39,7 @@ from specter.report.plotting import (  # noqa: E402
     save,
 )
 from specter.report.tablefile import its_own_table  # noqa: E402
-from specter.report.tables import timing_note  # noqa: E402
+from specter.report.tables import HIT_POLICIES, timing_note  # noqa: E402
 
 
 def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
@@ -255,8 +255,6 @@ def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
     """Hit rate (%) per caching policy, grouped by Specter's expert slots per layer (the paper's Table 3 policies), the
     paper's figure marked on each bar it publishes one for (DeepSeek-V2-Lite's panel); any other panel says that it is
     not Table 3's configuration."""
-    from specter.experiments import HIT_POLICIES
-
     fig, panels = panel_grid(table, width=6.4, height=4.0)
     for ax, sub, title in panels:
         order = [p for p in HIT_POLICIES if p in set(sub["policy"])]

@@ -141,6 +141,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             experts_per_layer=r["experts_per_layer"], resident_share=r["slots_per_layer"] / r["experts_per_layer"],
             prefix_tokens=cfg.get("prefix_tokens"), prompt_index=r["prompt_index"],
             serialize_demand=options.get("serialize-demand", "false"), noise=options.get("noise"),
+            replacement=options.get("replacement", "lru"),
             draft_kv=options.get("draft-kv", "shared") if r["k"] is not None else "",
             temperature=float(cfg.get("temperature") or 0.0), arm=cfg.get("arm") or "",
             repeat=(r.get("extra") or {}).get("repeat", 0),

@@ -114,19 +114,32 @@ def _fixed_k(df):
     return df[~df["k_setting"].isin(experiments.GOVERNORS)]
 
 
+#: the hit_rate experiment's policies, as shown: Table 3's, then the field's caches (`specter.offload.eviction`)
+REPLACEMENTS = {"lfu": "LFU", "least-stale": "Least-Stale", "belady": "Belady"}
+HIT_POLICIES = ("LRU", "LRU scaled to equal memory", "single prefetch sooner", "single prefetch later", "speculative",
+                *(f"{pre}{name}{post}" for pre, post in (("", ""), ("", " scaled to equal memory"),
+                                                         ("speculative, ", "")) for name in REPLACEMENTS.values()))
+
+
 def _hit_policy(df):
     """The paper's Table 3 policies from the runs: on-demand LRU at Specter's slots (`LRU`) and at Specter's device
     memory (`LRU scaled to equal memory`, more slots); Specter with one plan after the first draft step (`single
     prefetch sooner`), one plan over the whole window before verification (`single prefetch later`) and its adaptive
-    plans (`speculative`). `specter_slots`: the slots the comparison is built on (Specter's)."""
+    plans (`speculative`). `specter_slots`: the slots the comparison is built on (Specter's). A run whose cache
+    replaces by another policy than LRU (`replacement`) is its own row: on-demand's named by the policy (`LFU`,
+    `Least-Stale`, `Belady`, each also scaled to equal memory), Specter's adaptive plans as `speculative, <policy>`."""
     policy = []
-    for system, kind, prefetch in zip(df["system"], df["budget_kind"], df["prefetch"]):
+    for system, kind, prefetch, replacement in zip(df["system"], df["budget_kind"], df["prefetch"],
+                                                   df["replacement"]):
+        cache = REPLACEMENTS.get(replacement, "LRU")
         if system == "on-demand":
-            policy.append("LRU" if kind == "slots" else "LRU scaled to equal memory")
-        elif system == "specter" and kind == "slots":
+            policy.append(cache if kind == "slots" else f"{cache} scaled to equal memory")
+        elif system == "specter" and kind == "slots" and cache == "LRU":
             policy.append({"adaptive": "speculative", "early": "single prefetch sooner",
                            "late": "single prefetch later"}.get(prefetch))
-        else:  # Specter at its own memory is Specter at its slots: counted once
+        elif system == "specter" and kind == "slots" and prefetch == "adaptive":
+            policy.append(f"speculative, {cache}")
+        else:  # Specter at its own memory is Specter at its slots: counted once; one-plan prefetches under LRU only
             policy.append(None)
     from specter.report.calibration import table3
 

@@ -103,7 +103,7 @@ class PromptContext:
         the first E - slots), least recently used first; `empty` starts with no expert on the device. A system that
         places experts itself (resident, Fiddler) replaces that set. `device`: the `LiveRuntime` whose slots and
         model back the ops (live engine runs), or None."""
-        cache = system.make_cache(work, config.slots_per_layer)
+        cache = system.make_cache(work, config.slots_per_layer, [*trace.prefill_routes, *trace.step_routes])
         executor = system.make_executor(engine, work, cache, TransferStats(), device=device, cost=cost)
         executor.fused_draft = config.draft_kernel == "fused"
         if config.cache_start == "restored":
@@ -175,6 +175,7 @@ class System:
     #: the kernels and host reads its upstream code makes per part (`--pricing upstream`); default: the suite's own
     upstream: Upstream = Upstream()
     options: dict[str, tuple] = {}
+    replacement = "lru"  # the expert cache's replacement policy (`specter.offload.eviction.OPTION` sets another)
 
     def __init_subclass__(cls, **kwargs) -> None:
         """A system's `order` and `colour` are its own: a subclass that sets neither is not drawn as its parent."""
@@ -195,6 +196,8 @@ class System:
         """Why the live engine (the model decoding through the runtime) cannot run this system as set, or None."""
         if getattr(self, "draft_kv", "shared") == "copied":
             return "draft-kv=copied is an ablation of the simulator (the live draft reads the target's KV cache)"
+        if self.replacement == "belady":
+            return "replacement=belady reads the recorded decode ahead, which a live decode does not know"
         return None
 
     @property
@@ -220,8 +223,12 @@ class System:
         """The draft window this system runs with, given the run's fixed or governed K (None unless speculative)."""
         return k if self.speculative else None
 
-    def make_cache(self, work: ModelWork, slots: int) -> ExpertCache:
-        return ExpertCache(work.moe_layers, slots)
+    def make_cache(self, work: ModelWork, slots: int, future=()) -> ExpertCache:
+        """The prompt's expert cache, replacing by the system's `replacement` policy; `future`: the prompt's recorded
+        routes by position, for a policy that reads ahead (`belady`)."""
+        from specter.offload.eviction import make
+
+        return ExpertCache(work.moe_layers, slots, make(self.replacement, future))
 
     def make_executor(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats,
                       device=None, cost: CostModel | None = None) -> Executor:

@@ -3,15 +3,18 @@ copying each missing expert when its router asks for it, LRU slots, no speculati
 
 from __future__ import annotations
 
+from specter.offload.eviction import OPTION as REPLACEMENT
 from specter.systems.base import PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
 
 
 class OnDemand(System):
-    """The target alone: each missing expert is copied when its router asks for it, into LRU slots; no speculation."""
+    """The target alone: each missing expert is copied when its router asks for it, into LRU slots (or the
+    `replacement` option's policy); no speculation."""
 
     name = "on-demand"
     order, colour = 20, "#937860"
+    options = REPLACEMENT
 
     def run(self, ctx: PromptContext) -> PromptResult:
         return decode_one_by_one(ctx, self.prefill(ctx))

@@ -14,6 +14,7 @@ the device holds a second KV (fewer slots at a memory budget) and every cycle pa
 
 from __future__ import annotations
 
+from specter.offload.eviction import OPTION as REPLACEMENT
 from specter.offload.work import Upstream
 from specter.speculation.lookahead import Planner, PlannerState
 from specter.systems.base import PromptContext, PromptResult, System
@@ -60,7 +61,8 @@ class Specter(System):
                                                          "all-copies (its own and the verifications' demand copies) "
                                                          "or prefetches (its own only, the artifact's: an estimate "
                                                          "that lands no copy in time never learns)",
-                                      ("all-copies", "prefetches"))}
+                                      ("all-copies", "prefetches")),
+               **REPLACEMENT}
     serialize_demand = False  # the options' values; subclasses with their own options keep these defaults
     draft_kv = "shared"
     bandwidth_estimate = "all-copies"
