@@ -1,4 +1,4 @@
-"""The expert cache's replacement policies on hand-built traces with known answers (`specter.offload.eviction`)."""
+"""The expert cache's replacement policies on hand-built traces with known answers (`specter.eviction`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from specter.eviction import NAMES, make, policies
 from specter.offload.cache import ExpertCache
-from specter.offload.eviction import NAMES, make, policies
 from specter.timing.bounds import belady_loads
 
 LAYER = 0
@@ -131,3 +131,38 @@ def test_each_policy_runs_under_on_demand_and_specter_and_is_its_own_row_of_the_
             "speculative, Belady"} <= set(table["policy"])
     assert main(["run", "--system", "on-demand", "--system-option", "replacement=belady", "--engine", "live",
                  "--device", "cpu", *common, "--out", str(tmp_path / "live.jsonl")]) == 2
+
+
+def test_the_policy_simulator_counts_what_the_executors_cache_does():
+    """`eviction.hit_rate` (the model card's statistics) and the ExpertCache driven as the executor drives it agree
+    hit for hit, for every policy, on random traces of up to three experts a token."""
+    from specter.eviction import hit_rate
+
+    rng = random.Random(11)
+    for _ in range(200):
+        experts, slots, k = rng.randint(3, 9), rng.randint(1, 5), rng.randint(1, 3)
+        passes = [rng.sample(range(experts), k) for _ in range(rng.randint(1, 30))]
+        needed = sum(len(p) for p in passes)
+        for policy in NAMES:
+            misses = _decode_streaming(policy, passes, slots)
+            assert hit_rate([[tuple(p) for p in passes]], slots, policy) == pytest.approx(1 - misses / needed)
+
+
+def _decode_streaming(policy: str, passes: list[list[int]], slots: int) -> int:
+    """`_decode`, where a pass whose needs fill every slot streams its further experts past the cache (as the
+    executor's staging buffers do); returns the misses."""
+    future = [{LAYER: tuple(p)} for p in passes]
+    cache = ExpertCache((LAYER,), slots, make(policy, future))
+    misses = 0
+    for position, needed in enumerate(passes):
+        cache.new_pass(position)
+        for e in needed:
+            if (LAYER, e) in cache:
+                cache.touch(LAYER, e)
+        for e in needed:
+            if (LAYER, e) not in cache:
+                misses += 1
+                if cache.has_room(LAYER, keep=set(needed)):
+                    cache.insert(LAYER, e, keep=set(needed))
+                    cache.touch(LAYER, e)
+    return misses

@@ -7,7 +7,15 @@ On held-out text, teacher-forced (each token's routing is the model's own router
 - `set_change_rate`: the share of consecutive token pairs whose expert sets differ;
 - `token_to_token_reuse`: the share of a token's experts that the previous token also used;
 - `lru_hit_rate`: with S slots per layer under LRU, cold at the start of each sequence, the share of the experts each
-  token needs that are already resident (the paper's Table 3 measure: a step's required experts already on the device).
+  token needs that are already resident (the paper's Table 3 measure: a step's required experts already on the device);
+  `lfu_hit_rate` the same under LFU (`specter.eviction`);
+- `repeat_first_choice`: the share of consecutive token pairs whose first-choice expert is the same, and
+  `repeat_any_choice` the share whose expert sets share at least one expert (the Mixtral paper's Table 5 measures:
+  "first choice" and, at top-2, "first or second choice"), each beside its value under uniform random routing
+  (`random_routing`: 1/E and 1 - C(E-k, k)/C(E, k));
+- `reuse_distance_mean`: for each use of an expert that the sequence used before in the layer, the distinct other
+  experts used in between (LRU's stack distance: a cache of S slots hits exactly the uses at a distance below S,
+  where a token needs one expert), averaged.
 These stand beside the real models' published figures where the paper has them, which is how a reader can tell how far
 a proxy's routing stands in for the real model's.
 """
@@ -18,6 +26,8 @@ import math
 from collections import OrderedDict
 
 import torch
+
+from specter.eviction import hit_rate
 
 
 def lru_hit_rate(sequences: list[list[tuple[int, ...]]], slots: int) -> float:
@@ -38,6 +48,28 @@ def lru_hit_rate(sequences: list[list[tuple[int, ...]]], slots: int) -> float:
     return hits / needed if needed else 0.0
 
 
+def reuse_distances(sequences: list[list[tuple[int, ...]]]) -> list[int]:
+    """Each repeated use's stack distance: the distinct other experts used since the expert's previous use in its
+    sequence (a token's own other experts counted as before it)."""
+    out = []
+    for seq in sequences:
+        stack: list[int] = []  # least recently used first
+        for experts in seq:
+            for e in experts:
+                if e in stack:
+                    out.append(len(stack) - 1 - stack.index(e))
+                    stack.remove(e)
+                stack.append(e)
+    return out
+
+
+def repeat_rates(idx: torch.Tensor) -> tuple[float, float]:
+    """(first choice kept, any expert kept) over consecutive token pairs of `idx` [S, T, k] (ranked choices)."""
+    first = (idx[:, 1:, 0] == idx[:, :-1, 0]).double().mean()
+    shared = (idx[:, 1:, :, None] == idx[:, :-1, None, :]).any(-1).any(-1).double().mean()
+    return float(first), float(shared)
+
+
 def slot_counts(experts: int) -> list[int]:
     """The slot counts the statistics report: a few small ones and the paper's Table 3 counts, below `experts`."""
     return sorted({s for s in (1, 2, 4, 6, 8, 16, 32) if s < experts})
@@ -49,9 +81,12 @@ def routing_statistics(moe, ids: torch.Tensor, batch: int = 8) -> dict:
         for i in range(0, len(ids), batch):
             moe.model(input_ids=ids[i : i + batch])
     experts = moe.moe_layers[0].num_experts
+    top_k = moe.moe_layers[0].top_k
     out: dict[str, list] = {k: [] for k in ("layers", "load_balance_max_over_mean", "routing_entropy_bits",
-                                            "routing_entropy_share", "set_change_rate", "token_to_token_reuse")}
+                                            "routing_entropy_share", "set_change_rate", "token_to_token_reuse",
+                                            "repeat_first_choice", "repeat_any_choice", "reuse_distance_mean")}
     lru: dict[int, list[float]] = {s: [] for s in slot_counts(experts)}
+    lfu: dict[int, list[float]] = {s: [] for s in slot_counts(experts)}
     for layer, calls in log.items():
         idx = torch.cat(calls).reshape(len(ids), ids.shape[1], -1)  # [S, T, k]
         counts = torch.bincount(idx.flatten(), minlength=experts).double()
@@ -64,9 +99,18 @@ def routing_statistics(moe, ids: torch.Tensor, batch: int = 8) -> dict:
         out["routing_entropy_share"].append(entropy / math.log2(experts))
         out["set_change_rate"].append(float((sets[:, 1:] != sets[:, :-1]).any(-1).double().mean()))
         out["token_to_token_reuse"].append(float((idx[:, 1:, :, None] == idx[:, :-1, None, :]).any(-1).double().mean()))
+        first, shared = repeat_rates(idx)
+        out["repeat_first_choice"].append(first)
+        out["repeat_any_choice"].append(shared)
         sequences = [[tuple(t) for t in seq.tolist()] for seq in idx]
+        distances = reuse_distances(sequences)
+        out["reuse_distance_mean"].append(sum(distances) / len(distances) if distances else None)
         for s in lru:
             lru[s].append(lru_hit_rate(sequences, s))
-    out["lru_hit_rate"] = {str(s): rates for s, rates in lru.items()}
-    out["lru_hit_rate_mean"] = {str(s): sum(rates) / len(rates) for s, rates in lru.items()}
+            lfu[s].append(hit_rate(sequences, s, "lfu"))
+    out["random_routing"] = {"repeat_first_choice": 1 / experts,
+                             "repeat_any_choice": 1 - math.comb(experts - top_k, top_k) / math.comb(experts, top_k)}
+    for name, rates in (("lru_hit_rate", lru), ("lfu_hit_rate", lfu)):
+        out[name] = {str(s): values for s, values in rates.items()}
+        out[f"{name}_mean"] = {str(s): sum(values) / len(values) for s, values in rates.items()}
     return out

@@ -5,7 +5,7 @@ copied into, when a `LiveRuntime` backs the run), and has a `ready` event (its c
 (its last compute finished). A copy into a slot waits on the evicted expert's `last_use`, so a slot is never overwritten
 while an expert that uses it still runs. Experts prefetched for the coming verification are protected from eviction
 until it ends. The cache is one OrderedDict per layer (least recently used first), as Mixtral-Offloading and the Specter
-artifact keep theirs; which expert a full layer gives up is its eviction policy's choice (`specter.offload.eviction`:
+artifact keep theirs; which expert a full layer gives up is its eviction policy's choice (`specter.eviction`:
 LRU unless a system is set otherwise).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from specter.offload.eviction import LRU
+from specter.eviction import LRU
 from specter.timing.engine import Event
 
 

@@ -114,7 +114,7 @@ def _fixed_k(df):
     return df[~df["k_setting"].isin(experiments.GOVERNORS)]
 
 
-#: the hit_rate experiment's policies, as shown: Table 3's, then the field's caches (`specter.offload.eviction`)
+#: the hit_rate experiment's policies, as shown: Table 3's, then the field's caches (`specter.eviction`)
 REPLACEMENTS = {"lfu": "LFU", "least-stale": "Least-Stale", "belady": "Belady"}
 HIT_POLICIES = ("LRU", "LRU scaled to equal memory", "single prefetch sooner", "single prefetch later", "speculative",
                 *(f"{pre}{name}{post}" for pre, post in (("", ""), ("", " scaled to equal memory"),

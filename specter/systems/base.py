@@ -175,7 +175,7 @@ class System:
     #: the kernels and host reads its upstream code makes per part (`--pricing upstream`); default: the suite's own
     upstream: Upstream = Upstream()
     options: dict[str, tuple] = {}
-    replacement = "lru"  # the expert cache's replacement policy (`specter.offload.eviction.OPTION` sets another)
+    replacement = "lru"  # the expert cache's replacement policy (`specter.eviction.OPTION` sets another)
 
     def __init_subclass__(cls, **kwargs) -> None:
         """A system's `order` and `colour` are its own: a subclass that sets neither is not drawn as its parent."""
@@ -226,7 +226,7 @@ class System:
     def make_cache(self, work: ModelWork, slots: int, future=()) -> ExpertCache:
         """The prompt's expert cache, replacing by the system's `replacement` policy; `future`: the prompt's recorded
         routes by position, for a policy that reads ahead (`belady`)."""
-        from specter.offload.eviction import make
+        from specter.eviction import make
 
         return ExpertCache(work.moe_layers, slots, make(self.replacement, future))
 

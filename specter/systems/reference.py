@@ -3,7 +3,7 @@ copying each missing expert when its router asks for it, LRU slots, no speculati
 
 from __future__ import annotations
 
-from specter.offload.eviction import OPTION as REPLACEMENT
+from specter.eviction import OPTION as REPLACEMENT
 from specter.systems.base import PromptContext, PromptResult, System
 from specter.systems.decode import decode_one_by_one
 

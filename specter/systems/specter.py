@@ -14,7 +14,7 @@ the device holds a second KV (fewer slots at a memory budget) and every cycle pa
 
 from __future__ import annotations
 
-from specter.offload.eviction import OPTION as REPLACEMENT
+from specter.eviction import OPTION as REPLACEMENT
 from specter.offload.work import Upstream
 from specter.speculation.lookahead import Planner, PlannerState
 from specter.systems.base import PromptContext, PromptResult, System

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from specter.offload.eviction import LRU
+from specter.eviction import LRU
 
 
 class LFU(LRU):

@@ -8,7 +8,7 @@ from LRU, which at one token a pass orders the same two groups by last use.
 
 from __future__ import annotations
 
-from specter.offload.eviction import LRU
+from specter.eviction import LRU
 
 
 class LeastStale(LRU):

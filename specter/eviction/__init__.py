@@ -11,6 +11,7 @@ Mixtral-Offloading, of the Specter artifact and of every system by default; the 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 
@@ -42,9 +43,9 @@ class LRU:
 
 def policies() -> dict[str, type[LRU]]:
     """Every eviction policy by name."""
-    from specter.offload.eviction.belady import Belady
-    from specter.offload.eviction.least_stale import LeastStale
-    from specter.offload.eviction.lfu import LFU
+    from specter.eviction.belady import Belady
+    from specter.eviction.least_stale import LeastStale
+    from specter.eviction.lfu import LFU
 
     return {p.name: p for p in (LRU, LFU, LeastStale, Belady)}
 
@@ -62,3 +63,33 @@ def make(name: str, future: Sequence[dict] | None = None) -> LRU:
     """The policy `name`; `future`: the decode's routes by position ({MoE layer: experts}), for a policy that reads
     them."""
     return policies()[name](future)
+
+
+def hit_rate(sequences: Sequence[Sequence[tuple[int, ...]]], slots: int, policy: str) -> float:
+    """The share of the experts each token needs that one layer's cache of `slots` already holds under `policy`, cold
+    at each sequence's start, a token a pass: its missing experts copied in, each evicting the policy's victim among
+    the experts the token does not need (where every slot holds one it needs, the expert streams past the cache), as
+    the executor's on-demand loading does (`specter.offload.cache.ExpertCache`)."""
+    hits = needed = 0
+    for seq in sequences:
+        chooser = make(policy, [{0: experts} for experts in seq])
+        resident: OrderedDict[int, None] = OrderedDict()
+        for position, experts in enumerate(seq):
+            chooser.new_pass(position)
+            need = set(experts)
+            for e in experts:
+                needed += 1
+                if e in resident:
+                    hits += 1
+                    resident.move_to_end(e)
+                    chooser.used(0, e)
+            for e in [e for e in experts if e not in resident]:
+                if len(resident) >= slots:
+                    candidates = [x for x in resident if x not in need]
+                    if not candidates:
+                        continue
+                    del resident[chooser.choose(0, candidates)]
+                resident[e] = None
+                chooser.inserted(0, e)
+                chooser.used(0, e)
+    return hits / needed if needed else 0.0

@@ -9,7 +9,7 @@ proposals. A live run does not know its decode in advance, so the policy runs in
 
 from __future__ import annotations
 
-from specter.offload.eviction import LRU
+from specter.eviction import LRU
 
 
 class Belady(LRU):
