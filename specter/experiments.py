@@ -9,10 +9,10 @@ plus its config; nothing else changes.
 
 Sources: `sweep` (its own `specter sweep` over its axes, in each of its cases and on the first prompt set, or on
 every prompt set and in every case for `main`), `fidelity` (the drafts' fidelity reports), `memo` (the main recordings
-of every case on every prompt set: the target's routes), or another experiment's name (its records, read
-differently). A case (the config's `cases:`) is a regime: the model whose numerics drive the runs,
-the architecture whose shapes price them (`cost_as`), the slots per layer and K. An experiment that varies what the
-model computes (`NUMERICS_AXES`) records its own numerics; the others replay the main recording.
+of every case on every prompt set: the target's routes), `cards` (the model cards of the configured proxies), or
+another experiment's name (its records, read differently). A case (the config's `cases:`) is a regime: the model whose
+numerics drive the runs, the architecture whose shapes price them (`cost_as`), the slots per layer and K. An experiment
+that varies what the model computes (`NUMERICS_AXES`) records its own numerics; the others replay the main recording.
 
 Table kinds (`specter/report/tables.py`): `stats` (per setting, means over prompts of times and rates with TPOT's
 median, p90, p99 and n beside, sums of counts), `routing`, `breakdown`, `memory`, `routing_entropy`, `calibration`,
@@ -31,7 +31,7 @@ from specter.errors import SpecterError
 from specter.runspec.parts import GOVERNORS  # K settings that are governors rather than a window size
 
 #: where an experiment's records come from, besides another experiment's name (see the module docstring)
-SOURCES = ("sweep", "fidelity", "memo")
+SOURCES = ("sweep", "fidelity", "memo", "cards")
 #: axes that change the numerics (which windows the draft proposes, which prompts): such an experiment records its own
 NUMERICS_AXES = ("k", "prefix_tokens")
 #: the columns that say where a time comes from; every table keeps them
@@ -41,9 +41,8 @@ SCOPE = ("model", "cost_as", "dataset", "hardware", "pricing", "dispatch_us", "s
 @dataclass(frozen=True)
 class Table:
     """How an experiment's table is made. `stats`: per setting (SCOPE + `keys`), means over prompts of the times and
-    rates (TPOT's median, p90, p99 and n beside) and sums of the counts; `derive` adds label columns first (it names
-    one of `specter.report.tables.DERIVES`, each a function of the records' frame); `speedups` adds
-    `speedup_of_specter` within SCOPE + those columns; `columns` keeps only those, in order."""
+    rates (TPOT's median, p90, p99, n beside), sums of the counts; `derive` adds label columns first (one of
+    `specter.report.tables.DERIVES`); `speedups` adds `speedup_of_specter` in SCOPE + those; `columns` keeps those."""
 
     kind: str = "stats"
     keys: tuple[str, ...] = ()
@@ -73,9 +72,8 @@ class Experiment:
     all_cases: bool = False  # runs in every configured case (else its entry's `cases`, or the first case)
     all_datasets: bool = False  # on every prompt set (else the first)
     reads: tuple[str, ...] = ()  # other experiments whose records its table also reads, where they are configured
-    #: its runs decode live (`--engine live` on the config's `hardware.device`) whatever the config's engine, each
-    #: beside its simulated twin on this machine's measured profile (`specter profile-bandwidth`), in cases that price
-    #: the model at its own shapes
+    #: its runs decode live (on the config's `hardware.device`) whatever the config's engine, each beside its simulated
+    #: twin on this machine's measured profile (`specter profile-bandwidth`), in cases at the model's own shapes
     measured: bool = False
 
 
@@ -270,6 +268,12 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "routed slots each expert took, for the first model and prompt set. The proxies' routing is what drives "
         "every run priced at a real architecture's shapes; the real model's may be more skewed."),
     Experiment(
+        "routing_locality", "cards", Table(kind="routing_locality"),
+        Figure("routing_locality", "Routing locality: the proxies beside the real models' published statistics"),
+        "How often consecutive tokens keep an expert (the same first choice; one in common) at the first, middle and "
+        "last MoE layer, beside random routing's, and LRU and LFU hit rates by slots: each proxy's (its model card) "
+        "beside the Mixtral paper's Table 5 and Specter's Table 3 (``specter/presets/routing/published.yaml``)."),
+    Experiment(
         "memory", "main",
         Table(kind="memory"),
         Figure("memory", "Device memory per system (the paper's Table 2)"),
@@ -340,7 +344,7 @@ def records_experiment(name: str) -> str:
 
 def cases_of(config: dict, name: str) -> list[str]:
     """The cases experiment `name` runs in (those of the experiment whose records it reads), by the workflow's
-    `config`: its entry's `cases`, else every case (an experiment run in all of them, as `main`) or the first."""
+    `config`: its entry's `cases`, else every case (for one run in all, as `main`) or the first."""
     source = records_experiment(name) if name in EXPERIMENTS else name
     entry = config["experiments"].get(source) or {}
     every = source in EXPERIMENTS and EXPERIMENTS[source].all_cases
@@ -361,8 +365,8 @@ def sweep_flags(entry: dict, main: dict, numerics_only: bool = False, measured: 
     `same_memory` (Specter's device memory at those slots for every system).
 
     `numerics_only`: only the axes that change the numerics, simulated, without options (the experiment's own
-    recording). `measured`: profiles that join a `hardware` axis (this machine's, where it was measured). An
-    experiment that varies `hardware` is always simulated: it replays the same runs on other profiles."""
+    recording). `measured`: profiles that join a `hardware` axis (this machine's, where it was measured), which is
+    always simulated: it replays the same runs on other profiles."""
     from specter.runspec import AXES, Budget
 
     def csv(values) -> str:

@@ -55,3 +55,44 @@ def test_a_models_card_statistics_hold_the_locality_measures(tiny_dirs):
     assert all(0 <= v <= 1 for v in stats["repeat_first_choice"] + stats["repeat_any_choice"])
     assert set(stats["lfu_hit_rate"]) == set(stats["lru_hit_rate"]) and all(
         0 <= v <= 1 for rates in stats["lfu_hit_rate"].values() for v in rates)
+
+
+def test_the_locality_table_sets_each_proxys_card_beside_the_published_figures(tiny_dirs, tmp_path):
+    """A card holding a model's routing statistics gives its rows (repeat measures at three depths and their mean,
+    hit rates by slots, means over layers); the published rows follow, each with its source and how it was read; a
+    card of an older build, lacking a measure, is refused naming the fix; the figure draws."""
+    import json
+
+    from specter.errors import SpecterError
+    from specter.experiments import EXPERIMENTS
+    from specter.models.loading import load_moe_model
+    from specter.models.routing_stats import routing_statistics
+    from specter.report.figures import plot
+    from specter.report.locality import routing_locality_table
+
+    moe = load_moe_model(tiny_dirs["mixtral"])
+    stats = routing_statistics(moe, torch.randint(0, 100, (3, 24), generator=torch.Generator().manual_seed(0)))
+    model = tmp_path / "proxy"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    card = {"name": "proxy", "stands_in_for": "mixtral-8x7b", "routing": {"text": "held-out windows", **stats}}
+    (model / "model_card.json").write_text(json.dumps(card))
+    table = routing_locality_table([model / "config.json"])
+    mine = table[table["model"] == "proxy"]
+    first = mine[(mine["statistic"] == "repeat_first_choice") & (mine["depth"] == "first")]
+    assert float(first["value"].iloc[0]) == pytest.approx(stats["repeat_first_choice"][0])
+    assert set(mine["depth"]) == {"first", "middle", "last", "mean"}
+    assert set(mine.loc[mine["statistic"] == "lfu_hit_rate", "slots"]) == {int(s) for s in stats["lfu_hit_rate"]}
+    mixtral = table[(table["model"] == "mixtral-8x7b") & (table["statistic"] == "repeat_any_choice")]
+    assert len(mixtral) == 24 and set(mixtral["read_in"]) == {"transcription"}
+    wiki = mixtral[(mixtral["text"] == "Wikipedia (en)") & (mixtral["depth"] == "middle")]
+    assert float(wiki["value"].iloc[0]) == pytest.approx(0.621)
+    table3 = table[table["model"] == "deepseek-v2-lite"].set_index("slots")["value"]
+    assert dict(table3) == pytest.approx({6: 0.292, 16: 0.5094, 32: 0.7656})
+    plot("routing_locality", table, tmp_path / "figure.png")
+    assert (tmp_path / "figure.png").stat().st_size > 10_000
+    assert EXPERIMENTS["routing_locality"].source == "cards"
+    del card["routing"]["lfu_hit_rate_mean"]
+    (model / "model_card.json").write_text(json.dumps(card))
+    with pytest.raises(SpecterError, match="lacks the routing measures lfu_hit_rate_mean .*build the model again"):
+        routing_locality_table([model / "config.json"])

@@ -25,6 +25,7 @@ from specter.report.check_figures import (  # noqa: E402
     plot_fidelity,
     plot_sim_vs_measured,
 )
+from specter.report.locality import plot_routing_locality  # noqa: E402
 from specter.report.plotting import (  # noqa: E402
     OTHER_COLOR,
     SPECTER_COLOR,
@@ -378,4 +379,4 @@ KINDS = {"system_bars": _plot_system_bars, "sim_vs_measured": plot_sim_vs_measur
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
          "working_set": _plot_working_set, "fidelity": plot_fidelity, "hit_rate": _plot_hit_rate,
          "breakdown": _plot_breakdown, "memory": _plot_memory,
-         "routing_entropy": _plot_routing_entropy}
+         "routing_entropy": _plot_routing_entropy, "routing_locality": plot_routing_locality}

@@ -18,8 +18,8 @@ from specter.errors import SpecterError
 from specter.report.frames import COUNTS, METRICS, read_records, records_frame, scope
 
 #: the table kinds an experiment's registry entry can name
-KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "calibration", "claims", "sim_vs_measured",
-         "fidelity")
+KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "routing_locality", "calibration", "claims",
+         "sim_vs_measured", "fidelity")
 
 def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
     """What a table's times are, from its simulated and hardware columns: 'simulated on a100-40gb-pcie4' (`many` for
@@ -207,6 +207,10 @@ def build_table(name: str, inputs: list[str | Path]) -> pd.DataFrame:
         return claims_table(read_records(runs) if runs else [], reports)
     if kind == "routing_entropy":
         return routing_entropy_table(inputs)
+    if kind == "routing_locality":  # the proxies' model cards
+        from specter.report.locality import routing_locality_table
+
+        return routing_locality_table(inputs)
     return experiment_table(name, read_records(inputs))
 
 

@@ -1,0 +1,150 @@
+"""The `routing_locality` table and figure: how far each proxy's routing has a real model's temporal locality.
+
+Each proxy's statistics come from its model card (`routing`, computed on held-out text when the proxy is built:
+`specter.models.routing_stats`); the real models' from `specter/presets/routing/published.yaml`, each with its
+source, table and page, and how it was read. One row per (source, model, statistic, depth, slots, text):
+- `repeat_first_choice`, `repeat_any_choice` at the first, middle and last MoE layer (the Mixtral paper's layers 0,
+  15 and 31 of 32; the middle is layer (n - 1) // 2 of n) and their mean over layers, with the value under uniform
+  random routing of the model's experts beside (`random_routing`);
+- `lru_hit_rate`, `lfu_hit_rate` at each of the card's slot counts, mean over layers;
+- `reuse_distance_mean`, `routing_entropy_share`, `load_balance_max_over_mean`: means over layers.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from specter.errors import SpecterError
+from specter.io import json_strict, not_a_file, read_at_most
+
+#: the measures a card must hold (a card built before they were computed lacks some: build the model again)
+CARD_MEASURES = ("repeat_first_choice", "repeat_any_choice", "reuse_distance_mean", "random_routing",
+                 "lru_hit_rate_mean", "lfu_hit_rate_mean", "routing_entropy_share", "load_balance_max_over_mean",
+                 "layers")
+#: layer measures given at the first, middle and last layer as well as their mean
+AT_DEPTH = ("repeat_first_choice", "repeat_any_choice")
+MEANS = ("reuse_distance_mean", "routing_entropy_share", "load_balance_max_over_mean")
+
+
+def published() -> tuple[dict, list[dict]]:
+    """The published figures' sources and rows (`specter/presets/routing/published.yaml`)."""
+    from importlib.resources import files
+
+    import yaml
+
+    data = yaml.safe_load(files("specter.presets").joinpath("routing", "published.yaml").read_text(encoding="utf-8"))
+    return data["sources"], data["rows"]
+
+
+def _card(path: Path) -> dict:
+    if (why := not_a_file(path)) is not None:
+        raise SpecterError(f"model card {str(path)!r} {why}; build the model (a proxy: `specter build-model`)")
+    try:
+        card = json_strict(read_at_most(path, 1 << 24))
+    except (OSError, ValueError) as err:
+        raise SpecterError(f"{path} is not a model card ({type(err).__name__}); build the model again") from None
+    routing = card.get("routing") if isinstance(card, dict) else None
+    missing = [m for m in CARD_MEASURES if not isinstance(routing, dict) or m not in routing]
+    if missing:
+        raise SpecterError(f"{path} lacks the routing measures {', '.join(missing)} (a card of an older build); build "
+                           "the model again")
+    return card
+
+
+def routing_locality_table(paths: list[str | Path]) -> pd.DataFrame:
+    """The proxies' rows from their model cards at `paths` (a card, or the config.json it stands beside), then every
+    published row (module docstring)."""
+    from specter.models.integrity import CARD
+
+    rows = []
+    for path in map(Path, paths):
+        path = path.parent / CARD if path.name == "config.json" else path  # a checkpoint's config: its card beside
+        card = _card(path)
+        r, model = card["routing"], str(card.get("name") or path.parent.name)
+        base = dict(source="proxy (model card)", model=model, stands_in_for=str(card.get("stands_in_for") or ""),
+                    text=str(r.get("text", "")), where=f"{model}'s model card", read_in="computed")
+        n = len(r["layers"])
+        for measure in AT_DEPTH:
+            values = [float(v) for v in r[measure]]
+            for depth, i in (("first", 0), ("middle", (n - 1) // 2), ("last", n - 1)):
+                rows.append(dict(base, statistic=measure, depth=depth, layer=r["layers"][i], value=values[i],
+                                 random_routing=float(r["random_routing"][measure])))
+            rows.append(dict(base, statistic=measure, depth="mean", value=sum(values) / n,
+                             random_routing=float(r["random_routing"][measure])))
+        for measure in ("lru_hit_rate", "lfu_hit_rate"):
+            for slots, value in r[f"{measure}_mean"].items():
+                rows.append(dict(base, statistic=measure, depth="mean", slots=int(slots), value=float(value)))
+        for measure in MEANS:
+            values = [float(v) for v in r[measure] if v is not None]
+            mean = sum(values) / len(values) if values else None
+            rows.append(dict(base, statistic=measure, depth="mean", value=mean))
+    sources, published_rows = published()
+    for row in published_rows:
+        src = sources[row["source"]]
+        rows.append(dict(source=f"{src['paper']}, {src['where']}", model=src["model"], stands_in_for=src["model"],
+                         text=str(row.get("text") or src["text"]), where=src["where"], read_in=src["read_in"],
+                         statistic=row["statistic"], depth=row["depth"], layer=row.get("layer"),
+                         slots=row.get("slots"), value=float(row["value"]),
+                         random_routing=(src.get("random_routing") or {}).get(row["statistic"])))
+    columns = ["source", "model", "stands_in_for", "statistic", "depth", "layer", "slots", "value", "random_routing",
+               "text", "where", "read_in"]
+    table = pd.DataFrame(rows, columns=columns).astype({"layer": "Int64", "slots": "Int64"})
+    bad = table[[not (isinstance(v, float) and math.isfinite(v) and v >= 0) for v in table["value"].fillna(-1.0)]]
+    bad = bad[bad["value"].notna()]
+    if len(bad):
+        r = bad.iloc[0]
+        raise SpecterError(f"{r['where']}: {r['statistic']} is {r['value']!r}, which no routing gives; build the model "
+                           "again")
+    return table
+
+
+def plot_routing_locality(figure, table: pd.DataFrame, out, timing: str) -> None:
+    """Left and middle: each model's two repeat measures at the first, middle and last MoE layer (a proxy as a line,
+    the Mixtral paper's Table 5 as its range over The Pile's subsets with their mean marked), random routing dashed.
+    Right: each proxy's LRU and LFU hit rates against slots per layer, the Specter paper's Table 3 LRU marked."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from specter.report.plotting import finish
+
+    depths = ["first", "middle", "last"]
+    models = sorted(table.loc[table["source"].str.startswith("proxy"), "model"].unique())
+    colours = dict(zip(models, sns.color_palette("colorblind", max(1, len(models)))))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, measure in zip(axes[:2], AT_DEPTH):
+        sub = table[(table["statistic"] == measure) & table["depth"].isin(depths)]
+        for model in models:
+            own = sub[sub["model"] == model].set_index("depth").reindex(depths)
+            ax.plot(depths, own["value"], marker="o", color=colours[model], label=f"{model} (proxy)")
+            ax.axhline(float(own["random_routing"].iloc[0]), color=colours[model], ls="--", lw=0.8)
+        real = sub[~sub["source"].str.startswith("proxy")]
+        for model, part in real.groupby("model"):
+            spread = part.groupby("depth")["value"].agg(["min", "max", "mean"]).reindex(depths)
+            ax.vlines(depths, spread["min"], spread["max"], color="black", lw=3, label=f"{model} (published range)")
+            ax.plot(depths, spread["mean"], ls="none", marker="_", ms=14, color="black")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("MoE layer (dashed: random routing)")
+        ax.set_ylabel("share of consecutive token pairs")
+        ax.set_title({"repeat_first_choice": "same first-choice expert",
+                      "repeat_any_choice": "an expert in common"}[measure], fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+    ax = axes[2]
+    for measure, style in (("lru_hit_rate", "-"), ("lfu_hit_rate", ":")):
+        sub = table[(table["statistic"] == measure) & table["slots"].notna()]
+        for model in models:
+            own = sub[(sub["model"] == model) & sub["source"].str.startswith("proxy")].sort_values("slots")
+            ax.plot(own["slots"], own["value"], ls=style, marker=".", color=colours[model],
+                    label=f"{model} {measure.split('_')[0].upper()}")
+        for model, part in sub[~sub["source"].str.startswith("proxy")].groupby("model"):
+            ax.plot(part["slots"], part["value"], ls="none", marker="s", color="black",
+                    label=f"{model} LRU (published)")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("slots per layer")
+    ax.set_ylabel("hit rate")
+    ax.set_title("cache hit rate, mean over layers", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    finish(fig, figure.title, out)
