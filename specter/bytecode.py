@@ -37,14 +37,20 @@ def cache_bytecode() -> None:
     _guard_bytecode(sys.pycache_prefix)
 
 
+def _digest(path, code) -> bytes:
+    """The trailer of a cached bytecode file at `path`: the sha256 of its path and its code."""
+    return hashlib.sha256(os.fsencode(str(path)) + b"\0" + bytes(code)).digest()
+
+
 def _guard_bytecode(prefix: str) -> None:
     """The bytecode kept under `prefix` written whole and read whole: Python's own writer publishes what one `write`
     call wrote, so a full disk left a truncated file that every later import of that module failed on (`EOFError:
     marshal data too short`), every later command with it. Under `prefix` a file is renamed into place only once its
     size is the data's, and ends in the sha256 of its code (Python's header checks only the source's size and time,
-    so a flipped byte ran: a changed constant, or a SyntaxError from the middle of an import); a file whose code is
-    not its sha256's or does not unmarshal is removed and its module compiled from source (the next process writes it
-    again); one that is not a regular file, or is past `MAX_BYTECODE`, is not read at all. Hashing what a command
+    so a flipped byte ran: a changed constant, or a SyntaxError from the middle of an import) and of its own path (a
+    module's bytecode copied over another's of the same source size and time would run as that one); a file whose code
+    is not its sha256's or does not unmarshal is removed and its module compiled from source (the next process writes
+    it again); one that is not a regular file, or is past `MAX_BYTECODE`, is not read at all. Hashing what a command
     imports costs it about 0.1 s. Bytecode elsewhere is Python's business and left alone."""
     import _frozen_importlib_external as external  # the module the import system itself runs (importlib's is it)
 
@@ -57,7 +63,7 @@ def _guard_bytecode(prefix: str) -> None:
     def write_whole(path, data, mode=0o666):
         if not str(path).startswith(ours):
             return write(path, data, mode)
-        data = bytes(data) + hashlib.sha256(memoryview(data)[16:]).digest()  # past the header: magic, flags, source
+        data = bytes(data) + _digest(path, memoryview(data)[16:])  # past the header: magic, flags, source
         tmp = f"{path}.{os.getpid()}.{id(data)}.tmp"
         fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, mode & 0o666)
         try:
@@ -76,7 +82,7 @@ def _guard_bytecode(prefix: str) -> None:
         try:
             if ours_here:
                 code, digest = memoryview(data)[:-32], bytes(memoryview(data)[-32:])
-                if len(data) < 32 or hashlib.sha256(code).digest() != digest:
+                if len(data) < 32 or _digest(bytecode_path, code) != digest:
                     raise ValueError("bytecode other than its checksum")
                 data = code
             return unmarshal(data, name, bytecode_path, source_path)

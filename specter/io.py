@@ -13,6 +13,7 @@ this host whose process is gone (`sweep_stale`). Nothing else there is touched.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -221,7 +222,16 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     _, tmp = _new(path, directory=True)
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes the directory private; outputs get the usual permissions
-        yield tmp
+        try:
+            yield tmp
+        except OSError as err:
+            if err.filename is None and err.errno is not None:  # a full disk names no file: name the output
+                raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
+            raise
+        except Exception as err:  # safetensors' writer reports a full disk as its own error, in words
+            if type(err).__name__ == "SafetensorError" and "No space left on device" in str(err):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+            raise
         _usual_permissions(tmp)
         if path.exists():
             _, old = _new(path, directory=True, suffix=".old")
@@ -296,19 +306,22 @@ def files_sha256(paths) -> str:
     """sha256 over each file's name and bytes, in the order given. Kept in the cache (`specter.io.cache_root`) under
     the files' paths, sizes, inodes and modification and change times (a model's weights take about 2.5 s to hash,
     and every run and sweep checks them): a file written, moved or touched since changes its change time, and its
-    hash is computed again."""
+    hash is computed again. An entry holds the digest and the key it is filed under, so an entry copied over another
+    is computed again too."""
     paths = [Path(p) for p in paths]
     key_path = _hash_cache_entry(paths)
     try:  # an entry that cannot be reached (an unsearchable cache) costs the hashing, as a missing one does
-        cached = read_at_most(key_path, 80).strip() if key_path is not None and key_path.is_file() else None
-    except (OSError, ValueError):  # an entry longer than a digest is no entry this suite wrote
-        cached = b""
-    if cached is not None and len(cached) == 64 and all(c in b"0123456789abcdef" for c in cached):
-        return cached.decode()
+        cached = read_at_most(key_path, 200).split() if key_path is not None and key_path.is_file() else None
+    except (OSError, ValueError):  # an entry longer than a digest and its key is no entry this suite wrote
+        cached = None
+    # an entry holds its digest and its own key: one copied from another files' entry names another key
+    if (cached is not None and len(cached) == 2 and cached[1] == key_path.name.encode() and len(cached[0]) == 64
+            and all(c in b"0123456789abcdef" for c in cached[0])):
+        return cached[0].decode()
     digest = _files_sha256(paths)
     if key_path is not None:
         try:
-            atomic_write_text(key_path, digest + "\n")
+            atomic_write_text(key_path, f"{digest} {key_path.name}\n")
         except OSError:  # an unwritable cache costs the next check its hashing, nothing else
             pass
     return digest
