@@ -207,6 +207,7 @@ def read_packed(target: MoEModel, draft_dir: str | Path, meta: DraftMeta | None 
                                        "damaged, quantize it again")
                 projs[proj] = (PackedLinear(*parts, bits=meta.bits), tensors.get(f"{key}.bias"))
             out[layer.layer_index, e] = projs
+    meta.check_experts(draft_dir)  # after the checks that name what is wrong: then, whether it is this draft's
     return out
 
 

@@ -60,6 +60,7 @@ class DraftMeta:
     source_hash: str  # model_hash of the target: what loaders check
     calibration: dict | None  # corpus, num_sequences, seq_len (GPTQ only)
     quantized_bytes_per_expert: int  # packed codes, zeros, scales, g_idx, biases of the largest expert
+    experts_sha256: str  # `specter.io.files_sha256` of experts.safetensors: the experts this sidecar was written with
     seconds: float
     versions: dict = field(default_factory=dict)
     numerics: dict = field(default_factory=dict)  # what the quantization ran with (`determinism.settings`)
@@ -97,6 +98,15 @@ class DraftMeta:
                                "with biases); quantize the draft again")
         return self.quantized_bytes_per_expert
 
+    def check_experts(self, draft_dir) -> None:
+        """The draft's experts.safetensors the one this sidecar was written with (another draft's experts of the same
+        shapes, swapped in, load without a word otherwise)."""
+        from specter.io import files_sha256
+
+        if files_sha256([Path(draft_dir) / "experts.safetensors"]) != self.experts_sha256:
+            raise SpecterError(f"{Path(draft_dir) / 'experts.safetensors'} is not the file its {META_FILE} was written "
+                               "with (another draft's experts, or edited); quantize the draft again")
+
     def check(self, path) -> None:
         """Every field of a sidecar in range (an edited meta.json is refused, not trusted)."""
         from specter.quant.packing import SUPPORTED_BITS
@@ -113,6 +123,8 @@ class DraftMeta:
             problems.append(f"quantized_bytes_per_expert {q!r} (a whole number >= 1)")
         if not isinstance(self.source_hash, str) or len(self.source_hash) != 64:
             problems.append(f"source_hash {self.source_hash!r} (a sha256)")
+        if not isinstance(self.experts_sha256, str) or len(self.experts_sha256) != 64:
+            problems.append(f"experts_sha256 {self.experts_sha256!r:.80} (a sha256)")
         if not isinstance(self.sym, bool):
             problems.append(f"sym {self.sym!r} (true or false)")
         if not isinstance(self.source_model, str):

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from safetensors.torch import save_file
 
 from specter import determinism
 from specter.errors import SpecterError
-from specter.io import atomic_dir, publish, temporary
+from specter.io import atomic_dir, files_sha256, publish, temporary
 from specter.models.integrity import check_card, model_hash
 from specter.models.loading import load_moe_model, read_model_config
 from specter.quant.meta import METHODS, DraftMeta, versions
@@ -136,12 +137,14 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         source_hash=model_hash(model_dir),
         calibration=calibration_used,
         quantized_bytes_per_expert=max(sizes),
+        experts_sha256="",  # set once the experts are written
         seconds=round(time.perf_counter() - t0, 3),
         versions=versions(),
         numerics={**determinism.settings(), **calibration_numerics},
     )
     with atomic_dir(out) as tmp:  # a killed quantize leaves nothing that looks like a draft
         save_file(tensors, str(tmp / "experts.safetensors"))
+        meta = replace(meta, experts_sha256=files_sha256([tmp / "experts.safetensors"]))
         meta.write(tmp)
     return meta
 
