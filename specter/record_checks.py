@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from specter.errors import SpecterError
+from specter.runspec.parts import GOVERNORS
 
 #: a record's times: finite, never negative, and under a day (no decode takes a day a token)
 _TIMES = ("ttft_ms", "tpot_ms", "lower_bound_tpot_ms", "stall_ms")
@@ -265,6 +266,9 @@ def _consistency_problem(record: dict) -> str | None:
         if (type(get("layer")) is not int or type(get("distance")) is not int or type(precision) not in shares
                 or type(recall) not in shares or not 0 <= precision <= 1 or not 0 <= recall <= 1):
             return f"expert_prediction holds {str(entry)[:80]}, not a layer, a distance and two shares in [0, 1]"
+    problem = _prediction_problem(record, record.get("expert_prediction") or [])
+    if problem:
+        return problem
     for name in ("breakdown_ms", "simulated_breakdown_ms"):
         parts = extra.get(name)
         if parts is not None and not (isinstance(parts, dict) and all(
@@ -289,6 +293,26 @@ def _consistency_problem(record: dict) -> str | None:
     from specter.record_sums import arithmetic_problem
 
     return arithmetic_problem(record, extra, config)
+
+
+def _prediction_problem(record: dict, prediction: list[dict]) -> str | None:
+    """Expert prediction as a run writes it: each (MoE layer, lookahead distance) once, every layer at the same
+    distances 1 .. D (each window covers every layer, and the longest window of the prompt sets D), D within the
+    run's K where it is fixed."""
+    if not prediction:
+        return None
+    pairs = [(entry["layer"], entry["distance"]) for entry in prediction]
+    if len(set(pairs)) != len(pairs):
+        return "expert_prediction gives one (layer, distance) twice"
+    layers = {layer for layer, _ in pairs}
+    longest = max(distance for _, distance in pairs)
+    if min(layer for layer, _ in pairs) < 0 or len(pairs) != len(layers) * longest or min(d for _, d in pairs) < 1:
+        return (f"expert_prediction holds layers {sorted(layers)[:8]} at distances other than 1 to {longest} each (a "
+                "run predicts every layer at every distance of its longest window)")
+    fixed = str((record.get("config") or {}).get("k")) not in GOVERNORS
+    if fixed and isinstance(record.get("k"), int) and longest > record["k"]:
+        return f"expert_prediction reaches distance {longest}, past the run's K of {record['k']}"
+    return None
 
 
 def _window_problem(record: dict, k, histogram: dict, tokens: int) -> str | None:

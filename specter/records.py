@@ -175,6 +175,10 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
             shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
             raise SpecterError(f"{path}:{number} is not a run record of this version (it lacks {shown}); give "
                                "files this version's `specter run` or `specter sweep` wrote, or run the rule again")
+        stray = next((name for name in record if strict and name not in _ANNOTATIONS), None)
+        if stray is not None:
+            raise SpecterError(f"{path}:{number}: field {str(stray)[:60]!r}, which no run of this version writes; the "
+                               "file is damaged or was edited, run the rule that writes it again")
         wrong = next((name for name, value in record.items()
                       if strict and name in _ANNOTATIONS and not _type_ok(value, _ANNOTATIONS[name])), None)
         if wrong is not None:
