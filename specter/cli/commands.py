@@ -359,7 +359,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(f"  {line}")
     print("identical" if d.identical else f"{len(d.differences)} differences")
     if d.impossible:
-        print(f"and {len(d.impossible)} records hold what no run writes (aggregate refuses them):")
+        print(f"and {len(d.impossible)} records or tables hold what no run writes (aggregate and summary refuse "
+              "them):")
         for line in d.impossible[:20]:
             print(f"  {line}")
     return 0 if d.identical and not d.impossible else 1

@@ -4,8 +4,8 @@ Compares every run-record file (`*.jsonl` under `runs/` and `experiments/`) reco
 every table (`tables/*.csv`) and its checksum file byte for byte. Fields that legitimately differ between identical
 runs are left out: wall-clock time, package versions and the git commit by default (`--ignore` names more, as dotted
 paths such as `config.memo`). The answer names each differing file and field, so "identical" is something one can
-check, not assume. Records of this version that no run writes (a NaN TPOT, say) are named too, on either side: two
-trees can be identical and both damaged.
+check, not assume. Records of this version that no run writes (a NaN TPOT, say), and tables their checksum files do
+not vouch for, are named too, on either side: two trees can be identical and both damaged.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specter.errors import SpecterError
 from specter.records import read_jsonl, value_problem
+from specter.report.tablefile import checksum_problem
 
 DEFAULT_IGNORED = ("wall_s", "versions", "git_commit")
 RECORD_DIRS = ("runs", "experiments")
@@ -93,12 +94,16 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
         if not (pa.is_file() and pb.is_file()):
             out.differences.append(_one_side(name, pa, pb, a, b))
             continue
-        out.tables += 1
+        table = not name.endswith(".sha256")
+        out.tables += table
         try:
-            same = pa.read_bytes() == pb.read_bytes()
+            da, db = pa.read_bytes(), pb.read_bytes()
         except OSError as err:
             raise SpecterError(f"cannot read a table to compare: {err.strerror}: {err.filename}; make it readable "
                                "(or compare other directories)") from None
-        if not same:
-            out.differences.append(f"{name}: the {'checksum files' if name.endswith('.sha256') else 'tables'} differ")
+        if da != db:
+            out.differences.append(f"{name}: the {'tables' if table else 'checksum files'} differ")
+        if table:  # a table its own checksum file does not vouch for is damaged, on whichever side
+            out.impossible += [problem for path, data in ((pa, da), (pb, db))
+                               if (problem := checksum_problem(path, data)) is not None]
     return out

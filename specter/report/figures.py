@@ -139,7 +139,7 @@ def _plot_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
     """TPOT bars per `figure.x`, each with its lower bound."""
     fig, panels = panel_grid(table, x=figure.x)
     for ax, sub, title in panels:
-        sub = sub.sort_values(figure.sort) if figure.sort else sub
+        sub = sub.sort_values(figure.sort, na_position="first") if figure.sort else sub  # no value: a baseline
         bars_with_bound(ax, sub, figure.x)
         ax.set_xlabel(figure.xlabel)
         ax.set_title(title, fontsize=9)

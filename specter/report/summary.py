@@ -116,6 +116,14 @@ def _read(path: Path) -> pd.DataFrame | None:
     if missing:
         raise SpecterError(f"{path} lacks the column(s) {', '.join(missing)}; it was written by another version of "
                            "the suite: write it again with `specter aggregate` (or rerun the workflow)")
+    from specter.experiments import EXPERIMENTS
+    from specter.report.tablefile import its_own_table
+
+    if path.stem in EXPERIMENTS:  # another experiment's table under this one's name would be read as this one
+        try:
+            its_own_table(path.stem, EXPERIMENTS[path.stem].table, df)
+        except SpecterError as err:
+            raise SpecterError(f"{path}: {err}") from None
     return df.assign(**{c: df[c].fillna("") if c in df else "" for c in ("cost_as",)},
                      **({"memory": "same slots"} if "memory" not in df else {}))
 

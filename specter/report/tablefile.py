@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from specter.errors import SpecterError
-from specter.io import atomic_write, atomic_write_text, not_a_file
+from specter.io import atomic_write, atomic_write_text, not_a_file, read_at_most
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE | re.ASCII)
 _UNCHECKED: set[str] = set()  # tables read without a checksum, warned of once a process
@@ -179,38 +179,54 @@ def _claims_row_problem(row) -> str | None:
     return None
 
 
+#: the fix for a damaged table
+FIX = "write it again with `specter aggregate` (or rerun the workflow)"
+#: the largest table read (the suite's largest is well under a megabyte): a larger file is damage, not read whole
+MAX_TABLE_BYTES = 1 << 28
+
+
+def checksum_problem(path: Path, data: bytes) -> str | None:
+    """Why the table at `path` (its bytes `data`) is not the one its checksum file beside it (`<table>.sha256`, as
+    `sha256sum` writes it) was written for, or None where it is, or where it has no checksum file."""
+    import hashlib
+
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.exists() and not sidecar.is_file():
+        return f"{sidecar} is not a file (a table's checksum is a file beside it)"
+    if not sidecar.is_file():
+        return None
+    try:
+        line = read_at_most(sidecar, 4096).split()
+    except (OSError, ValueError):
+        line = []
+    if not (len(line) == 2 and re.fullmatch(rb"[0-9a-fA-F]{64}", line[0])):
+        return f"{sidecar} is not a sha256sum line (damaged)"
+    if line[1].lstrip(b"*") != path.name.encode():
+        return f"{sidecar} is the checksum of {line[1].decode(errors='replace')[:60]!r}, not of {path.name}"
+    if line[0].lower() != hashlib.sha256(data).hexdigest().encode():
+        return f"{path} is not the table that was written: its bytes differ from {sidecar.name} (cut short or edited)"
+    return None
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """A table `write_table` wrote (CSV), checked before it is read, or one SpecterError naming the file, the line
     and the fix: bytes other than its checksum file says (`<table>.csv.sha256`; a table without one is read with a
     warning that its completeness is unchecked), an empty file, a line with another number of fields than the header
     (a half line), a line given twice, a TPOT that is not a positive finite number, another time that is negative or
     infinite, a share, count or ratio no run gives (`VALUE_RULES`)."""
-    import hashlib
-
     path = Path(path)
     if (why := not_a_file(path)) is not None:
         raise SpecterError(f"table {str(path)!r} {why}; write it with `specter aggregate`")
-    fix = "write it again with `specter aggregate` (or rerun the workflow)"
     try:
-        data = path.read_bytes()
+        data = read_at_most(path, MAX_TABLE_BYTES)
         text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {fix}") from None
+    except (OSError, ValueError) as err:  # ValueError: past MAX_TABLE_BYTES, or not UTF-8
+        raise SpecterError(f"{path} is not a CSV table ({str(err).strip().splitlines()[0]}); {FIX}") from None
     sidecar = path.with_name(path.name + ".sha256")
-    if sidecar.exists() and not sidecar.is_file():
-        raise SpecterError(f"{sidecar} is not a file; remove it (a table's checksum is a file beside it)")
-    if sidecar.is_file():
-        try:
-            want = sidecar.read_bytes().split()[:1]
-        except OSError:
-            want = []
-        if not (want and re.fullmatch(rb"[0-9a-fA-F]{64}", want[0])):
-            raise SpecterError(f"{sidecar} is not a sha256sum line (damaged); {fix}, or delete {sidecar.name} to read "
-                               "the table as it is")
-        if want[0].lower() != hashlib.sha256(data).hexdigest().encode():
-            raise SpecterError(f"{path} is not the table that was written: its bytes differ from {sidecar.name} (cut "
-                               f"short or edited); {fix}, or delete {sidecar.name} to read it as it is")
-    df = _checked(text, path, fix)
+    problem = checksum_problem(path, data)
+    if problem is not None:
+        raise SpecterError(f"{problem}; {FIX}, or delete {sidecar.name} to read the table as it is")
+    df = _checked(text, path, FIX)
     if not sidecar.is_file() and str(path.resolve()) not in _UNCHECKED:
         import logging
 

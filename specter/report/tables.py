@@ -106,7 +106,7 @@ def _main_rows(df):
 def _oracle_forecast(df):
     """`draft` for Specter's own forecast, else the oracle's noise as a share of expert identities replaced."""
     return df.assign(forecast=["draft" if pd.isna(n) else f"target routes, {float(n):.0%} replaced"
-                               for n in df["noise"]], noise=df["noise"].astype(float).fillna(-1.0))
+                               for n in df["noise"]], noise=df["noise"].astype(float))
 
 
 def _fixed_k(df):
