@@ -35,6 +35,11 @@ def real(tiny_dirs, tmp_path_factory):
     quantize_draft(tiny_dirs["mixtral"], draft, method="rtn", bits=4, group_size=32)
     other = root / "other-draft"
     quantize_draft(tiny_dirs["olmoe"], other, method="rtn", bits=4, group_size=32)
+    from specter.models.tiny import save_tiny_model
+
+    same_shapes = root / "same-shapes-draft"  # a draft of another tiny Mixtral: experts of the same shapes
+    quantize_draft(save_tiny_model("mixtral", root / "other-mixtral", seed=1), same_shapes, method="rtn", bits=4,
+                   group_size=32)
     records = root / "records.jsonl"
     assert main(["run", "--system", "specter", "--model", tiny_dirs["mixtral"], "--draft", str(draft),
                  "--dataset", "code", "--hardware", "t4-pcie3",
@@ -44,7 +49,7 @@ def real(tiny_dirs, tmp_path_factory):
     assert main(["aggregate", "main", str(records), "--out", str(table)]) == 0
     preset = yaml.safe_load((Path(__file__).parents[1] / "specter/presets/hardware/t4-pcie3.yaml").read_text())
     return dict(model=tiny_dirs["mixtral"], draft=draft, other_draft=other, records=records, table=table,
-                preset=preset)
+                preset=preset, other_same_shapes=same_shapes)
 
 
 def _flip(path: Path, at: float = 0.5) -> None:
@@ -126,6 +131,14 @@ def _record_field(field, value):
         record[field] = value
         path.write_text(json.dumps(record) + "\n")
     return damage
+
+
+def _edit_prediction(path: Path, edit) -> None:
+    """The first record's `expert_prediction` changed in place by `edit`."""
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[0])
+    edit(record["expert_prediction"])
+    path.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
 
 
 def _second_record(**changes):
@@ -736,6 +749,9 @@ CASES = [
         d / "meta.json", method="gptq"))), "calibration None"),
     ("draft_meta_sparse_gigabytes", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: os.truncate(
         d / "meta.json", 1 << 26))), "larger than"),
+    ("draft_experts_of_another_draft", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: shutil.copyfile(
+        r["other_same_shapes"] / "experts.safetensors", d / "experts.safetensors"))),
+     "is not the file its meta.json was written with"),
     ("draft_meta_not_json", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _truncate(d / "meta.json"))),
      "meta.json"),
     ("draft_of_another_model", lambda w, r: _run(r, draft=str(r["other_draft"])), "draft"),
@@ -945,6 +961,16 @@ CASES = [
     ("aggregate_prediction_share_above_one", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("expert_prediction", [{"layer": 0, "distance": 1, "precision": 5.0, "recall": 1.0}])),
         "--out", "{out}.csv"], "expert_prediction holds"),
+    ("aggregate_a_field_no_run_writes", _aggregate(_record_field("tpot_ms_adjusted", 1.0)),
+     "field 'tpot_ms_adjusted', which no run of this version writes"),
+    ("aggregate_prediction_past_k", _aggregate(lambda path: _edit_prediction(path, lambda p: p.append(
+        dict(p[-1], distance=30)))), "expert_prediction"),
+    ("aggregate_prediction_distance_zero", _aggregate(lambda path: _edit_prediction(path, lambda p: p.append(
+        dict(p[0], distance=0)))), "expert_prediction"),
+    ("aggregate_prediction_stray_layer", _aggregate(lambda path: _edit_prediction(path, lambda p: p.append(
+        dict(p[0], layer=7)))), "expert_prediction holds layers"),
+    ("aggregate_prediction_pair_twice", _aggregate(lambda path: _edit_prediction(path, lambda p: p.append(
+        dict(p[0], precision=0.0)))), "gives one (layer, distance) twice"),
     ("aggregate_system_with_a_bar", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, lambda path: (_record_field("system", "spec|ter")(path), _config_field("system", "spec|ter")(path))),
         "--out", "{out}.csv"], "which no run names"),
@@ -1715,6 +1741,35 @@ def test_bytecode_cut_short_by_a_full_disk_is_never_kept_and_a_truncated_or_dama
     assert out.returncode == 0 and out.stdout.strip() == "7" and "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_modules_bytecode_copied_over_anothers_of_the_same_size_and_time_is_compiled_again(tmp_path):
+    """Two modules of one source size and modification time: the bytecode of one copied over the other's passes
+    Python's header, and its own checksum covers only its code; the checksum of its path too makes the copy damage,
+    so the module runs as its source says."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "mod_a.py").write_text("NAME = 'a'\n")
+    (src / "mod_b.py").write_text("NAME = 'b'\n")
+    for module in ("mod_a.py", "mod_b.py"):
+        os.utime(src / module, (1_700_000_000, 1_700_000_000))
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SPECTER_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(src), os.getcwd()])}
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    code = "from specter.bytecode import cache_bytecode; cache_bytecode(); import mod_a, mod_b; print(mod_a.NAME)"
+
+    def python():
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    assert python().stdout.strip() == "a"
+    [a] = list((tmp_path / "cache").rglob("mod_a*.pyc"))
+    [b] = list((tmp_path / "cache").rglob("mod_b*.pyc"))
+    a.write_bytes(b.read_bytes())
+    out = python()
+    assert out.returncode == 0 and out.stdout.strip() == "a" and "Traceback" not in out.stderr, out.stderr
+
+
 def test_a_pipe_where_a_hashed_file_should_be_is_one_line_not_a_hang(tmp_path):
     """`specter summary` hashes every model and draft of a results tree: a pipe or a device in their place is refused
     in one line, where reading it would never end."""
@@ -1745,7 +1800,23 @@ def test_a_damaged_file_hash_entry_is_computed_again(entry, tmp_path, monkeypatc
     else:
         kept.write_bytes(entry)
     assert model_hash(model) == first == _files_sha256([model / "config.json"])
-    assert kept.read_text().strip() == first
+    assert kept.read_text().split() == [first, kept.name]
+
+
+def test_a_file_hash_entry_copied_from_another_models_is_computed_again(tmp_path, monkeypatch):
+    """The entry of one model's files replaced by another's (a whole, well-formed entry, moved, not forged): the
+    entry names the key it was filed under, so the copy is computed again and the model keeps its own hash."""
+    from specter.models.integrity import model_hash
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    hashes = {}
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"name": name}))
+        hashes[name] = model_hash(tmp_path / name)
+    entries = {p.read_text().split()[0]: p for p in (tmp_path / "cache" / "file-hashes").rglob("*") if p.is_file()}
+    entries[hashes["one"]].write_bytes(entries[hashes["two"]].read_bytes())
+    assert model_hash(tmp_path / "one") == hashes["one"] != hashes["two"]
 
 
 # --- the workflow's config check, complete before any job ---
@@ -1935,6 +2006,26 @@ def test_a_sparse_manifest_of_gigabytes_is_damage_not_read_whole(tmp_path):
     assert tier_problem(tmp_path) == f"{MANIFEST} unreadable (ValueError)"
 
 
+def test_a_full_disk_while_a_directory_output_is_written_names_the_output(tmp_path):
+    """A build or quantize writes into a temporary sibling of its output: a full disk met there (Python's error, or
+    safetensors' own, which says it in words) is one OSError naming the output, and nothing is left."""
+    import errno
+
+    from specter.io import atomic_dir
+
+    class SafetensorError(Exception):
+        pass
+
+    for raised in (OSError(errno.ENOSPC, "No space left on device"),
+                   SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                                   "\"No space left on device\" })")):
+        with pytest.raises(OSError) as err:
+            with atomic_dir(tmp_path / "draft"):
+                raise raised
+        assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "draft")
+        assert list(tmp_path.iterdir()) == []
+
+
 def test_a_full_standard_output_is_named(tmp_path):
     import subprocess
     import sys
@@ -2085,6 +2176,54 @@ def test_a_prompt_file_named_with_a_backtick_runs_and_aggregates(real, tmp_path,
     assert "a`b, same slots" in capsys.readouterr().out
 
 
+def test_diff_of_two_tables_damaged_alike_names_the_damage_and_counts_tables(real, tmp_path, capsys):
+    """The same edit made to both trees' main table (each beside its own, now wrong, checksum): diff says they are
+    identical, names the tables their checksums do not vouch for, exits 1, and counts one table, not its checksum."""
+    for side in ("a", "b"):
+        (tmp_path / side / "tables").mkdir(parents=True)
+        table = tmp_path / side / "tables" / "main.csv"
+        shutil.copy(real["table"], table)
+        shutil.copy(str(real["table"]) + ".sha256", str(table) + ".sha256")
+        _table_cell("tpot_ms", "7.5")(table)
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "and 1 tables, leaving out" in out and "identical\nand 2 records or tables" in out
+    assert "main.csv is not the table that was written" in out
+
+
+@pytest.mark.parametrize("sidecar, message", [
+    (lambda table, digest: f"{digest}  other.csv\n", "is the checksum of 'other.csv', not of main.csv"),
+    (lambda table, digest: None, "is not a sha256sum line"),
+], ids=["naming_another_file", "sparse_gigabytes"])
+def test_a_tables_checksum_file_must_name_the_table_and_be_a_line(sidecar, message, real, tmp_path):
+    import hashlib
+
+    from specter.errors import SpecterError
+    from specter.report.tablefile import read_table
+
+    table = tmp_path / "main.csv"
+    shutil.copy(real["table"], table)
+    text = sidecar(table, hashlib.sha256(table.read_bytes()).hexdigest())
+    if text is None:
+        Path(f"{table}.sha256").write_text(hashlib.sha256(table.read_bytes()).hexdigest() + "  main.csv\n")
+        os.truncate(f"{table}.sha256", 1 << 34)
+    else:
+        Path(f"{table}.sha256").write_text(text)
+    with pytest.raises(SpecterError, match=message):
+        read_table(table)
+
+
+def test_summary_refuses_another_experiments_table_under_mains_name(real, tmp_path, capsys):
+    """The hardware experiment's table, with its checksum, copied to tables/main.csv: the summary refuses it as `plot`
+    does, rather than print it as the main comparison."""
+    tables = tmp_path / "tree" / "tables"
+    assert main(["aggregate", "hardware", str(real["records"]), "--out", str(tables / "main.csv")]) == 0
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path / "tree")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "main.csv: the table is not a main table" in err[0], err
+
+
 def test_diff_of_two_trees_both_damaged_alike_names_the_damage(real, tmp_path, capsys):
     """Two trees holding the same impossible record (a NaN TPOT) are identical, and diff says so, and names the
     records no run writes, exiting 1: "identical" never vouches for damage."""
@@ -2094,7 +2233,8 @@ def test_diff_of_two_trees_both_damaged_alike_names_the_damage(real, tmp_path, c
         (tmp_path / side / "runs" / "x.jsonl").write_text(json.dumps({**record, "tpot_ms": float("nan")}) + "\n")
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
     out = capsys.readouterr().out
-    assert "identical\nand 2 records hold what no run writes" in out and "x.jsonl record 1: tpot_ms is nan" in out
+    assert "identical\nand 2 records or tables hold what no run writes" in out
+    assert "x.jsonl record 1: tpot_ms is nan" in out
     (tmp_path / "b" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
     (tmp_path / "a" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0

@@ -302,6 +302,8 @@ def test_the_profiler_refuses_copies_that_do_not_describe_a_link(monkeypatch):
     assert "fell" in profiler.copy_fault(_rows({mib: 0.1, 4 * mib: 0.4, 16 * mib: 4.0}))
     assert "spread 5.0x" in profiler.copy_fault(_rows({mib: 0.1, 4 * mib: 0.4}, spread=5.0))
     assert profiler.copy_fault(_rows({4096: 0.001, 16384: 0.001}, spread=5.0)) is None  # too small to be bound
+    flat = {(64 << 10) << i: 8.0 for i in range(5)}  # 64 KiB to 1 MiB, all 8 ms: a busy core, --max-bytes 1 MiB
+    assert "8 ms at 65536 bytes and 8 ms at 1048576" in profiler.copy_fault(_rows(flat))
     one_stray = profiler._copy_row(mib, "host", [1e-4] * 9 + [9e-4])  # one repeat waited a scheduler slice
     assert one_stray.spread == pytest.approx(1.0) and one_stray.median_s == pytest.approx(1e-4)
     assert profiler._copy_row(mib, "host", [1e-4] * 5 + [5e-4] * 5).spread == pytest.approx(5.0)

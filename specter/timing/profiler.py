@@ -97,7 +97,8 @@ def _copy_row(size: int, memory: str, times: list[float]) -> CopyRow:
 
 def copy_fault(rows: list[CopyRow]) -> str | None:
     """Why a set of copy rows cannot describe the link, or None where they can: past `BANDWIDTH_BOUND_BYTES`, repeats
-    that spread widely, a bandwidth that falls as the size grows, or a time that stays flat while it grows."""
+    that spread widely, a bandwidth that falls as the size grows, or a time that stays flat while it grows; and over
+    the whole range up to a bandwidth-bound size, a time that did not grow with 16x the bytes or more."""
     for r in rows:
         if r.size_bytes >= BANDWIDTH_BOUND_BYTES and r.spread > MAX_SPREAD:
             return (f"{r.memory} copies of {r.size_bytes} bytes spread {r.spread:.1f}x between repeats (at most "
@@ -107,6 +108,11 @@ def copy_fault(rows: list[CopyRow]) -> str | None:
         by_memory.setdefault(r.memory, []).append(r)
     for memory, series in by_memory.items():
         series.sort(key=lambda r: r.size_bytes)
+        small, large = series[0], series[-1]  # over the whole range, whatever its largest size
+        if (large.size_bytes >= max(16 * small.size_bytes, BANDWIDTH_BOUND_BYTES)
+                and large.median_s < MIN_GROWTH * small.median_s):
+            return (f"{memory} copies took {small.median_s * 1e3:.3g} ms at {small.size_bytes} bytes and "
+                    f"{large.median_s * 1e3:.3g} ms at {large.size_bytes}: the time did not grow with the size")
         for a, b in zip(series, series[1:]):
             if a.size_bytes < BANDWIDTH_BOUND_BYTES:
                 continue
