@@ -9,7 +9,7 @@ plus its config; nothing else changes.
 
 Sources: `sweep` (its own `specter sweep` over its axes, in each of its cases and on the first prompt set, or on
 every prompt set and in every case for `main`), `fidelity` (the drafts' fidelity reports), `memo` (the main recordings
-of every case on every prompt set: the target's routes), `cards` (the model cards of the configured proxies), or
+of every case on every prompt set: the target's routes), `routing` (each model's `specter routing-stats`), or
 another experiment's name (its records, read differently). A case (the config's `cases:`) is a regime: the model whose
 numerics drive the runs, the architecture whose shapes price them (`cost_as`), the slots per layer and K. An experiment
 that varies what the model computes (`NUMERICS_AXES`) records its own numerics; the others replay the main recording.
@@ -31,7 +31,7 @@ from specter.errors import SpecterError
 from specter.runspec.parts import GOVERNORS  # K settings that are governors rather than a window size
 
 #: where an experiment's records come from, besides another experiment's name (see the module docstring)
-SOURCES = ("sweep", "fidelity", "memo", "cards")
+SOURCES = ("sweep", "fidelity", "memo", "routing")
 #: axes that change the numerics (which windows the draft proposes, which prompts): such an experiment records its own
 NUMERICS_AXES = ("k", "prefix_tokens")
 #: the columns that say where a time comes from; every table keeps them
@@ -268,10 +268,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "routed slots each expert took, for the first model and prompt set. The proxies' routing is what drives "
         "every run priced at a real architecture's shapes; the real model's may be more skewed."),
     Experiment(
-        "routing_locality", "cards", Table(kind="routing_locality"),
+        "routing_locality", "routing", Table(kind="routing_locality"),
         Figure("routing_locality", "Routing locality: the proxies beside the real models' published statistics"),
         "How often consecutive tokens keep an expert (the same first choice; one in common) at the first, middle and "
-        "last MoE layer, beside random routing's, and LRU and LFU hit rates by slots: each proxy's (its model card) "
+        "last MoE layer, beside random routing's, and LRU and LFU hit rates by slots: each model's on held-out text "
         "beside the Mixtral paper's Table 5 and Specter's Table 3 (``specter/presets/routing/published.yaml``)."),
     Experiment(
         "memory", "main",

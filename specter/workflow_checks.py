@@ -362,11 +362,6 @@ def check_config(config: dict) -> None:
             raise ConfigError(f"config experiments.{name} reads the records of {source}: configure {source} too")
         if EXPERIMENTS[source].source == "sweep" and not config["experiments"][source].get("systems"):
             raise ConfigError(f"config experiments.{source}: give its systems")
-        if EXPERIMENTS[name].source == "cards" and not any(
-                "build" in spec and not spec["build"].startswith("tiny-") for spec in config["models"].values()):
-            raise ConfigError(f"config experiments.{name}: it reads the model cards of the proxies the workflow "
-                              "builds, and no configured model is one (a path or a tiny-<type> model has none); "
-                              "leave it out, or build a proxy")
         for system in entry.get("systems") or []:
             if system not in systems:
                 raise ConfigError(f"config experiments.{name}.systems: unknown system {system!r}; known: "

@@ -57,32 +57,30 @@ def test_a_models_card_statistics_hold_the_locality_measures(tiny_dirs):
         0 <= v <= 1 for rates in stats["lfu_hit_rate"].values() for v in rates)
 
 
-def test_the_locality_table_sets_each_proxys_card_beside_the_published_figures(tiny_dirs, tmp_path):
-    """A card holding a model's routing statistics gives its rows (repeat measures at three depths and their mean,
-    hit rates by slots, means over layers); the published rows follow, each with its source and how it was read; a
-    card of an older build, lacking a measure, is refused naming the fix; the figure draws."""
+def test_the_locality_table_sets_each_models_statistics_beside_the_published_figures(tiny_dirs, tmp_path, capsys):
+    """`specter routing-stats` measures a checkpoint without a model card on held-out text, and takes a card's own
+    statistics where it holds every measure; its rows (repeat measures at three depths and their mean, hit rates by
+    slots, means over layers) stand beside the published rows, each with its source and how it was read; statistics
+    lacking a measure are refused naming the fix; the figure draws."""
     import json
+    import shutil
 
+    from specter.cli import main
     from specter.errors import SpecterError
-    from specter.experiments import EXPERIMENTS
-    from specter.models.loading import load_moe_model
-    from specter.models.routing_stats import routing_statistics
     from specter.report.figures import plot
     from specter.report.locality import routing_locality_table
 
-    moe = load_moe_model(tiny_dirs["mixtral"])
-    stats = routing_statistics(moe, torch.randint(0, 100, (3, 24), generator=torch.Generator().manual_seed(0)))
-    model = tmp_path / "proxy"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    card = {"name": "proxy", "stands_in_for": "mixtral-8x7b", "routing": {"text": "held-out windows", **stats}}
-    (model / "model_card.json").write_text(json.dumps(card))
-    table = routing_locality_table([model / "config.json"])
-    mine = table[table["model"] == "proxy"]
+    out = tmp_path / "tiny.json"
+    assert main(["routing-stats", "--model", tiny_dirs["mixtral"], "--out", str(out), "--threads", "1"]) == 0
+    stats = json.loads(out.read_text())
+    assert stats["measured_from"] == "the checkpoint" and "8 held-out windows" in stats["routing"]["text"]
+    table = routing_locality_table([out])
+    mine = table[table["read_in"] == "computed"]
     first = mine[(mine["statistic"] == "repeat_first_choice") & (mine["depth"] == "first")]
-    assert float(first["value"].iloc[0]) == pytest.approx(stats["repeat_first_choice"][0])
+    assert float(first["value"].iloc[0]) == pytest.approx(stats["routing"]["repeat_first_choice"][0])
     assert set(mine["depth"]) == {"first", "middle", "last", "mean"}
-    assert set(mine.loc[mine["statistic"] == "lfu_hit_rate", "slots"]) == {int(s) for s in stats["lfu_hit_rate"]}
+    assert set(mine.loc[mine["statistic"] == "lfu_hit_rate", "slots"]) == {
+        int(s) for s in stats["routing"]["lfu_hit_rate"]}
     mixtral = table[(table["model"] == "mixtral-8x7b") & (table["statistic"] == "repeat_any_choice")]
     assert len(mixtral) == 24 and set(mixtral["read_in"]) == {"transcription"}
     wiki = mixtral[(mixtral["text"] == "Wikipedia (en)") & (mixtral["depth"] == "middle")]
@@ -91,8 +89,16 @@ def test_the_locality_table_sets_each_proxys_card_beside_the_published_figures(t
     assert dict(table3) == pytest.approx({6: 0.292, 16: 0.5094, 32: 0.7656})
     plot("routing_locality", table, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
-    assert EXPERIMENTS["routing_locality"].source == "cards"
-    del card["routing"]["lfu_hit_rate_mean"]
-    (model / "model_card.json").write_text(json.dumps(card))
-    with pytest.raises(SpecterError, match="lacks the routing measures lfu_hit_rate_mean .*build the model again"):
-        routing_locality_table([model / "config.json"])
+
+    carded = tmp_path / "carded"  # a card holding every measure: its statistics are taken, nothing is measured
+    shutil.copytree(tiny_dirs["mixtral"], carded)
+    card = {"name": "carded", "stands_in_for": "mixtral-8x7b", "routing": {**stats["routing"], "text": "the card's"}}
+    (carded / "model_card.json").write_text(json.dumps(card))
+    assert main(["routing-stats", "--model", str(carded), "--out", str(tmp_path / "c.json")]) == 0
+    taken = json.loads((tmp_path / "c.json").read_text())
+    assert taken["measured_from"] == "model card" and taken["routing"]["text"] == "the card's"
+    assert taken["stands_in_for"] == "mixtral-8x7b"
+    del stats["routing"]["lfu_hit_rate_mean"]
+    out.write_text(json.dumps(stats))
+    with pytest.raises(SpecterError, match="lacks the routing measures lfu_hit_rate_mean"):
+        routing_locality_table([out])

@@ -366,6 +366,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0 if d.identical and not d.impossible else 1
 
 
+def cmd_routing_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from specter.io import atomic_write_text
+    from specter.models.routing_stats import model_routing
+
+    _threads_set(args)
+    stats = model_routing(args.model)
+    atomic_write_text(args.out, json.dumps(stats, indent=1, sort_keys=True) + "\n")
+    print(f"{stats['model']}: routing statistics from {stats['measured_from']}; wrote {args.out}")
+    return 0
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
     from specter.timing.hardware import load_profile, preset_names, profile_summary
 

@@ -23,6 +23,7 @@ from specter.cli.commands import (
     cmd_plot,
     cmd_profile_bandwidth,
     cmd_quantize,
+    cmd_routing_stats,
     cmd_run,
     cmd_summary,
     cmd_sweep,
@@ -35,6 +36,7 @@ EXAMPLES = {
     "systems": "specter systems",
     "architectures": "specter architectures mixtral-8x7b",
     "inspect": "specter inspect results/models/smollm2-moe --json",
+    "routing-stats": "specter routing-stats --model results/models/smollm2-moe --out /tmp/routing.json",
     "plan-memory": "specter plan-memory mixtral-8x7b --hardware h100-pcie5 --context 2048",
     "build-model": "specter build-model smollm2-moe --out results/models/smollm2-moe --threads 1\n"
                    "specter build-model tiny-mixtral --out /tmp/tiny-mixtral",
@@ -124,6 +126,14 @@ def _model_commands(sub) -> None:
     p.add_argument("model_dir", metavar="DIR", help="a checkpoint directory written by save_pretrained")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("routing-stats", help="a checkpoint's routing locality (repeat rates, LRU and LFU hit rates, "
+                                             "reuse distance) as JSON: its model card's, else measured on held-out "
+                                             "text")
+    _model_flag(p)
+    p.add_argument("--out", required=True, metavar="FILE.json", type=_out(".json"), help="the statistics")
+    _threads(p)
+    p.set_defaults(func=cmd_routing_stats)
 
     # (builders are named here without importing them: the CLI starts without torch for the commands that need none)
     p = sub.add_parser("build-model", help="build a model checkpoint offline: smollm2-moe (the default model), "

@@ -114,3 +114,42 @@ def routing_statistics(moe, ids: torch.Tensor, batch: int = 8) -> dict:
         out[name] = {str(s): values for s, values in rates.items()}
         out[f"{name}_mean"] = {str(s): sum(values) / len(values) for s, values in rates.items()}
     return out
+
+
+#: the measures the locality table reads (a model card built before they were computed lacks some)
+MEASURES = ("layers", "repeat_first_choice", "repeat_any_choice", "reuse_distance_mean", "random_routing",
+            "lru_hit_rate_mean", "lfu_hit_rate_mean", "routing_entropy_share", "load_balance_max_over_mean")
+#: held-out windows per corpus (prose and code) and their length in tokens, as a proxy's card measures them
+WINDOWS, WINDOW_TOKENS = 4, 256
+
+
+def model_routing(model_dir) -> dict:
+    """A checkpoint's routing statistics: its model card's, where the card holds every one of `MEASURES` (a proxy's,
+    measured when it was built), else measured now on the same text, `WINDOWS` held-out windows each of prose and code
+    (`specter.data.corpus`) in the checkpoint's own tokenizer, teacher-forced. Returns {"model", "stands_in_for",
+    "measured_from", "routing"}."""
+    import json
+    from pathlib import Path
+
+    from specter.models.integrity import CARD, check_card
+
+    model_dir = Path(model_dir)
+    card = {}
+    if (model_dir / CARD).is_file():
+        check_card(model_dir)
+        card = json.loads((model_dir / CARD).read_text(encoding="utf-8"))
+    routing = card.get("routing") if isinstance(card, dict) else None
+    if isinstance(routing, dict) and all(m in routing for m in MEASURES):
+        return {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
+                "measured_from": "model card", "routing": routing}
+    from specter.models.dense import token_windows
+    from specter.models.loading import load_moe_model, load_tokenizer
+
+    moe = load_moe_model(model_dir)
+    tok = load_tokenizer(model_dir)
+    limit = getattr(moe.model.config, "max_position_embeddings", None) or WINDOW_TOKENS
+    length = min(WINDOW_TOKENS, int(limit))
+    ids = torch.cat([token_windows(tok, corpus, "held_out", WINDOWS, length) for corpus in ("prose", "code")])
+    text = f"{len(ids)} held-out windows of {length} tokens (half prose, half code), teacher-forced"
+    return {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
+            "measured_from": "the checkpoint", "routing": {"text": text, **routing_statistics(moe, ids)}}

@@ -1,12 +1,13 @@
-"""The `routing_locality` table and figure: how far each proxy's routing has a real model's temporal locality.
+"""The `routing_locality` table and figure: how far each model's routing has a real model's temporal locality.
 
-Each proxy's statistics come from its model card (`routing`, computed on held-out text when the proxy is built:
-`specter.models.routing_stats`); the real models' from `specter/presets/routing/published.yaml`, each with its
-source, table and page, and how it was read. One row per (source, model, statistic, depth, slots, text):
+Each configured model's statistics come from `specter routing-stats` (a proxy's model card holds them, measured when
+it was built; any other checkpoint is measured on the same held-out text: `specter.models.routing_stats`); the real
+models' from `specter/presets/routing/published.yaml`, each with its source, table and page, and how it was read
+(`read_in`; the suite's own rows say `computed`). One row per (source, model, statistic, depth, slots, text):
 - `repeat_first_choice`, `repeat_any_choice` at the first, middle and last MoE layer (the Mixtral paper's layers 0,
   15 and 31 of 32; the middle is layer (n - 1) // 2 of n) and their mean over layers, with the value under uniform
   random routing of the model's experts beside (`random_routing`);
-- `lru_hit_rate`, `lfu_hit_rate` at each of the card's slot counts, mean over layers;
+- `lru_hit_rate`, `lfu_hit_rate` at each slot count the statistics give, mean over layers;
 - `reuse_distance_mean`, `routing_entropy_share`, `load_balance_max_over_mean`: means over layers.
 """
 
@@ -20,10 +21,6 @@ import pandas as pd
 from specter.errors import SpecterError
 from specter.io import json_strict, not_a_file, read_at_most
 
-#: the measures a card must hold (a card built before they were computed lacks some: build the model again)
-CARD_MEASURES = ("repeat_first_choice", "repeat_any_choice", "reuse_distance_mean", "random_routing",
-                 "lru_hit_rate_mean", "lfu_hit_rate_mean", "routing_entropy_share", "load_balance_max_over_mean",
-                 "layers")
 #: layer measures given at the first, middle and last layer as well as their mean
 AT_DEPTH = ("repeat_first_choice", "repeat_any_choice")
 MEANS = ("reuse_distance_mean", "routing_entropy_share", "load_balance_max_over_mean")
@@ -39,33 +36,35 @@ def published() -> tuple[dict, list[dict]]:
     return data["sources"], data["rows"]
 
 
-def _card(path: Path) -> dict:
+def _statistics(path: Path) -> dict:
+    """A model's routing statistics as `specter routing-stats` wrote them, checked to hold what the table reads."""
+    from specter.models.routing_stats import MEASURES
+
     if (why := not_a_file(path)) is not None:
-        raise SpecterError(f"model card {str(path)!r} {why}; build the model (a proxy: `specter build-model`)")
+        raise SpecterError(f"routing statistics {str(path)!r} {why}; write them with `specter routing-stats`")
     try:
-        card = json_strict(read_at_most(path, 1 << 24))
+        stats = json_strict(read_at_most(path, 1 << 24))
     except (OSError, ValueError) as err:
-        raise SpecterError(f"{path} is not a model card ({type(err).__name__}); build the model again") from None
-    routing = card.get("routing") if isinstance(card, dict) else None
-    missing = [m for m in CARD_MEASURES if not isinstance(routing, dict) or m not in routing]
+        raise SpecterError(f"{path} is not routing statistics ({type(err).__name__}); write them again with "
+                           "`specter routing-stats`") from None
+    routing = stats.get("routing") if isinstance(stats, dict) else None
+    missing = [m for m in MEASURES if not isinstance(routing, dict) or m not in routing]
     if missing:
-        raise SpecterError(f"{path} lacks the routing measures {', '.join(missing)} (a card of an older build); build "
-                           "the model again")
-    return card
+        raise SpecterError(f"{path} lacks the routing measures {', '.join(missing)}; write it again with `specter "
+                           "routing-stats` (a model card of an older build: build the model again)")
+    return stats
 
 
 def routing_locality_table(paths: list[str | Path]) -> pd.DataFrame:
-    """The proxies' rows from their model cards at `paths` (a card, or the config.json it stands beside), then every
-    published row (module docstring)."""
-    from specter.models.integrity import CARD
-
+    """The models' rows from their routing statistics at `paths` (`specter routing-stats`), then every published row
+    (module docstring)."""
     rows = []
     for path in map(Path, paths):
-        path = path.parent / CARD if path.name == "config.json" else path  # a checkpoint's config: its card beside
-        card = _card(path)
-        r, model = card["routing"], str(card.get("name") or path.parent.name)
-        base = dict(source="proxy (model card)", model=model, stands_in_for=str(card.get("stands_in_for") or ""),
-                    text=str(r.get("text", "")), where=f"{model}'s model card", read_in="computed")
+        stats = _statistics(path)
+        r, model = stats["routing"], str(stats.get("model") or path.stem)
+        base = dict(source=f"this suite, from {stats.get('measured_from', '')}", model=model,
+                    stands_in_for=str(stats.get("stands_in_for") or ""), text=str(r.get("text", "")),
+                    where=f"{model}'s routing statistics", read_in="computed")
         n = len(r["layers"])
         for measure in AT_DEPTH:
             values = [float(v) for v in r[measure]]
@@ -111,16 +110,16 @@ def plot_routing_locality(figure, table: pd.DataFrame, out, timing: str) -> None
     from specter.report.plotting import finish
 
     depths = ["first", "middle", "last"]
-    models = sorted(table.loc[table["source"].str.startswith("proxy"), "model"].unique())
+    models = sorted(table.loc[table["read_in"].eq("computed"), "model"].unique())
     colours = dict(zip(models, sns.color_palette("colorblind", max(1, len(models)))))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, measure in zip(axes[:2], AT_DEPTH):
         sub = table[(table["statistic"] == measure) & table["depth"].isin(depths)]
         for model in models:
             own = sub[sub["model"] == model].set_index("depth").reindex(depths)
-            ax.plot(depths, own["value"], marker="o", color=colours[model], label=f"{model} (proxy)")
+            ax.plot(depths, own["value"], marker="o", color=colours[model], label=f"{model} (this suite)")
             ax.axhline(float(own["random_routing"].iloc[0]), color=colours[model], ls="--", lw=0.8)
-        real = sub[~sub["source"].str.startswith("proxy")]
+        real = sub[~sub["read_in"].eq("computed")]
         for model, part in real.groupby("model"):
             spread = part.groupby("depth")["value"].agg(["min", "max", "mean"]).reindex(depths)
             ax.vlines(depths, spread["min"], spread["max"], color="black", lw=3, label=f"{model} (published range)")
@@ -135,10 +134,10 @@ def plot_routing_locality(figure, table: pd.DataFrame, out, timing: str) -> None
     for measure, style in (("lru_hit_rate", "-"), ("lfu_hit_rate", ":")):
         sub = table[(table["statistic"] == measure) & table["slots"].notna()]
         for model in models:
-            own = sub[(sub["model"] == model) & sub["source"].str.startswith("proxy")].sort_values("slots")
+            own = sub[(sub["model"] == model) & sub["read_in"].eq("computed")].sort_values("slots")
             ax.plot(own["slots"], own["value"], ls=style, marker=".", color=colours[model],
                     label=f"{model} {measure.split('_')[0].upper()}")
-        for model, part in sub[~sub["source"].str.startswith("proxy")].groupby("model"):
+        for model, part in sub[~sub["read_in"].eq("computed")].groupby("model"):
             ax.plot(part["slots"], part["value"], ls="none", marker="s", color="black",
                     label=f"{model} LRU (published)")
     ax.set_xscale("log", base=2)

@@ -242,10 +242,8 @@ def experiment_inputs(wc):
         return all_fidelity_reports()
     if source == "memo":  # the main recordings (the target's routes), once per model, prompt set and K
         return sorted({case_memo(c, d) for c in CASES for d in DATASETS})
-    if source == "cards":  # the proxies the workflow builds, each with its model card beside its config.json (a
-        # configured path and a random `tiny-<type>` model have none)
-        return [f"{model_dir(m)}/config.json" for m in MODELS
-                if "path" not in config["models"][m] and not config["models"][m]["build"].startswith("tiny-")]
+    if source == "routing":  # every configured model's routing statistics
+        return [f"results/routing/{m}.json" for m in MODELS]
     also = [name for name in REGISTRY[wc.experiment].reads if name in ENTRY]
     return sweep_records(records_experiment(wc.experiment)) + [
         f for name in also

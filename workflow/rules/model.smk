@@ -20,3 +20,23 @@ rule build_model:
     threads: 1
     shell:
         "python -m specter build-model {params.args} --threads 1 > {log:q} 2>&1"
+
+
+rule routing_stats:
+    """A model's routing statistics (`specter routing-stats`): a proxy's from its model card, any other model's
+    measured on held-out text."""
+    input:
+        config=lambda wc: f"{model_dir(wc.model)}/config.json",
+    output:
+        "results/routing/{model}.json",
+    conda:
+        ENV
+    log:
+        "results/logs/routing_stats/{model}.log",
+    benchmark:
+        "results/benchmarks/routing_stats/{model}.tsv"
+    params:
+        args=lambda wc, input, output: join(["--model", model_dir(wc.model), "--out", output[0]]),
+    threads: 1
+    shell:
+        "python -m specter routing-stats {params.args} --threads 1 > {log:q} 2>&1"
