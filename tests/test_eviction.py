@@ -16,7 +16,8 @@ LAYER = 0
 def _decode(policy: str, passes: list[list[int]], slots: int) -> tuple[int, list[int]]:
     """Serve `passes` (each the experts one target pass needs at layer 0) as the executor does: each pass's resident
     experts used, each missing one copied into a slot (evicting the policy's victim among those the pass does not
-    need) and used. Returns the misses and the evicted experts in order."""
+    need) and used, or streamed past the cache where every slot holds one the pass needs. Returns the misses and the
+    evicted experts in order."""
     future = [{LAYER: tuple(p)} for p in passes]
     cache = ExpertCache((LAYER,), slots, make(policy, future))
     misses, evicted = 0, []
@@ -28,9 +29,10 @@ def _decode(policy: str, passes: list[list[int]], slots: int) -> tuple[int, list
         for e in needed:
             if (LAYER, e) not in cache:
                 misses += 1
+                if not cache.has_room(LAYER, keep=set(needed)):
+                    continue
                 victim = cache.victim(LAYER, keep=set(needed))
-                if victim is not None:
-                    evicted.append(victim)
+                evicted += [] if victim is None else [victim]
                 cache.insert(LAYER, e, keep=set(needed))
                 cache.touch(LAYER, e)
     return misses, evicted
@@ -144,25 +146,6 @@ def test_the_policy_simulator_counts_what_the_executors_cache_does():
         passes = [rng.sample(range(experts), k) for _ in range(rng.randint(1, 30))]
         needed = sum(len(p) for p in passes)
         for policy in NAMES:
-            misses = _decode_streaming(policy, passes, slots)
+            misses = _decode(policy, passes, slots)[0]
             assert hit_rate([[tuple(p) for p in passes]], slots, policy) == pytest.approx(1 - misses / needed)
 
-
-def _decode_streaming(policy: str, passes: list[list[int]], slots: int) -> int:
-    """`_decode`, where a pass whose needs fill every slot streams its further experts past the cache (as the
-    executor's staging buffers do); returns the misses."""
-    future = [{LAYER: tuple(p)} for p in passes]
-    cache = ExpertCache((LAYER,), slots, make(policy, future))
-    misses = 0
-    for position, needed in enumerate(passes):
-        cache.new_pass(position)
-        for e in needed:
-            if (LAYER, e) in cache:
-                cache.touch(LAYER, e)
-        for e in needed:
-            if (LAYER, e) not in cache:
-                misses += 1
-                if cache.has_room(LAYER, keep=set(needed)):
-                    cache.insert(LAYER, e, keep=set(needed))
-                    cache.touch(LAYER, e)
-    return misses
