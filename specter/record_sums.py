@@ -78,4 +78,12 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
         if isinstance(each, int) and each > 0 and (copied < misses * each or copied % each):
             return (f"h2d_bytes_demand is {copied}, and its {misses} demand misses copy at least {misses * each} bytes "
                     f"in whole experts of {each} (config.expert_storage)")
+        prefill = (record.get("extra") or {}).get("h2d_bytes_prefill")
+        for name, value in (("h2d_bytes_prefetch", record.get("h2d_bytes_prefetch")),
+                            ("extra.h2d_bytes_prefill", prefill)):
+            if isinstance(each, int) and each > 0 and isinstance(value, int) and value % each:
+                return f"{name} is {value}, and a prefetch or a prefill copies whole experts of {each} bytes"
+        if isinstance(prefill, int) and isinstance(record.get("h2d_bytes_prefetch"), int) and \
+                prefill > copied + record["h2d_bytes_prefetch"]:
+            return f"extra.h2d_bytes_prefill is {prefill}, more than the run's demand and prefetch bytes together"
     return None

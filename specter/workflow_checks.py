@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from specter.config_document import ConfigError, check_numbers
+from specter.workflow_entries import check_arms, check_governors, check_live_systems, check_measured, check_options
 
 #: names that become path components: letters, digits, `._-`, no leading dot or dash, no `..` (matched whole: `$`
 #: alone would let a name end in a newline)
@@ -240,87 +241,11 @@ def _check_positions(config: dict, widths: dict) -> None:
                 "prefix_tokens or the window")
 
 
-def _check_options(name: str, entry: dict, systems: dict) -> None:
-    """An experiment's system options: each one some listed system has, each value one that system takes."""
-    from specter.errors import SpecterError
-    from specter.systems import get_system
-
-    listed = [s for s in entry.get("systems") or [] if s in systems]
-    for option, values in (entry.get("options") or {}).items():
-        where = f"config experiments.{name}.options.{option}"
-        having = [s for s in listed if option in systems[s].options]
-        if not having:
-            raise ConfigError(f"{where}: no listed system ({', '.join(listed)}) has option {option!r}; see "
-                              "`specter systems`")
-        for value in values:
-            text = str(value).lower() if isinstance(value, bool) else str(value)
-            for system in having:
-                try:
-                    get_system(system, {option: text})
-                except SpecterError as err:
-                    raise ConfigError(f"{where}: {err}") from None
-
-
-def _check_arms(name: str, entry: dict, systems: dict) -> None:
-    """An experiment's arms, as `specter sweep` would refuse them, before any job runs."""
-    from specter.errors import SpecterError
-    from specter.runspec import Arm
-
-    listed = [systems[s] for s in entry.get("systems") or [] if s in systems]
-    for arm, settings in (entry.get("arms") or {}).items():
-        where = f"config experiments.{name}.arms.{arm}"
-        if ":" in arm or "=" in arm or not arm.strip() or not arm.isprintable():
-            raise ConfigError(f"config experiments.{name}.arms.{arm!r}: an arm's name cannot be empty or hold ':', '=' "
-                              "or a control character (a newline, a tab); rename it")
-        items = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (settings or {}).items()]
-        try:
-            Arm.parse(f"{arm}:{','.join(items)}").check(listed)
-        except SpecterError as err:
-            raise ConfigError(f"{where}: {err}") from None
-
-
-def _check_governors(name: str, entry: dict, systems: dict) -> None:
-    """`governors` adds K settings beside the case's: not with a `k` axis (which lists its K itself), and only where
-    some listed system takes a window."""
-    if not entry.get("governors"):
-        return
-    where = f"config experiments.{name}.governors"
-    if "k" in (entry.get("axes") or {}):
-        raise ConfigError(f"{where}: the experiment also has a k axis; list the governors among its k values instead")
-    listed = [systems[s] for s in entry.get("systems") or [] if s in systems]
-    if not any(s.speculative and s.takes_window for s in listed):
-        raise ConfigError(f"{where}: none of its systems ({', '.join(entry.get('systems') or [])}) drafts a window "
-                          "for a governor to choose; add a speculative system (specter) or remove governors")
-
-
-def _check_measured(name: str, entry: dict, config: dict) -> None:
-    """An experiment that decodes live runs in cases at the model's own shapes, with systems the live engine runs."""
-    from specter.experiments import cases_of
-    from specter.systems import get_system
-
-    for case in cases_of(config, name):
-        if config["cases"][case].get("cost_as"):
-            raise ConfigError(f"config experiments.{name}.cases: {case!r} prices the model at "
-                              f"{config['cases'][case]['cost_as']}'s shapes, and {name} decodes the model itself "
-                              "live; list a case without cost_as in its cases")
-    options = entry.get("options") or {}
-    for system in entry.get("systems") or []:
-        settings = [{}] + [{option: str(value).lower() if isinstance(value, bool) else str(value)}
-                           for option, values in options.items() if option in get_system(system).options
-                           for value in values]
-        for setting in settings:
-            reason = get_system(system, setting).cannot_run_live()
-            if reason:
-                where = "systems" if not setting else f"options.{next(iter(setting))}"
-                raise ConfigError(f"config experiments.{name}.{where}: the live engine cannot run {system!r} "
-                                  f"({reason}); leave it out")
-
-
 def check_config(config: dict) -> None:
     """Every check the schema cannot make; raises ConfigError naming the first problem."""
     from specter.data.prompts import DATASETS, SHIPPED_SIZES
     from specter.errors import SpecterError
-    from specter.experiments import EXPERIMENTS, records_experiment
+    from specter.experiments import EXPERIMENTS, cases_of, records_experiment
     from specter.systems import registry
     from specter.timing import load_profile
 
@@ -366,15 +291,19 @@ def check_config(config: dict) -> None:
             if system not in systems:
                 raise ConfigError(f"config experiments.{name}.systems: unknown system {system!r}; known: "
                                   f"{', '.join(sorted(systems))}")
-        _check_options(name, entry, systems)
-        _check_arms(name, entry, systems)
-        _check_governors(name, entry, systems)
+        check_options(name, entry, systems)
+        check_arms(name, entry, systems)
+        check_governors(name, entry, systems)
         for case in entry.get("cases") or []:
             if case not in config["cases"]:
                 raise ConfigError(f"config experiments.{name}.cases: {case!r} is not a configured case; cases: "
                                   f"{', '.join(config['cases'])}")
         if EXPERIMENTS[name].measured:
-            _check_measured(name, entry, config)
+            check_measured(name, entry, config)
+        elif (EXPERIMENTS[name].source == "sweep" and config["hardware"].get("engine") == "live"
+              and "hardware" not in (entry.get("axes") or {})
+              and any(not config["cases"][case].get("cost_as") for case in cases_of(config, name))):
+            check_live_systems(name, entry)  # its runs decode live where a case is at the model's own shapes
         axes = (entry.get("axes") or {}).get("hardware") or []
         named = [("hardware.main", config["hardware"]["main"]),
                  *((f"cases.{c}.hardware", config["cases"][c]["hardware"]) for c in config["cases"]

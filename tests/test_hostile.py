@@ -963,6 +963,8 @@ CASES = [
         "--out", "{out}.csv"], "expert_prediction holds"),
     ("aggregate_a_field_no_run_writes", _aggregate(_record_field("tpot_ms_adjusted", 1.0)),
      "field 'tpot_ms_adjusted', which no run of this version writes"),
+    ("aggregate_prefetch_bytes_not_whole_experts", _aggregate(_record_field("h2d_bytes_prefetch", 5000)),
+     "h2d_bytes_prefetch is 5000"),
     ("aggregate_prediction_past_k", _aggregate(lambda path: _edit_prediction(path, lambda p: p.append(
         dict(p[-1], distance=30)))), "expert_prediction"),
     ("aggregate_prediction_distance_zero", _aggregate(lambda path: _edit_prediction(path, lambda p: p.append(
@@ -1873,6 +1875,24 @@ def test_a_prompt_set_too_small_for_the_protocol_is_refused_with_the_config(edit
     assert want in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
+def test_a_live_workflow_refuses_the_settings_the_live_engine_cannot_run_before_any_job():
+    """With `hardware.engine: live`, every sweep at the model's own shapes decodes live: an arm or option the live
+    engine refuses (the ablation's copied KV, the hit_rate experiment's Belady) is refused with the config, not met by
+    its job after the builds."""
+    from specter.workflow_checks import ConfigError, check_config
+
+    config = yaml.safe_load((Path(__file__).parents[1] / ".test" / "config.yaml").read_text())
+    config["hardware"]["engine"] = "live"
+    with pytest.raises(ConfigError, match=r"experiments.ablation.arms.\+ copied KV: the live engine cannot run"):
+        check_config(config)
+    del config["experiments"]["ablation"]
+    with pytest.raises(ConfigError, match="experiments.hit_rate.options.replacement: the live engine cannot run "
+                                          "'on-demand' .replacement=belady"):
+        check_config(config)
+    config["experiments"]["hit_rate"]["options"]["replacement"] = ["lru", "lfu", "least-stale"]
+    check_config(config)
+
+
 def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(tmp_path):
     import subprocess
 
@@ -2211,6 +2231,30 @@ def test_a_tables_checksum_file_must_name_the_table_and_be_a_line(sidecar, messa
         Path(f"{table}.sha256").write_text(text)
     with pytest.raises(SpecterError, match=message):
         read_table(table)
+
+
+def test_routing_entropy_counts_the_models_experts_and_refuses_an_edited_memo(real, tmp_path, capsys):
+    """A memo whose few tokens used only some of the experts still gives the model's expert count (its header carries
+    the model's shape); a route edited in a line, header and digest left as they were, is refused in one line."""
+    import pandas as pd
+
+    memo = tmp_path / "memo.json.gz"
+    assert main(["sweep", "--systems", "on-demand", "--model", real["model"], "--dataset", "code", "--hardware",
+                 "t4-pcie3", "--num-prompts", "1", "--prefix-tokens", "1", "--max-new-tokens", "2",
+                 "--resident-per-layer", "2", "--memo-out", str(memo)]) == 0
+    assert main(["aggregate", "routing_entropy", str(memo), "--out", str(tmp_path / "e.csv")]) == 0
+    table = pd.read_csv(tmp_path / "e.csv")
+    assert set(table["experts_per_layer"]) == {8} and len(table) == 8 * table["layer"].nunique()
+    header, *lines = gzip.decompress(memo.read_bytes()).decode().splitlines()
+    trace = json.loads(lines[0])
+    layer = next(iter(trace["prefill_routes"][0]))
+    trace["prefill_routes"][0][layer] = [-1, 3]
+    edited = tmp_path / "edited.json.gz"
+    edited.write_bytes(gzip.compress("\n".join([header, json.dumps(trace), *lines[1:]]).encode() + b"\n"))
+    capsys.readouterr()
+    assert main(["aggregate", "routing_entropy", str(edited), "--out", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "edited.json.gz" in err[0] and not (tmp_path / "x.csv").exists(), err
 
 
 def test_summary_refuses_another_experiments_table_under_mains_name(real, tmp_path, capsys):

@@ -92,13 +92,64 @@ def test_the_locality_table_sets_each_models_statistics_beside_the_published_fig
 
     carded = tmp_path / "carded"  # a card holding every measure: its statistics are taken, nothing is measured
     shutil.copytree(tiny_dirs["mixtral"], carded)
+    from specter.models.integrity import model_hash
+
     card = {"name": "carded", "stands_in_for": "mixtral-8x7b", "routing": {**stats["routing"], "text": "the card's"}}
-    (carded / "model_card.json").write_text(json.dumps(card))
+    (carded / "model_card.json").write_text(json.dumps(card))  # no weights' hash: nothing vouches for the card
+    assert main(["routing-stats", "--model", str(carded), "--out", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["measured_from"] == "the checkpoint"
+    (carded / "model_card.json").write_text(json.dumps({**card, "weights_sha256": model_hash(carded)}))
     assert main(["routing-stats", "--model", str(carded), "--out", str(tmp_path / "c.json")]) == 0
     taken = json.loads((tmp_path / "c.json").read_text())
     assert taken["measured_from"] == "model card" and taken["routing"]["text"] == "the card's"
     assert taken["stands_in_for"] == "mixtral-8x7b"
+    with pytest.raises(SpecterError, match="both give the routing statistics of 'tiny-mixtral'|both give the routing"):
+        routing_locality_table([out, out])
     del stats["routing"]["lfu_hit_rate_mean"]
     out.write_text(json.dumps(stats))
     with pytest.raises(SpecterError, match="lacks the routing measures lfu_hit_rate_mean"):
+        routing_locality_table([out])
+
+
+def _edited(stats: dict, edit) -> dict:
+    import copy
+
+    stats = copy.deepcopy(stats)
+    edit(stats["routing"], stats)
+    return stats
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r, s: r["lru_hit_rate_mean"].update({"2": 1.7}), "lru_hit_rate_mean at 2 slots is 1.7"),
+    (lambda r, s: r.update(repeat_any_choice=[3.0] * len(r["layers"])), "outside [0, 1]"),
+    (lambda r, s: r.update(repeat_first_choice=[1.0] * len(r["layers"]), repeat_any_choice=[0.5] * len(r["layers"])),
+     "a first-choice repeat rate above the any-expert one"),
+    (lambda r, s: r.update(routing_entropy_share=[5] * len(r["layers"])), "outside [0, 1]"),
+    (lambda r, s: r.update(load_balance_max_over_mean=[0.1] * len(r["layers"])), "load over the mean outside"),
+    (lambda r, s: (r["lru_hit_rate"].update({"-3": r["lru_hit_rate"]["1"]}),
+                   r["lru_hit_rate_mean"].update({"-3": 0.1})), "slot counts"),
+    (lambda r, s: (r["lru_hit_rate"].update({"6": [0.0] * len(r["layers"])}),
+                   r["lru_hit_rate_mean"].update({"6": 0.0})), "an LRU hit rate that falls from 4 to 6 slots"),
+    (lambda r, s: r["lru_hit_rate_mean"].update({"1": 0.99}), "not its layers' mean"),
+    (lambda r, s: r.update(layers=r["layers"][:1]), "values for 1 layers"),
+    (lambda r, s: r["random_routing"].update(repeat_first_choice=0.9), "random_routing is not uniform routing's"),
+    (lambda r, s: s.update(model=["a"]), "model is ['a'], not a name"),
+    (lambda r, s: r.update(experts="8"), "experts '8'"),
+], ids=["hit_rate_above_one", "repeat_above_one", "first_above_any", "entropy_above_one", "load_below_one",
+        "slots_negative", "lru_not_monotone", "mean_not_the_layers", "layers_short", "random_baseline_wrong",
+        "model_not_a_name", "experts_not_a_count"])
+def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dirs, tmp_path):
+    """Each impossible edit of a model's routing statistics is one SpecterError naming what is wrong."""
+    import json
+
+    from specter.cli import main
+    from specter.errors import SpecterError
+    from specter.report.locality import routing_locality_table
+
+    out = tmp_path / "stats.json"
+    assert main(["routing-stats", "--model", tiny_dirs["mixtral"], "--out", str(out), "--threads", "1"]) == 0
+    stats = json.loads(out.read_text())
+    routing_locality_table([out])  # as written: accepted
+    out.write_text(json.dumps(_edited(stats, edit)))
+    with pytest.raises(SpecterError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         routing_locality_table([out])

@@ -108,6 +108,7 @@ def routing_statistics(moe, ids: torch.Tensor, batch: int = 8) -> dict:
         for s in lru:
             lru[s].append(lru_hit_rate(sequences, s))
             lfu[s].append(hit_rate(sequences, s, "lfu"))
+    out["experts"], out["top_k"] = experts, top_k
     out["random_routing"] = {"repeat_first_choice": 1 / experts,
                              "repeat_any_choice": 1 - math.comb(experts - top_k, top_k) / math.comb(experts, top_k)}
     for name, rates in (("lru_hit_rate", lru), ("lfu_hit_rate", lfu)):
@@ -117,17 +118,18 @@ def routing_statistics(moe, ids: torch.Tensor, batch: int = 8) -> dict:
 
 
 #: the measures the locality table reads (a model card built before they were computed lacks some)
-MEASURES = ("layers", "repeat_first_choice", "repeat_any_choice", "reuse_distance_mean", "random_routing",
-            "lru_hit_rate_mean", "lfu_hit_rate_mean", "routing_entropy_share", "load_balance_max_over_mean")
+MEASURES = ("layers", "experts", "top_k", "repeat_first_choice", "repeat_any_choice", "reuse_distance_mean",
+            "random_routing", "lru_hit_rate", "lfu_hit_rate", "lru_hit_rate_mean", "lfu_hit_rate_mean",
+            "routing_entropy_share", "load_balance_max_over_mean")
 #: held-out windows per corpus (prose and code) and their length in tokens, as a proxy's card measures them
 WINDOWS, WINDOW_TOKENS = 4, 256
 
 
 def model_routing(model_dir) -> dict:
-    """A checkpoint's routing statistics: its model card's, where the card holds every one of `MEASURES` (a proxy's,
-    measured when it was built), else measured now on the same text, `WINDOWS` held-out windows each of prose and code
-    (`specter.data.corpus`) in the checkpoint's own tokenizer, teacher-forced. Returns {"model", "stands_in_for",
-    "measured_from", "routing"}."""
+    """A checkpoint's routing statistics: its model card's, where the card holds every one of `MEASURES` and the
+    weights' hash its files still have (a proxy's, measured when it was built), else measured now on the same text,
+    `WINDOWS` held-out windows each of prose and code (`specter.data.corpus`) in the checkpoint's own tokenizer,
+    teacher-forced. Returns {"model", "stands_in_for", "measured_from", "routing"}."""
     import json
     from pathlib import Path
 
@@ -139,7 +141,8 @@ def model_routing(model_dir) -> dict:
         check_card(model_dir)
         card = json.loads((model_dir / CARD).read_text(encoding="utf-8"))
     routing = card.get("routing") if isinstance(card, dict) else None
-    if isinstance(routing, dict) and all(m in routing for m in MEASURES):
+    vouched = isinstance(card, dict) and card.get("weights_sha256") is not None  # `check_card` held the files to it
+    if vouched and isinstance(routing, dict) and all(m in routing for m in MEASURES):
         return {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
                 "measured_from": "model card", "routing": routing}
     from specter.models.dense import token_windows

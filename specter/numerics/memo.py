@@ -113,7 +113,9 @@ def save_memo(service: ForwardService, path: str | Path, model_hash: str) -> int
     set's recording that starts from another set's keeps the calibration traces they share, not the other set's
     prompts (statistics over a memo's evaluation traces, `memo_routes`, read one prompt set)."""
     traces = [(key, trace) for key, trace in service.traces.items() if key in service.used]
-    header = {"format": FORMAT, "model_hash": model_hash, "dtype": _dtype(service), "traces": len(traces)}
+    shape = MemoShape.of(service.target)
+    header = {"format": FORMAT, "model_hash": model_hash, "dtype": _dtype(service), "traces": len(traces),
+              "shape": {"layers": shape.layers, "vocab": shape.vocab}}  # what statistics read without the model
     lines = [json.dumps(_trace_out(key, trace)) + "\n" for key, trace in traces]
     header["digest"] = _digest(model_hash, header, lines)
 
@@ -197,9 +199,14 @@ def _bounded_lines(f, what: str):
 
 
 def memo_routes(path: str | Path) -> list[list[dict[int, tuple[int, ...]]]]:
-    """The target's routes of every token each evaluation trace of a memo processed (its prompt, then each decode
-    step; calibration and warm-up traces left out: memos written before traces were marked count them too), read
-    for statistics only: no model is loaded and nothing is replayed, so the model hash is not checked."""
+    """The routes of each evaluation trace's tokens (prompt, then decode steps), as `read_memo_routes` reads them."""
+    return read_memo_routes(path)[0]
+
+
+def read_memo_routes(path: str | Path) -> tuple[list[list[dict[int, tuple[int, ...]]]], MemoShape]:
+    """`memo_routes`, and the shape of the model the memo was recorded on (its MoE layers' experts and top-k, its
+    vocabulary), from the memo alone: no model is loaded. Every line is checked against that shape, and the whole
+    against its digest under the model hash its header names (an edit the digest was not made again for)."""
     path = Path(path)
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -207,15 +214,25 @@ def memo_routes(path: str | Path) -> list[list[dict[int, tuple[int, ...]]]]:
             header = json.loads(next(lines, ""))
             if not isinstance(header, dict) or header.get("format") != FORMAT:
                 raise ValueError(f"not a {FORMAT} file")
-            out = []
-            for line in lines:
-                trace = json.loads(line)
+            if not (isinstance(header.get("shape"), dict) and isinstance(header.get("digest"), str)
+                    and isinstance(header.get("model_hash"), str)):
+                raise SpecterError(f"{str(path)!r} carries no shape of its model (recorded before memos did); "
+                                   "record it again with `specter sweep --memo-out`")
+            shape = MemoShape({str(k): tuple(v) for k, v in header["shape"]["layers"].items()},
+                              int(header["shape"]["vocab"]))
+            out, raw = [], []
+            for i, text in enumerate(lines):
+                raw.append(text)
+                trace = check_trace_line(json.loads(text), shape, f"{str(path)!r}: trace {i + 1}")
                 if not trace.get("calibration"):
                     out.append(_routes_in(trace["prefill_routes"]) + _routes_in(trace["step_routes"]))
     except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise SpecterError(f"{str(path)!r} is not a memo from `specter sweep --memo-out` or is damaged "
                            f"({type(err).__name__}: {err}); record it again") from None
-    return out
+    if not hmac.compare_digest(_digest(header["model_hash"], header, raw), header["digest"]):
+        raise SpecterError(f"{str(path)!r}: its content does not match its digest (edited); record it again with "
+                           "`specter sweep --memo-out`")
+    return out, shape
 
 
 def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:

@@ -333,14 +333,15 @@ def routing_entropy_table(paths: list[str | Path]) -> pd.DataFrame:
     Fig 5), from the main recordings' routes."""
     import math
 
-    from specter.numerics.memo import memo_routes
+    from specter.numerics.memo import read_memo_routes
 
     rows = []
     for path in map(Path, paths):
         model, dataset = _memo_scope(path)
         counts: dict[int, dict[int, int]] = {}
         tokens = 0
-        for trace in memo_routes(path):
+        traces, shape = read_memo_routes(path)
+        for trace in traces:
             tokens += len(trace)
             for routes in trace:
                 for layer, experts in routes.items():
@@ -349,8 +350,8 @@ def routing_entropy_table(paths: list[str | Path]) -> pd.DataFrame:
                         layer_counts[e] = layer_counts.get(e, 0) + 1
         if not counts:
             raise SpecterError(f"{str(path)!r} holds no routes; record it again")
-        experts = 1 + max(e for layer in counts.values() for e in layer)
         for layer in sorted(counts):
+            experts = shape.layers[str(layer)][0]  # the model's, not the highest id the prompts happened to use
             total = sum(counts[layer].values())
             probs = [counts[layer].get(e, 0) / total for e in range(experts)]
             entropy = -sum(p * math.log2(p) for p in probs if p > 0)
