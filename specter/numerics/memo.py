@@ -8,9 +8,9 @@ content hash; anything a run needs that the memo lacks is computed live, and the
 (`extra.live_forwards`), so a replay that was not one shows.
 
 Format (`specter-memo-2`): gzip-compressed JSON lines, nothing that can run code. The first line is the header
-(format, the target's model hash, the number of traces, a digest of the memo's content keyed by the model hash) and is
-checked before anything else is read; each further line is one trace with its windows. Memos of the first format
-(serialized Python objects, which could run code when read) are refused: record them again.
+(format, the target's model hash and shape, the number of traces, a digest of the memo's content keyed by the model
+hash) and is checked before anything else is read; each further line is one trace with its windows. Memos of the first
+format (serialized Python objects, which could run code when read) are refused: record them again.
 
 Before anything is replayed, every line is checked against the model it replays on (`check_trace_line`): token ids in
 the vocabulary, each token's routes keyed by exactly the model's MoE layers with top-k distinct expert ids of that
