@@ -12,7 +12,7 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 from specter.errors import SpecterError
-from specter.io import KeyTwice, atomic_write, json_strict
+from specter.io import KeyTwice, atomic_write, json_strict, not_a_file
 from specter.metrics import (
     RunRecord,
     acceptance_rate,
@@ -140,8 +140,7 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
     record's fields of the right types; anything else is one SpecterError naming the file, the line and what is
     wrong. `strict=False` reads records of older versions too (for `specter diff`)."""
     path = Path(path)
-    if not path.is_file():
-        said = "is not a regular file" if path.exists() else "does not exist"
+    if (said := not_a_file(path)) is not None:
         raise SpecterError(f"records file {str(path)!r} {said}; run the workflow rule that writes it")
     out = []
     try:

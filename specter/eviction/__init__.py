@@ -12,7 +12,7 @@ Mixtral-Offloading, of the Specter artifact and of every system by default; the 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 class LRU:
@@ -36,9 +36,9 @@ class LRU:
     def inserted(self, layer: int, expert: int) -> None:
         """`expert` of `layer` copied into a slot (for the current pass, or prefetched for a coming one)."""
 
-    def choose(self, layer: int, candidates: list[int]) -> int:
-        """The victim among `candidates` (non-empty, least recently used first)."""
-        return candidates[0]
+    def choose(self, layer: int, candidates: Iterable[int]) -> int | None:
+        """The victim among `candidates` (least recently used first), or None where there is none."""
+        return next(iter(candidates), None)
 
 
 def policies() -> dict[str, type[LRU]]:
@@ -85,10 +85,10 @@ def hit_rate(sequences: Sequence[Sequence[tuple[int, ...]]], slots: int, policy:
                     chooser.used(0, e)
             for e in [e for e in experts if e not in resident]:
                 if len(resident) >= slots:
-                    candidates = [x for x in resident if x not in need]
-                    if not candidates:
+                    victim = chooser.choose(0, [x for x in resident if x not in need])
+                    if victim is None:
                         continue
-                    del resident[chooser.choose(0, candidates)]
+                    del resident[victim]
                 resident[e] = None
                 chooser.inserted(0, e)
                 chooser.used(0, e)

@@ -9,6 +9,8 @@ proposals. A live run does not know its decode in advance, so the policy runs in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from specter.eviction import LRU
 
 
@@ -29,5 +31,6 @@ class Belady(LRU):
                 return position
         return float("inf")
 
-    def choose(self, layer: int, candidates: list[int]) -> int:
-        return max(candidates, key=lambda e: self.next_use(layer, e))  # max keeps the first (least recent) of a tie
+    def choose(self, layer: int, candidates: Iterable[int]) -> int | None:
+        # max keeps the first (least recent) of a tie
+        return max(candidates, default=None, key=lambda e: self.next_use(layer, e))

@@ -8,6 +8,8 @@ from LRU, which at one token a pass orders the same two groups by last use.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from specter.eviction import LRU
 
 
@@ -28,8 +30,8 @@ class LeastStale(LRU):
         self.arrival[layer, expert] = self._arrivals
         self.last_pass[layer, expert] = self.passes
 
-    def choose(self, layer: int, candidates: list[int]) -> int:
+    def choose(self, layer: int, candidates: Iterable[int]) -> int | None:
         def key(e: int) -> tuple[bool, int]:
             return self.last_pass.get((layer, e), -1) >= self.passes, self.arrival.get((layer, e), 0)
 
-        return min(candidates, key=key)
+        return min(candidates, default=None, key=key)

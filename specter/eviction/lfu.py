@@ -10,6 +10,7 @@ property of the routing rather than of the cache's own history.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from specter.eviction import LRU
 
@@ -30,5 +31,6 @@ class LFU(LRU):
             self._counted.add((layer, expert))
             self.uses[layer, expert] += 1
 
-    def choose(self, layer: int, candidates: list[int]) -> int:
-        return min(candidates, key=lambda e: self.uses[layer, e])  # min keeps the first (least recent) of a tie
+    def choose(self, layer: int, candidates: Iterable[int]) -> int | None:
+        # min keeps the first (least recent) of a tie
+        return min(candidates, default=None, key=lambda e: self.uses[layer, e])

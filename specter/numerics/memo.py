@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specter.errors import SpecterError
-from specter.io import atomic_write
+from specter.io import atomic_write, not_a_file
 
 if TYPE_CHECKING:  # reading a memo's routes for statistics (`memo_routes`) needs no torch
     from specter.numerics.forward import ForwardService, PromptTrace
@@ -238,8 +238,7 @@ def read_memo_routes(path: str | Path) -> tuple[list[list[dict[int, tuple[int, .
 def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:
     """Add a memo's traces and windows to the service (what it already holds wins); returns the traces added."""
     path = Path(path)
-    if not path.is_file():
-        said = "is not a regular file" if path.exists() else "does not exist"
+    if (said := not_a_file(path)) is not None:
         raise SpecterError(f"--memo {str(path)!r} {said}; record it with `specter sweep --memo-out`")
     try:
         traces = [_trace_in(line) for line in _lines(path, model_hash, _dtype(service), MemoShape.of(service.target))]

@@ -58,8 +58,8 @@ class ExpertCache:
         a free slot or every slot is pinned."""
         if len(self.entries[layer]) < self.slots_per_layer:
             return None
-        candidates = [e for e in self.entries[layer] if e not in self.protected[layer] and e not in keep]
-        return self.eviction.choose(layer, candidates) if candidates else None
+        return self.eviction.choose(  # a lazy scan: LRU stops at the first candidate, others read them all
+            layer, (e for e in self.entries[layer] if e not in self.protected[layer] and e not in keep))
 
     def has_room(self, layer: int, keep: set[int] = frozenset()) -> bool:
         return len(self.entries[layer]) < self.slots_per_layer or self.victim(layer, keep) is not None

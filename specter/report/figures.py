@@ -256,7 +256,7 @@ def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
     """Hit rate (%) per caching policy, grouped by Specter's expert slots per layer (the paper's Table 3 policies), the
     paper's figure marked on each bar it publishes one for (DeepSeek-V2-Lite's panel); any other panel says that it is
     not Table 3's configuration."""
-    fig, panels = panel_grid(table, width=6.4, height=4.0)
+    fig, panels = panel_grid(table, width=6.4, height=5.4)
     for ax, sub, title in panels:
         order = [p for p in HIT_POLICIES if p in set(sub["policy"])]
         sns.barplot(data=sub.assign(hit_pct=sub["hit_rate"] * 100), x=figure.x, y="hit_pct", hue="policy",
@@ -273,7 +273,8 @@ def _plot_hit_rate(figure, table: pd.DataFrame, out, timing: str) -> None:
         ax.set_xlabel(figure.xlabel)
         ax.set_ylabel("hit rate (% of required experts on the device)")
         ax.set_ylim(0, 119)
-        ax.legend(fontsize=7, title=None, loc="upper center", ncol=3)
+        ax.legend(fontsize=7, title=None, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)  # below: the
+        # field's policies make the legend as tall as the bars
         said = ("black marks: the paper's Table 3" if published else
                 "not Table 3's configuration (DeepSeek-V2-Lite at 6 / 16 / 32 of 64 slots)")
         ax.set_title(f"{title}\n{int(sub['experts_per_layer'].iloc[0])} experts per layer; {said}", fontsize=9)
