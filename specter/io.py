@@ -306,22 +306,28 @@ def files_sha256(paths) -> str:
     """sha256 over each file's name and bytes, in the order given. Kept in the cache (`specter.io.cache_root`) under
     the files' paths, sizes, inodes and modification and change times (a model's weights take about 2.5 s to hash,
     and every run and sweep checks them): a file written, moved or touched since changes its change time, and its
-    hash is computed again. An entry holds the digest and the key it is filed under, so an entry copied over another
-    is computed again too."""
+    hash is computed again. An entry holds the digest, the key it is filed under and a tag over both and a sample of
+    the files' bytes (`_entry_tag`), so an entry copied over another, or one whose digest alone was rewritten, is
+    computed again too."""
     paths = [Path(p) for p in paths]
     key_path = _hash_cache_entry(paths)
     try:  # an entry that cannot be reached (an unsearchable cache) costs the hashing, as a missing one does
-        cached = read_at_most(key_path, 200).split() if key_path is not None and key_path.is_file() else None
-    except (OSError, ValueError):  # an entry longer than a digest and its key is no entry this suite wrote
+        cached = read_at_most(key_path, 300).split() if key_path is not None and key_path.is_file() else None
+    except (OSError, ValueError):  # an entry longer than a digest, its key and its tag is no entry this suite wrote
         cached = None
-    # an entry holds its digest and its own key: one copied from another files' entry names another key
-    if (cached is not None and len(cached) == 2 and cached[1] == key_path.name.encode() and len(cached[0]) == 64
+    # an entry holds its digest, its own key and their tag: one copied from another files' entry names another key,
+    # and a digest rewritten alone no longer matches its tag
+    if (cached is not None and len(cached) == 3 and cached[1] == key_path.name.encode() and len(cached[0]) == 64
             and all(c in b"0123456789abcdef" for c in cached[0])):
-        return cached[0].decode()
+        try:
+            if cached[2] == _entry_tag(cached[0].decode(), key_path.name, paths).encode():
+                return cached[0].decode()
+        except OSError:  # a file gone since its key was taken: hashing it raises the error the caller expects
+            pass
     digest = _files_sha256(paths)
     if key_path is not None:
         try:
-            atomic_write_text(key_path, f"{digest} {key_path.name}\n")
+            atomic_write_text(key_path, f"{digest} {key_path.name} {_entry_tag(digest, key_path.name, paths)}\n")
         except OSError:  # an unwritable cache costs the next check its hashing, nothing else
             pass
     return digest
@@ -338,6 +344,24 @@ def _hash_cache_entry(paths: list[Path]) -> Path | None:
         return None
     key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
     return root / "file-hashes" / key[:2] / key
+
+
+_SAMPLE = 1 << 16  # bytes read from each end of each file for an entry's tag
+
+
+def _entry_tag(digest: str, key: str, paths: list[Path]) -> str:
+    """sha256 over an entry's digest, its key and the first and last 64 KiB of each file: a digest of other files
+    written into an entry (another model's, say) fails its tag, at the cost of reading 128 KiB per file."""
+    h = hashlib.sha256(f"{digest} {key}".encode())
+    for path in paths:
+        if not Path(path).is_file():  # a pipe named by a crafted entry would be read for ever
+            raise OSError(f"{path} is not a regular file")
+        with Path(path).open("rb") as f:
+            h.update(f.read(_SAMPLE))
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(size - _SAMPLE, 0))
+            h.update(f.read(_SAMPLE))
+    return h.hexdigest()
 
 
 def _files_sha256(paths: list[Path]) -> str:
