@@ -901,6 +901,8 @@ CASES = [
      "output tokens, and its run commits config.max_new_tokens = 20"),
     ("aggregate_records_prefill_bytes_negative", _aggregate(_extra_edit(lambda e: e.update(h2d_bytes_prefill=-5))),
      "extra.h2d_bytes_prefill is -5"),
+    ("aggregate_records_other_bound_negative", _aggregate(_extra_edit(lambda e: e.update(lower_bound_per_token_ms=-1))),
+     "extra.lower_bound_per_token_ms is -1, not a time of at least 0 ms"),
     ("aggregate_records_fewer_misses_than_the_decodes", _aggregate(_both(
         _record_field("demand_misses", 1), _record_field("demand_hits", 0), _record_field("hit_rate", 0.0))),
      "fewer than the decode's own"),
@@ -2275,6 +2277,23 @@ def test_routing_entropy_counts_the_models_experts_and_refuses_an_edited_memo(re
     assert main(["aggregate", "routing_entropy", str(edited), "--out", str(tmp_path / "x.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "edited.json.gz" in err[0] and not (tmp_path / "x.csv").exists(), err
+
+
+def test_routing_entropy_refuses_two_models_memos_under_one_folder_name(real, tiny_dirs, tmp_path, capsys):
+    """Two models' memos filed as `<folder>/tiny/code-p16-k4.json.gz` both read as model "tiny" on "code": their model
+    hashes differ, so the table refuses them in one line rather than merge one model's layers with another's."""
+    memos = []
+    for side, model in (("a", real["model"]), ("b", tiny_dirs["olmoe"])):
+        memo = tmp_path / side / "tiny" / "code-p16-k4.json.gz"
+        memo.parent.mkdir(parents=True)
+        assert main(["sweep", "--systems", "on-demand", "--model", model, "--dataset", "code", "--hardware",
+                     "t4-pcie3", "--num-prompts", "1", "--prefix-tokens", "1", "--max-new-tokens", "2",
+                     "--resident-per-layer", "2", "--memo-out", str(memo)]) == 0
+        memos.append(str(memo))
+    capsys.readouterr()
+    assert main(["aggregate", "routing_entropy", *memos, "--out", str(tmp_path / "e.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "memos of two different models" in err[0] and not (tmp_path / "e.csv").exists(), err
 
 
 def test_summary_refuses_another_experiments_table_under_mains_name(real, tmp_path, capsys):

@@ -132,12 +132,19 @@ def _edited(stats: dict, edit) -> dict:
                    r["lru_hit_rate_mean"].update({"6": 0.0})), "an LRU hit rate that falls from 4 to 6 slots"),
     (lambda r, s: r["lru_hit_rate_mean"].update({"1": 0.99}), "not its layers' mean"),
     (lambda r, s: r.update(layers=r["layers"][:1]), "values for 1 layers"),
-    (lambda r, s: r["random_routing"].update(repeat_first_choice=0.9), "random_routing is not uniform routing's"),
+    (lambda r, s: r["random_routing"].update(repeat_first_choice=0.9), "random_routing that is not uniform routing's"),
     (lambda r, s: s.update(model=["a"]), "model is ['a'], not a name"),
     (lambda r, s: r.update(experts="8"), "experts '8'"),
+    (lambda r, s: r.update(experts=4), "random_routing that is not uniform routing's over its 4 experts"),
+    (lambda r, s: r.update(routing_entropy_share=[0.5] * len(r["layers"])), "routing_entropy_share is not routing_"),
+    (lambda r, s: r.update(routing_entropy_bits=[3.5] * len(r["layers"])), "routing_entropy_share is not routing_"),
+    (lambda r, s: r.update(layers=[0] * len(r["layers"])), "not distinct layer numbers in order"),
+    (lambda r, s: r.update(set_change_rate=[1.5] * len(r["layers"])), "set_change_rate is not a share"),
+    (lambda r, s: r.update(text="two\nlines"), "a text that is not one line"),
 ], ids=["hit_rate_above_one", "repeat_above_one", "first_above_any", "entropy_above_one", "load_below_one",
         "slots_negative", "lru_not_monotone", "mean_not_the_layers", "layers_short", "random_baseline_wrong",
-        "model_not_a_name", "experts_not_a_count"])
+        "model_not_a_name", "experts_not_a_count", "experts_changed", "entropy_share_not_its_bits",
+        "entropy_bits_past_log2", "layers_repeated", "set_change_above_one", "text_two_lines"])
 def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dirs, tmp_path):
     """Each impossible edit of a model's routing statistics is one SpecterError naming what is wrong."""
     import json

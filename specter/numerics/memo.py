@@ -203,10 +203,10 @@ def memo_routes(path: str | Path) -> list[list[dict[int, tuple[int, ...]]]]:
     return read_memo_routes(path)[0]
 
 
-def read_memo_routes(path: str | Path) -> tuple[list[list[dict[int, tuple[int, ...]]]], MemoShape]:
-    """`memo_routes`, and the shape of the model the memo was recorded on (its MoE layers' experts and top-k, its
-    vocabulary), from the memo alone: no model is loaded. Every line is checked against that shape, and the whole
-    against its digest under the model hash its header names (an edit the digest was not made again for)."""
+def read_memo_routes(path: str | Path) -> tuple[list[list[dict[int, tuple[int, ...]]]], MemoShape, str]:
+    """`memo_routes`, the shape of the model the memo was recorded on (its MoE layers' experts and top-k, its
+    vocabulary) and that model's hash, from the memo alone: no model is loaded. Every line is checked against that
+    shape, and the whole against its digest under that hash (an edit the digest was not made again for)."""
     path = Path(path)
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -232,7 +232,7 @@ def read_memo_routes(path: str | Path) -> tuple[list[list[dict[int, tuple[int, .
     if not hmac.compare_digest(_digest(header["model_hash"], header, raw), header["digest"]):
         raise SpecterError(f"{str(path)!r}: its content does not match its digest (edited); record it again with "
                            "`specter sweep --memo-out`")
-    return out, shape
+    return out, shape, header["model_hash"]
 
 
 def load_memo(service: ForwardService, path: str | Path, model_hash: str) -> int:

@@ -74,6 +74,15 @@ def _impossible(stats: dict) -> str | None:
     experts, k, n = r["experts"], r["top_k"], len(r["layers"])
     if not (type(experts) is int and type(k) is int and 1 <= k <= experts and n >= 1):
         return f"experts {experts!r:.20} and top_k {k!r:.20} over {n} layers"
+    if not (all(type(v) is int and v >= 0 for v in r["layers"]) and r["layers"] == sorted(set(r["layers"]))):
+        return f"layers {r['layers']!r:.60}, not distinct layer numbers in order"
+    if not isinstance(r.get("text", ""), str) or "\n" in r.get("text", "") or "\r" in r.get("text", ""):
+        return "a text that is not one line"
+    random = {"repeat_first_choice": 1 / experts,
+              "repeat_any_choice": 1 - math.comb(experts - k, k) / math.comb(experts, k)}
+    if set(r["random_routing"]) != set(random) or not all(
+            math.isclose(r["random_routing"][m], v, rel_tol=1e-9) for m, v in random.items()):
+        return f"random_routing that is not uniform routing's over its {experts} experts, top-{k}"
     for name in (*AT_DEPTH, "routing_entropy_share", "load_balance_max_over_mean", "reuse_distance_mean"):
         if not isinstance(r[name], list) or len(r[name]) != n:
             return f"{name} holds {len(r[name]) if isinstance(r[name], list) else 'no list of'} values for {n} layers"
@@ -85,11 +94,16 @@ def _impossible(stats: dict) -> str | None:
         return f"a busiest expert's load over the mean outside 1 to {experts}"
     if not all(v is None or (isinstance(v, (int, float)) and 0 <= v <= experts - 1) for v in r["reuse_distance_mean"]):
         return f"a mean reuse distance outside 0 to {experts - 1}"
-    random = {"repeat_first_choice": 1 / experts,
-              "repeat_any_choice": 1 - math.comb(experts - k, k) / math.comb(experts, k)}
-    if set(r["random_routing"]) != set(random) or not all(
-            math.isclose(r["random_routing"][m], v, rel_tol=1e-9) for m, v in random.items()):
-        return f"random_routing is not uniform routing's over {experts} experts, top-{k}"
+    for name in ("set_change_rate", "token_to_token_reuse"):  # not in the table, but a share where given
+        if name in r and not (isinstance(r[name], list) and len(r[name]) == n and all(map(_share, r[name]))):
+            return f"{name} is not a share in [0, 1] for each of {n} layers"
+    if "routing_entropy_bits" in r:  # the share is the bits over log2 E, each at most log2 E
+        bits = r["routing_entropy_bits"]
+        if not (isinstance(bits, list) and len(bits) == n and all(
+                isinstance(b, (int, float)) and math.isclose(s * math.log2(experts), b, rel_tol=1e-9, abs_tol=1e-12)
+                for b, s in zip(bits, r["routing_entropy_share"]))):
+            return (f"routing_entropy_share is not routing_entropy_bits over log2 of its {experts} experts (each "
+                    "layer's bits at most that)")
     for name in ("lru_hit_rate", "lfu_hit_rate"):
         per_layer, means = r[name], r[f"{name}_mean"]
         if set(per_layer) != set(means) or not all(str(s).isdigit() and 1 <= int(s) < experts for s in per_layer):

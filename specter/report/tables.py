@@ -335,12 +335,17 @@ def routing_entropy_table(paths: list[str | Path]) -> pd.DataFrame:
 
     from specter.numerics.memo import read_memo_routes
 
-    rows = []
+    rows, hashes = [], {}
     for path in map(Path, paths):
         model, dataset = _memo_scope(path)
         counts: dict[int, dict[int, int]] = {}
         tokens = 0
-        traces, shape = read_memo_routes(path)
+        traces, shape, model_hash = read_memo_routes(path)
+        other, hashes[model, dataset] = hashes.get((model, dataset)), (model_hash, path)
+        if other is not None and other[0] != model_hash:  # two models' memos under one folder name
+            raise SpecterError(f"{str(other[1])!r} and {str(path)!r} are memos of two different models (their model "
+                               f"hashes differ) that both read as model {model!r} on {dataset!r}; give each model's "
+                               "memos in a folder of its own name")
         for trace in traces:
             tokens += len(trace)
             for routes in trace:
