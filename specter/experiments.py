@@ -337,9 +337,9 @@ def get(name: str) -> Experiment:
 
 
 def records_experiment(name: str) -> str:
-    """The experiment whose records `name` reads (itself, unless its source names another)."""
+    """The experiment whose records `name` reads: itself, unless its source names another (not a kind of source)."""
     source = get(name).source
-    return source if source in EXPERIMENTS else name
+    return source if source in EXPERIMENTS and source not in SOURCES else name
 
 
 def cases_of(config: dict, name: str) -> list[str]:

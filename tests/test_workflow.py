@@ -486,3 +486,15 @@ def test_a_new_baseline_is_one_file_seen_by_the_cli_the_workflow_the_tables_and_
             "'on-demand']); print(list(p), p['probe-baseline'] in _SPARE and len(set(p.values())) == 3)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True)
     assert proc.stdout.strip() == "['on-demand', 'probe-baseline', 'specter'] True", proc.stderr[-2000:]
+
+
+def test_routing_locality_runs_without_the_routing_experiment():
+    """`routing_locality` reads routing statistics (a kind of source), not the `routing` experiment's records, so a
+    config without `routing` is accepted, and its cases are its own."""
+    from specter.experiments import cases_of, records_experiment
+    from specter.workflow_checks import check_config
+
+    config = _edited(lambda c: c["experiments"].pop("routing", None))
+    assert "routing_locality" in config["experiments"] and records_experiment("routing_locality") == "routing_locality"
+    check_config(config)
+    assert cases_of(config, "routing_locality") == list(config["cases"])[:1]
