@@ -130,6 +130,8 @@ def _edited(stats: dict, edit) -> dict:
                    r["lru_hit_rate_mean"].update({"-3": 0.1})), "slot counts"),
     (lambda r, s: (r["lru_hit_rate"].update({"6": [0.0] * len(r["layers"])}),
                    r["lru_hit_rate_mean"].update({"6": 0.0})), "an LRU hit rate that falls from 4 to 6 slots"),
+    (lambda r, s: (r["lfu_hit_rate"].update({"6": [0.0] * len(r["layers"])}),
+                   r["lfu_hit_rate_mean"].update({"6": 0.0})), "an LFU hit rate that falls from 4 to 6 slots"),
     (lambda r, s: r["lru_hit_rate_mean"].update({"1": 0.99}), "not its layers' mean"),
     (lambda r, s: r.update(layers=r["layers"][:1]), "values for 1 layers"),
     (lambda r, s: r["random_routing"].update(repeat_first_choice=0.9), "random_routing that is not uniform routing's"),
@@ -142,7 +144,7 @@ def _edited(stats: dict, edit) -> dict:
     (lambda r, s: r.update(set_change_rate=[1.5] * len(r["layers"])), "set_change_rate is not a share"),
     (lambda r, s: r.update(text="two\nlines"), "a text that is not one line"),
 ], ids=["hit_rate_above_one", "repeat_above_one", "first_above_any", "entropy_above_one", "load_below_one",
-        "slots_negative", "lru_not_monotone", "mean_not_the_layers", "layers_short", "random_baseline_wrong",
+        "slots_negative", "lru_not_monotone", "lfu_not_monotone", "mean_not_the_layers", "layers_short", "random_baseline_wrong",
         "model_not_a_name", "experts_not_a_count", "experts_changed", "entropy_share_not_its_bits",
         "entropy_bits_past_log2", "layers_repeated", "set_change_above_one", "text_two_lines"])
 def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dirs, tmp_path):
@@ -160,3 +162,68 @@ def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dir
     out.write_text(json.dumps(_edited(stats, edit)))
     with pytest.raises(SpecterError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         routing_locality_table([out])
+
+
+def _slow_and_fast(windows: int = 64, length: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router inputs [windows * length, 8]: four dimensions a window keeps (a random level per window with a small
+    drift), four drawn afresh at every token; and their changes between consecutive tokens within each window."""
+    g = torch.Generator().manual_seed(seed)
+    slow = torch.randn(windows, 1, 4, generator=g) + 0.05 * torch.randn(windows, length, 4, generator=g).cumsum(1)
+    fast = torch.randn(windows, length, 4, generator=g)
+    x = torch.cat([slow, fast], dim=-1)
+    return x.reshape(-1, 8), (x[:, 1:] - x[:, :-1]).reshape(-1, 8)
+
+
+def _first_choice_repeats(router: torch.Tensor, u: torch.Tensor, length: int = 32) -> float:
+    first = (u @ router.T).argmax(-1).reshape(-1, length)
+    return float((first[:, 1:] == first[:, :-1]).double().mean())
+
+
+def test_the_locality_setting_moves_how_often_consecutive_tokens_keep_their_expert():
+    """On inputs with known slow and fast parts, a router reading both keeps its first choice between consecutive
+    tokens more often as the setting rises above 0 and less often below it; at 0 the router is unchanged."""
+    from specter.models.moefy import _set_locality
+
+    u, du = _slow_and_fast()
+    router = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(_set_locality(router, u, du, 0.0), router, atol=1e-5)
+    rates = [_first_choice_repeats(_set_locality(router, u, du, s), u) for s in (-4.0, -1.0, 0.0, 1.0, 4.0)]
+    # far below 0 the router reads the fast part alone, whose tokens are independent draws: -4 and -1 differ by noise
+    assert rates[1] < rates[2] < rates[3] < rates[4] and rates[4] > 0.9 and max(rates[:2]) < 0.3, rates
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-51"])
+def test_a_locality_setting_out_of_range_is_refused_naming_it(value):
+    from specter.errors import SpecterError
+    from specter.models.proxies import proxy_config
+
+    with pytest.raises(SpecterError, match=r"--set locality=.*must be a number from -50.0 to 50.0"):
+        proxy_config("smollm2-moe", overrides={"locality": value})
+
+
+def test_a_matched_proxy_is_its_proxy_with_the_locality_its_statistic_chose():
+    """Each matched proxy builds as the proxy it names, with its own setting, and its statistic selects published rows
+    of the model that proxy stands in for."""
+    from specter.models.proxies import MATCHED, PROXIES, proxy_config
+    from specter.presets import routing_published
+
+    sources, rows = routing_published()
+    for name, (base, locality, selector) in MATCHED.items():
+        assert PROXIES[name] == PROXIES[base] and locality != 0
+        cfg, plain = proxy_config(name), proxy_config(base)
+        assert cfg.locality == locality and plain.locality == 0 and (cfg.experts, cfg.top_k) == (plain.experts,
+                                                                                                  plain.top_k)
+        chosen = [r for r in rows if all(r.get(k) == v for k, v in selector.items())]
+        assert chosen and {sources[r["source"]]["model"] for r in chosen} == {PROXIES[name][3]}
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_lru_and_lfu_never_hit_less_with_more_slots(policy):
+    """Both are stack algorithms (each expert's priority depends on the trace, not on the cache's size), which the
+    locality table's check of routing statistics relies on: on random traces, more slots never hit less."""
+    rng = random.Random(0)
+    for _ in range(400):
+        experts, k = rng.randint(3, 8), rng.randint(1, 2)
+        seqs = [[tuple(rng.sample(range(experts), k)) for _ in range(rng.randint(5, 30))] for _ in range(2)]
+        rates = [hit_rate(seqs, s, policy) for s in range(k, experts)]
+        assert all(b >= a for a, b in zip(rates, rates[1:])), (seqs, rates)

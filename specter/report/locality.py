@@ -20,20 +20,11 @@ import pandas as pd
 
 from specter.errors import SpecterError
 from specter.io import json_strict, not_a_file, read_at_most
+from specter.presets import routing_published as published
 
 #: layer measures given at the first, middle and last layer as well as their mean
 AT_DEPTH = ("repeat_first_choice", "repeat_any_choice")
 MEANS = ("reuse_distance_mean", "routing_entropy_share", "load_balance_max_over_mean")
-
-
-def published() -> tuple[dict, list[dict]]:
-    """The published figures' sources and rows (`specter/presets/routing/published.yaml`)."""
-    from importlib.resources import files
-
-    import yaml
-
-    data = yaml.safe_load(files("specter.presets").joinpath("routing", "published.yaml").read_text(encoding="utf-8"))
-    return data["sources"], data["rows"]
 
 
 def _statistics(path: Path) -> dict:
@@ -113,10 +104,13 @@ def _impossible(stats: dict) -> str | None:
                 return f"{name} at {slots} slots is not a share in [0, 1] for each of {n} layers"
             if not math.isclose(means[slots], sum(values) / n, rel_tol=1e-9, abs_tol=1e-12):
                 return f"{name}_mean at {slots} slots is {means[slots]!r}, not its layers' mean {sum(values) / n!r}"
-    ordered = sorted(r["lru_hit_rate"], key=int)
-    for a, b in zip(ordered, ordered[1:]):  # LRU's stack property: more slots never miss more
-        if any(y < x - 1e-12 for x, y in zip(r["lru_hit_rate"][a], r["lru_hit_rate"][b])):
-            return f"an LRU hit rate that falls from {a} to {b} slots (more LRU slots never hit less)"
+    # LRU and LFU (counts over the whole sequence, ties to the least recent) are stack algorithms: the experts a
+    # cache of S slots holds are among those one of S + 1 holds, so more slots never hit less
+    for name, policy in (("lru_hit_rate", "LRU"), ("lfu_hit_rate", "LFU")):
+        ordered = sorted(r[name], key=int)
+        for a, b in zip(ordered, ordered[1:]):
+            if any(y < x - 1e-12 for x, y in zip(r[name][a], r[name][b])):
+                return f"an {policy} hit rate that falls from {a} to {b} slots (more {policy} slots never hit less)"
     return None
 
 
