@@ -144,9 +144,10 @@ def _edited(stats: dict, edit) -> dict:
     (lambda r, s: r.update(set_change_rate=[1.5] * len(r["layers"])), "set_change_rate is not a share"),
     (lambda r, s: r.update(text="two\nlines"), "a text that is not one line"),
 ], ids=["hit_rate_above_one", "repeat_above_one", "first_above_any", "entropy_above_one", "load_below_one",
-        "slots_negative", "lru_not_monotone", "lfu_not_monotone", "mean_not_the_layers", "layers_short", "random_baseline_wrong",
-        "model_not_a_name", "experts_not_a_count", "experts_changed", "entropy_share_not_its_bits",
-        "entropy_bits_past_log2", "layers_repeated", "set_change_above_one", "text_two_lines"])
+        "slots_negative", "lru_not_monotone", "lfu_not_monotone", "mean_not_the_layers", "layers_short",
+        "random_baseline_wrong", "model_not_a_name", "experts_not_a_count", "experts_changed",
+        "entropy_share_not_its_bits", "entropy_bits_past_log2", "layers_repeated", "set_change_above_one",
+        "text_two_lines"])
 def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dirs, tmp_path):
     """Each impossible edit of a model's routing statistics is one SpecterError naming what is wrong."""
     import json
@@ -227,3 +228,24 @@ def test_lru_and_lfu_never_hit_less_with_more_slots(policy):
         seqs = [[tuple(rng.sample(range(experts), k)) for _ in range(rng.randint(5, 30))] for _ in range(2)]
         rates = [hit_rate(seqs, s, policy) for s in range(k, experts)]
         assert all(b >= a for a, b in zip(rates, rates[1:])), (seqs, rates)
+
+
+def test_a_cards_locality_checks_set_each_published_figure_beside_the_models_own():
+    """Each published statistic of the model a proxy stands in for, its mean, range and count over texts, beside the
+    proxy's value at the same depth or slots; the matched statistic is marked, the rest held out."""
+    from specter.models.routing_stats import locality_checks
+
+    routing = {"repeat_first_choice": [0.1, 0.2, 0.3, 0.4], "repeat_any_choice": [0.5, 0.6, 0.7, 0.8],
+               "lru_hit_rate_mean": {"6": 0.25, "16": 0.5}}
+    mixtral = locality_checks(routing, "mixtral-8x7b", {"source": "mixtral-table5",
+                                                        "statistic": "repeat_first_choice", "depth": "middle"})
+    middle = next(c for c in mixtral if c["statistic"] == "repeat_first_choice" and c["depth"] == "middle")
+    assert middle["role"] == "matched" and middle["model"] == 0.2 and middle["texts"] == 8  # layer (4 - 1) // 2
+    assert middle["published_min"] <= middle["published_mean"] <= middle["published_max"]
+    last = next(c for c in mixtral if c["statistic"] == "repeat_any_choice" and c["depth"] == "last")
+    assert last["role"] == "held out" and last["model"] == 0.8
+    assert {c["role"] for c in mixtral} == {"matched", "held out"} and len(mixtral) == 6
+    deepseek = {c["slots"]: c for c in locality_checks(routing, "deepseek-v2-lite")}
+    assert deepseek[16]["model"] == 0.5 and deepseek[16]["published_mean"] == 0.5094 and deepseek[32]["model"] is None
+    assert {c["role"] for c in deepseek.values()} == {"compared"}
+    assert locality_checks(routing, "phi-3.5-moe") == []

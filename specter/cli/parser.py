@@ -138,13 +138,17 @@ def _model_commands(sub) -> None:
     # (builders are named here without importing them: the CLI starts without torch for the commands that need none)
     p = sub.add_parser("build-model", help="build a model checkpoint offline: smollm2-moe (the default model), "
                                            "smollm2-moe-16x2, -64x6, -60x4 (proxies of Phi-3.5-MoE, DeepSeek-V2-Lite "
-                                           "and Qwen1.5-MoE's routing) or tiny-<arch> (a tiny random one)")
-    p.add_argument("name", metavar="NAME", help="smollm2-moe[-16x2|-64x6|-60x4] or tiny-<arch>, e.g. tiny-mixtral")
+                                           "and Qwen1.5-MoE's routing), smollm2-moe[-64x6]-matched (router "
+                                           "locality set from a published statistic) or tiny-<arch> (a tiny random "
+                                           "one)")
+    p.add_argument("name", metavar="NAME", help="smollm2-moe[-16x2|-64x6|-60x4], smollm2-moe[-64x6]-matched or "
+                                                "tiny-<arch>, e.g. tiny-mixtral")
     p.add_argument("--out", required=True, metavar="DIR", type=_out(directory=True),
                    help="output directory; a model already there is replaced once the new one is complete")
     p.add_argument("--seed", type=_count(0, 2**63 - 1), default=0, help="seed of every random choice (default 0)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="a build setting of a smollm2-moe model (e.g. distill_steps=30); repeatable")
+                   help="a build setting of a smollm2-moe model (e.g. distill_steps=30, locality=-0.5); "
+                        "repeatable")
     _threads(p)
     p.set_defaults(func=cmd_build_model)
 

@@ -11,7 +11,9 @@ with the hidden states of the already-converted earlier layers:
 1. the FFN's neurons are scored by mean |activation| x |down column|; the `shared` best form an always-on shared expert;
 2. the rest are grouped into E experts of equal size by balanced k-means on their activation patterns;
 3. a bias-free least-squares router predicts each group's output norm from the FFN input; top-k of its softmax routes,
-   and the router is scaled so that the chosen experts' weights are 1/k (to 0.1%);
+   and the router is scaled so that the chosen experts' weights are 1/k (to 0.1%); with `locality` set, the router
+   reads the slow components of its input (those that change little from one token to the next) more or less
+   strongly than the fast ones, which moves how often consecutive tokens keep their experts (`_set_locality`);
 4. every down projection (shared and routed) is refitted jointly by ridge least squares, given the router's choices and
    weights, toward the dense model's residual stream after this layer (not toward the dense FFN output alone).
 The layer is then a stock `Qwen2MoeSparseMoeBlock` (shared-expert gate zero: sigmoid(0) = 1/2, folded into the shared
@@ -55,6 +57,7 @@ class MoefyConfig:
     layers: int | None = None  # convert only the first N layers; None: all
     truncate: bool = True  # with `layers`: cut the model to those layers (a small stock checkpoint, for tests)
     seed: int = 0
+    locality: float = 0.0  # router temporal locality: 0 as fitted, above 0 stickier, below 0 less (`_set_locality`)
 
     def check(self) -> None:
         """Every setting in range, before any work (`--set ridge=nan` would otherwise build all-NaN experts, and
@@ -73,6 +76,10 @@ class MoefyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise SpecterError(f"--set {name}={value!r}: must be a finite number above 0")
+        if isinstance(self.locality, bool) or not isinstance(self.locality, (int, float)) or not (
+                -_MAX_LOCALITY <= self.locality <= _MAX_LOCALITY):
+            raise SpecterError(f"--set locality={self.locality!r}: must be a number from {-_MAX_LOCALITY} to "
+                               f"{_MAX_LOCALITY} (0: the router as fitted)")
         if self.top_k > self.experts:
             raise SpecterError(f"--set top_k={self.top_k}: more than the {self.experts} experts; choose top_k <= "
                                "experts")
@@ -91,6 +98,7 @@ class MoefyConfig:
 
 
 _MAX_SETTING = 2**31 - 1  # the largest whole-number setting (torch's sizes and seeds are 64-bit, indices 32-bit)
+_MAX_LOCALITY = 50.0  # exp(50 x 2) is still a float64: the component weights of `_set_locality` stay finite
 
 
 class _Stop(Exception):
@@ -178,9 +186,33 @@ def _balanced_kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Gener
 
 
 @torch.no_grad()
+def _set_locality(router: torch.Tensor, u: torch.Tensor, du: torch.Tensor, locality: float) -> torch.Tensor:
+    """The router [E, H] reweighted over its input's components by how slowly each changes from token to token.
+
+    The components are slow feature analysis's: the directions v solving D v = lambda C v, where C is the second
+    moment of the router's input u [N, H] and D that of its change between consecutive tokens du [M, H] (within each
+    calibration window). A component's lag-1 autocorrelation is rho = 1 - lambda / 2: near 1 for what a passage keeps
+    (its topic, its language), near 0 or below for what each token brings. In the whitened basis each component's
+    logit weight is multiplied by exp(locality x (rho - mean rho)): above 0 the router follows the slow components
+    more and consecutive tokens keep their experts more often, below 0 less. The logits stay linear in u (a stock
+    router), the spread normalisation after undoes the scale, and the experts' refit fits whatever it now chooses."""
+    u, du, r = u.double(), du.double(), router.double()
+    c = u.T @ u / len(u)
+    c, d = c + 1e-6 * c.diagonal().mean() * torch.eye(c.shape[0], dtype=c.dtype), du.T @ du / len(du)
+    lower = torch.linalg.cholesky(c)
+    inv = torch.linalg.solve_triangular(lower, torch.eye(c.shape[0], dtype=c.dtype), upper=False)  # L^-1
+    lam, q = torch.linalg.eigh(inv @ d @ inv.T)
+    rho = 1 - lam / 2
+    # R' = R C V diag(s) V^T with V = L^-T Q (V^T C V = I), which is R L Q diag(s) Q^T L^-1; s = 1 gives R back
+    reweigh = lower @ q @ torch.diag(torch.exp(locality * (rho - rho.mean()))) @ q.T @ inv
+    return (r @ reweigh).to(router.dtype)
+
+
+@torch.no_grad()
 def _fit_layer(dense_mlp, u: torch.Tensor, mid: torch.Tensor, target: torch.Tensor, cfg: MoefyConfig,
-               generator: torch.Generator) -> dict:
-    """Fit one layer's MoE block; returns its tensors (see the module docstring for the steps)."""
+               generator: torch.Generator, du: torch.Tensor | None = None) -> dict:
+    """Fit one layer's MoE block; returns its tensors (see the module docstring for the steps). `du`: the change of u
+    between consecutive tokens of a window, which `locality` reads."""
     wg, wu, wd = dense_mlp.gate_proj.weight, dense_mlp.up_proj.weight, dense_mlp.down_proj.weight  # [I,H] [I,H] [H,I]
     a = F.silu(u @ wg.T) * (u @ wu.T)  # [N, I]
     importance = a.abs().mean(0) * wd.norm(dim=0)  # [I]
@@ -194,6 +226,8 @@ def _fit_layer(dense_mlp, u: torch.Tensor, mid: torch.Tensor, target: torch.Tens
     norms = torch.stack([(a[:, m] @ wd[:, m].T).norm(dim=1) for m in members], dim=1)  # [N, E]
     uu = u.T @ u  # [H, H]: least squares by the normal equations (tiny ridge: u can be rank-deficient on few tokens)
     router = torch.linalg.solve(uu + 1e-6 * uu.diagonal().mean() * torch.eye(uu.shape[0]), u.T @ norms).T.contiguous()
+    if cfg.locality:
+        router = _set_locality(router, u, du, cfg.locality).contiguous()
     # Centre the router's rows (softmax and top-k are unchanged by a logit common to every expert, and small logits
     # carry smaller rounding), then scale it so that its largest logit spread on calibration is ROUTER_SPREAD: the top-k
     # choice is unchanged but every chosen expert gets weight 1/k (to 0.1%), so each expert's output is a fixed linear
@@ -307,7 +341,8 @@ def convert(cfg: MoefyConfig = MoefyConfig(), progress: bool = True):
         us, mids = _mlp_inputs(hybrid.model.layers[layer], moe_h, kwargs)
         target = torch.cat([h.reshape(-1, hidden) for h in dense_h])
         u, mid = (torch.cat([x.reshape(-1, hidden) for x in parts]) for parts in (us, mids))
-        fit = _fit_layer(dense.model.layers[layer].mlp, u, mid, target, cfg, generator)
+        du = torch.cat([(x[:, 1:] - x[:, :-1]).reshape(-1, hidden) for x in us]) if cfg.locality else None
+        fit = _fit_layer(dense.model.layers[layer].mlp, u, mid, target, cfg, generator, du)
         block = hybrid.model.layers[layer].mlp = _block(moe_config, fit)
         with torch.no_grad():
             moe_h = [m + block(x) for m, x in zip(mids, us)]

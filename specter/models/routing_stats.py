@@ -156,3 +156,39 @@ def model_routing(model_dir) -> dict:
     text = f"{len(ids)} held-out windows of {length} tokens (half prose, half code), teacher-forced"
     return {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
             "measured_from": "the checkpoint", "routing": {"text": text, **routing_statistics(moe, ids)}}
+
+
+def statistic_of(routing: dict, row: dict) -> float | None:
+    """This model's value of a published row's statistic (`specter/presets/routing/published.yaml`): at the row's
+    depth (first, middle as layer (n - 1) // 2 of n, last, or the mean over layers) or slot count; None where the
+    statistics hold none (a slot count past the model's experts)."""
+    if "slots" in row:
+        return routing.get(f"{row['statistic']}_mean", {}).get(str(row["slots"]))
+    values = routing[row["statistic"]]
+    n = len(values)
+    return sum(values) / n if row["depth"] == "mean" else values[{"first": 0, "middle": (n - 1) // 2,
+                                                                    "last": n - 1}[row["depth"]]]
+
+
+def locality_checks(routing: dict, stands_in_for: str, matched: dict | None = None) -> list[dict]:
+    """A model's routing statistics beside each published figure of the model it stands in for: per (source,
+    statistic, depth, slots) the published mean over the texts it was measured on, their range, and this model's
+    value; `matched` names the one statistic a matched proxy's locality was set from, and every other is held out
+    (without it, each is only compared)."""
+    from specter.presets import routing_published
+
+    sources, rows = routing_published()
+    groups: dict[tuple, list[float]] = {}
+    for row in rows:
+        if sources[row["source"]]["model"] == stands_in_for:
+            key = (row["source"], row["statistic"], row["depth"], row.get("slots"))
+            groups.setdefault(key, []).append(float(row["value"]))
+    out = []
+    for (source, statistic, depth, slots), values in groups.items():
+        row = {"source": source, "statistic": statistic, "depth": depth, **({"slots": slots} if slots else {})}
+        mine = statistic_of(routing, row)
+        out.append({**row, "published_mean": sum(values) / len(values), "published_min": min(values),
+                    "published_max": max(values), "texts": len(values), "model": mine,
+                    "role": "compared" if not matched else "matched" if all(
+                        matched.get(k) == row.get(k) for k in matched) else "held out"})
+    return out
