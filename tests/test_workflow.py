@@ -73,6 +73,15 @@ def test_the_paper_config_plans_every_case(tmp_path):
     assert "smollm2-moe-64x6/gptq-int4-g16" in proc.stdout
 
 
+@pytest.mark.parametrize("name", ["calibration", "locality"])
+def test_each_shipped_config_plans(name, tmp_path):
+    """config/calibration.yaml and config/locality.yaml (the matched proxies beside their as-built twins) pass every
+    check and plan."""
+    proc = _snakemake("-n", "--cores", "1", "--configfile", f"config/{name}.yaml", "--directory", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert name != "locality" or "smollm2-moe-64x6-matched/gptq-int4-g16" in proc.stdout
+
+
 def test_a_same_memory_budget_past_the_device_fails_before_any_job(tmp_path):
     """Specter's memory at 3 Phi-3.5-MoE slots per layer is 40.7 GB, past the A100-40GB: refused with the config, not
     once the job runs."""
