@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -140,14 +141,15 @@ def _edited(stats: dict, edit) -> dict:
     (lambda r, s: r.update(experts=4), "random_routing that is not uniform routing's over its 4 experts"),
     (lambda r, s: r.update(routing_entropy_share=[0.5] * len(r["layers"])), "routing_entropy_share is not routing_"),
     (lambda r, s: r.update(routing_entropy_bits=[3.5] * len(r["layers"])), "routing_entropy_share is not routing_"),
-    (lambda r, s: r.update(layers=[0] * len(r["layers"])), "not distinct layer numbers in order"),
+    (lambda r, s: r.update(layers=[0] * len(r["layers"])), "not distinct layer numbers in order (entry 1 is 0)"),
     (lambda r, s: r.update(set_change_rate=[1.5] * len(r["layers"])), "set_change_rate is not a share"),
     (lambda r, s: r.update(text="two\nlines"), "a text that is not one line"),
+    (lambda r, s: r.update(text="two\u2028lines"), "a text that is not one line of printable characters"),
 ], ids=["hit_rate_above_one", "repeat_above_one", "first_above_any", "entropy_above_one", "load_below_one",
         "slots_negative", "lru_not_monotone", "lfu_not_monotone", "mean_not_the_layers", "layers_short",
         "random_baseline_wrong", "model_not_a_name", "experts_not_a_count", "experts_changed",
         "entropy_share_not_its_bits", "entropy_bits_past_log2", "layers_repeated", "set_change_above_one",
-        "text_two_lines"])
+        "text_two_lines", "text_line_separator"])
 def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dirs, tmp_path):
     """Each impossible edit of a model's routing statistics is one SpecterError naming what is wrong."""
     import json
@@ -161,7 +163,7 @@ def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dir
     stats = json.loads(out.read_text())
     routing_locality_table([out])  # as written: accepted
     out.write_text(json.dumps(_edited(stats, edit)))
-    with pytest.raises(SpecterError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+    with pytest.raises(SpecterError, match=re.escape(message)):
         routing_locality_table([out])
 
 
@@ -205,7 +207,7 @@ def test_a_locality_setting_out_of_range_is_refused_naming_it(value):
 def test_a_matched_proxy_is_its_proxy_with_the_locality_its_statistic_chose():
     """Each matched proxy builds as the proxy it names, with its own setting, and its statistic selects published rows
     of the model that proxy stands in for."""
-    from specter.models.proxies import MATCHED, PROXIES, proxy_config
+    from specter.models.proxies import MATCHED, PROXIES, matched_to, proxy_config
     from specter.presets import routing_published
 
     sources, rows = routing_published()
@@ -214,6 +216,8 @@ def test_a_matched_proxy_is_its_proxy_with_the_locality_its_statistic_chose():
         cfg, plain = proxy_config(name), proxy_config(base)
         assert cfg.locality == locality and plain.locality == 0 and (cfg.experts, cfg.top_k) == (plain.experts,
                                                                                                   plain.top_k)
+        assert matched_to(name, cfg) == selector and matched_to(base, plain) is None
+        assert matched_to(name, proxy_config(name, overrides={"locality": "0"})) is None  # another setting
         chosen = [r for r in rows if all(r.get(k) == v for k, v in selector.items())]
         assert chosen and {sources[r["source"]]["model"] for r in chosen} == {PROXIES[name][3]}
 

@@ -98,7 +98,7 @@ class MoefyConfig:
 
 
 _MAX_SETTING = 2**31 - 1  # the largest whole-number setting (torch's sizes and seeds are 64-bit, indices 32-bit)
-_MAX_LOCALITY = 50.0  # exp(50 x 2) is still a float64: the component weights of `_set_locality` stay finite
+_MAX_LOCALITY = 50.0  # exp(50 x 2) is a float64 (`_set_locality` computes in it); past a few units routing collapses
 
 
 class _Stop(Exception):

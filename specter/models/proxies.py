@@ -82,6 +82,12 @@ def proxy_config(name: str, seed: int = 0, overrides: dict[str, str] | None = No
     return cfg
 
 
+def matched_to(name: str, cfg: MoefyConfig) -> dict | None:
+    """The published statistic a build of `name` at `cfg` is matched to: its `MATCHED` entry's, unless the build set
+    another locality (`--set locality=`), which is matched to nothing."""
+    return MATCHED[name][2] if name in MATCHED and cfg.locality == MATCHED[name][1] else None
+
+
 def _boolean(text: str) -> bool:
     word = text.strip().lower()
     if word not in ("1", "true", "yes", "0", "false", "no"):
@@ -158,6 +164,7 @@ def _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, per
     routing = {"text": f"{len(mixed)} held-out windows of {cfg.seq_len} tokens (half prose, half code), "
                        "teacher-forced", **routing_statistics(MoEModel(model), mixed)}
     experts, top_k, shared, stands_in_for = PROXIES[name]
+    matched = matched_to(name, cfg)
     expert_neurons = (moe_config.intermediate_size if not shared else moe_config.moe_intermediate_size)
     return {
         "name": name,
@@ -183,8 +190,8 @@ def _card(name, cfg, model, tok, dense, moe_config, calib, held_out, losses, per
         "distillation": {"steps": cfg.distill_steps, "batch": cfg.distill_batch, "lr": cfg.distill_lr,
                          "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None},
         "routing": routing,
-        "locality": {"setting": cfg.locality, "matched_to": MATCHED[name][2] if name in MATCHED else None,
-                     "checks": locality_checks(routing, stands_in_for, MATCHED[name][2] if name in MATCHED else None)},
+        "locality": {"setting": cfg.locality, "matched_to": matched,
+                     "checks": locality_checks(routing, stands_in_for, matched)},
         "samples": _samples(model, tok),
         "config": asdict(cfg),
         "numerics": determinism.settings(),

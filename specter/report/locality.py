@@ -66,9 +66,11 @@ def _impossible(stats: dict) -> str | None:
     if not (type(experts) is int and type(k) is int and 1 <= k <= experts and n >= 1):
         return f"experts {experts!r:.20} and top_k {k!r:.20} over {n} layers"
     if not (all(type(v) is int and v >= 0 for v in r["layers"]) and r["layers"] == sorted(set(r["layers"]))):
-        return f"layers {r['layers']!r:.60}, not distinct layer numbers in order"
-    if not isinstance(r.get("text", ""), str) or "\n" in r.get("text", "") or "\r" in r.get("text", ""):
-        return "a text that is not one line"
+        at = next((i for i, (a, b) in enumerate(zip(r["layers"], r["layers"][1:]), 1)
+                   if not (type(a) is type(b) is int and 0 <= a < b)), 0)
+        return f"layers that are not distinct layer numbers in order (entry {at} is {r['layers'][at]!r:.20})"
+    if not isinstance(r.get("text", ""), str) or not r.get("text", "").isprintable():
+        return "a text that is not one line of printable characters"
     random = {"repeat_first_choice": 1 / experts,
               "repeat_any_choice": 1 - math.comb(experts - k, k) / math.comb(experts, k)}
     if set(r["random_routing"]) != set(random) or not all(
@@ -166,7 +168,8 @@ def routing_locality_table(paths: list[str | Path]) -> pd.DataFrame:
 def plot_routing_locality(figure, table: pd.DataFrame, out, timing: str) -> None:
     """Left and middle: each model's two repeat measures at the first, middle and last MoE layer (a proxy as a line,
     the Mixtral paper's Table 5 as its range over The Pile's subsets with their mean marked), random routing dashed.
-    Right: each proxy's LRU and LFU hit rates against slots per layer, the Specter paper's Table 3 LRU marked."""
+    Right: each proxy's LRU and LFU hit rates against slots per layer, the Specter paper's Table 3 LRU marked. A
+    published figure is drawn only beside a model that stands in for its model."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -174,6 +177,10 @@ def plot_routing_locality(figure, table: pd.DataFrame, out, timing: str) -> None
 
     depths = ["first", "middle", "last"]
     models = sorted(table.loc[table["read_in"].eq("computed"), "model"].unique())
+    # a published figure is drawn beside the models standing in for its model only: another model's experts and
+    # slots are not on the same axis (the table keeps every published row)
+    stood_in = set(table.loc[table["read_in"].eq("computed"), "stands_in_for"])
+    table = table[table["read_in"].eq("computed") | table["model"].isin(stood_in)]
     colours = dict(zip(models, sns.color_palette("colorblind", max(1, len(models)))))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, measure in zip(axes[:2], AT_DEPTH):
