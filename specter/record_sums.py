@@ -23,12 +23,16 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
             return (f"extra.{name}'s parts sum to {sum(parts.values()):g} ms, and its TPOT {time:g} ms over "
                     f"{tokens - 1} tokens is {time * (tokens - 1):g} ms")
     kind, bound = extra.get("lower_bound_kind"), record.get("lower_bound_tpot_ms")
+    if bound is not None and kind not in ("per-pass", "per-token"):
+        return f"extra.lower_bound_kind is {kind!r}, and a lower bound is per-pass or per-token"
     for name in ("lower_bound_per_pass_ms", "lower_bound_per_token_ms"):
         value = extra.get(name)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                       and 0 <= value < math.inf):
             return f"extra.{name} is {value!r}, not a time of at least 0 ms"
     named = extra.get({"per-pass": "lower_bound_per_pass_ms", "per-token": "lower_bound_per_token_ms"}.get(kind, ""))
+    if bound is not None and named is None:
+        return f"lower_bound_tpot_ms is {bound!r}, and extra holds no {kind} bound for it"
     if isinstance(named, (int, float)) and isinstance(bound, (int, float)) and not _close(named, bound):
         return f"lower_bound_tpot_ms is {bound:g}, and its {kind} bound (extra) is {named:g}"
     for name in ("h2d_bytes_prefill", "link_bytes_activations", "d2h_bytes_writeback"):

@@ -11,6 +11,7 @@ from specter.config_document import ConfigError
 def check_options(name: str, entry: dict, systems: dict) -> None:
     """An experiment's system options: each one some listed system has, each value one that system takes."""
     from specter.errors import SpecterError
+    from specter.runspec.flags import same_value
     from specter.systems import get_system
 
     listed = [s for s in entry.get("systems") or [] if s in systems]
@@ -20,6 +21,8 @@ def check_options(name: str, entry: dict, systems: dict) -> None:
         if not having:
             raise ConfigError(f"{where}: no listed system ({', '.join(listed)}) has option {option!r}; see "
                               "`specter systems`")
+        if (twice := same_value(values)) is not None:
+            raise ConfigError(f"{where}: {twice[0]!r} and {twice[1]!r} are one value; give each value once")
         for value in values:
             text = str(value).lower() if isinstance(value, bool) else str(value)
             for system in having:

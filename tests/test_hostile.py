@@ -901,6 +901,10 @@ CASES = [
      "output tokens, and its run commits config.max_new_tokens = 20"),
     ("aggregate_records_prefill_bytes_negative", _aggregate(_extra_edit(lambda e: e.update(h2d_bytes_prefill=-5))),
      "extra.h2d_bytes_prefill is -5"),
+    ("aggregate_records_lower_bound_kind_unknown", _aggregate(_extra_edit(lambda e: e.update(lower_bound_kind="x"))),
+     "extra.lower_bound_kind is 'x', and a lower bound is per-pass or per-token"),
+    ("aggregate_records_lower_bound_kind_missing", _aggregate(_extra_edit(lambda e: e.pop("lower_bound_kind"))),
+     "extra.lower_bound_kind is None"),
     ("aggregate_records_other_bound_negative", _aggregate(_extra_edit(lambda e: e.update(lower_bound_per_token_ms=-1))),
      "extra.lower_bound_per_token_ms is -1, not a time of at least 0 ms"),
     ("aggregate_records_fewer_misses_than_the_decodes", _aggregate(_both(
@@ -2294,6 +2298,15 @@ def test_routing_entropy_refuses_two_models_memos_under_one_folder_name(real, ti
     assert main(["aggregate", "routing_entropy", *memos, "--out", str(tmp_path / "e.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "memos of two different models" in err[0] and not (tmp_path / "e.csv").exists(), err
+
+
+def test_a_system_option_value_spelled_two_ways_is_refused(real, tmp_path, capsys):
+    """`noise=0.0,0` names one value twice: run, it would record each prompt twice and merge them into one row."""
+    assert main(["sweep", "--systems", "specter-oracle", "--system-option", "noise=0.0,0,0.5", "--model", real["model"],
+                 "--draft", str(real["draft"]), "--dataset", "code", "--hardware", "t4-pcie3", "--num-prompts", "1",
+                 "--max-new-tokens", "2", "--resident-per-layer", "2", "--out", str(tmp_path / "x.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'0.0' and '0' are one value" in err[0] and not (tmp_path / "x.jsonl").exists(), err
 
 
 def test_summary_refuses_another_experiments_table_under_mains_name(real, tmp_path, capsys):

@@ -139,7 +139,14 @@ def _edited(stats: dict, edit) -> dict:
     (lambda r, s: s.update(model=["a"]), "model is ['a'], not a name"),
     (lambda r, s: r.update(experts="8"), "experts '8'"),
     (lambda r, s: r.update(experts=4), "random_routing that is not uniform routing's over its 4 experts"),
-    (lambda r, s: r.update(routing_entropy_share=[0.5] * len(r["layers"])), "routing_entropy_share is not routing_"),
+    (lambda r, s: r.update(routing_entropy_share=[min(1.0, v + 1e-3) for v in r["routing_entropy_share"]]),
+     "routing_entropy_share is not routing_"),
+    (lambda r, s: r.update(routing_entropy_share=[0.1] * len(r["layers"])), "a routing entropy below what its busiest"),
+    (lambda r, s: r.update(load_balance_max_over_mean=[r["experts"]] * len(r["layers"])),
+     "a busiest expert's load over the mean outside 1 to 4"),
+    (lambda r, s: (r["lru_hit_rate"].update({"1": [0.9] * len(r["layers"])}),
+                   r["lru_hit_rate_mean"].update({"1": 0.9})), "lru_hit_rate at 1 slots above 1/2"),
+    (lambda r, s: r.update(token_to_token_reuse=[0.0] * len(r["layers"])), "token_to_token_reuse outside"),
     (lambda r, s: r.update(routing_entropy_bits=[3.5] * len(r["layers"])), "routing_entropy_share is not routing_"),
     (lambda r, s: r.update(layers=[0] * len(r["layers"])), "not distinct layer numbers in order (entry 1 is 0)"),
     (lambda r, s: r.update(set_change_rate=[1.5] * len(r["layers"])), "set_change_rate is not a share"),
@@ -148,7 +155,8 @@ def _edited(stats: dict, edit) -> dict:
 ], ids=["hit_rate_above_one", "repeat_above_one", "first_above_any", "entropy_above_one", "load_below_one",
         "slots_negative", "lru_not_monotone", "lfu_not_monotone", "mean_not_the_layers", "layers_short",
         "random_baseline_wrong", "model_not_a_name", "experts_not_a_count", "experts_changed",
-        "entropy_share_not_its_bits", "entropy_bits_past_log2", "layers_repeated", "set_change_above_one",
+        "entropy_share_not_its_bits", "entropy_below_the_busiest_load", "load_past_e_over_k", "lru_past_slots_over_k",
+        "reuse_below_any_over_k", "entropy_bits_past_log2", "layers_repeated", "set_change_above_one",
         "text_two_lines", "text_line_separator"])
 def test_routing_statistics_no_routing_gives_are_refused(edit, message, tiny_dirs, tmp_path):
     """Each impossible edit of a model's routing statistics is one SpecterError naming what is wrong."""
@@ -253,3 +261,32 @@ def test_a_cards_locality_checks_set_each_published_figure_beside_the_models_own
     assert deepseek[16]["model"] == 0.5 and deepseek[16]["published_mean"] == 0.5094 and deepseek[32]["model"] is None
     assert {c["role"] for c in deepseek.values()} == {"compared"}
     assert locality_checks(routing, "phi-3.5-moe") == []
+
+
+@pytest.mark.parametrize("source, edit, message", [
+    ("mixtral", lambda r: r.update(repeat_first_choice=[1.5] * len(r["layers"])), "outside [0, 1]"),
+    ("olmoe", lambda r: None, "and the checkpoint routes top-2 of 8 over"),
+], ids=["share_past_one", "another_models_statistics"])
+def test_a_vouched_cards_statistics_are_checked_before_they_are_written(source, edit, message, tiny_dirs, tmp_path,
+                                                                        capsys):
+    """A card whose weights' hash vouches for it but whose routing statistics no routing gives, or that the checkpoint
+    contradicts (another model's: its experts, top-k, MoE layers), is refused by `routing-stats` in one line, and
+    nothing is written."""
+    import json
+    import shutil
+
+    from specter.cli import main
+    from specter.models.integrity import model_hash
+
+    out = tmp_path / "stats.json"
+    assert main(["routing-stats", "--model", tiny_dirs[source], "--out", str(out), "--threads", "1"]) == 0
+    routing = json.loads(out.read_text())["routing"]
+    edit(routing)
+    carded = tmp_path / "carded"
+    shutil.copytree(tiny_dirs["mixtral"], carded)
+    (carded / "model_card.json").write_text(json.dumps({"name": "carded", "stands_in_for": "mixtral-8x7b",
+                                                        "routing": routing, "weights_sha256": model_hash(carded)}))
+    capsys.readouterr()
+    assert main(["routing-stats", "--model", str(carded), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not (tmp_path / "c.json").exists(), err

@@ -133,6 +133,7 @@ def model_routing(model_dir) -> dict:
     import json
     from pathlib import Path
 
+    from specter.errors import SpecterError
     from specter.models.integrity import CARD, check_card
 
     model_dir = Path(model_dir)
@@ -143,8 +144,11 @@ def model_routing(model_dir) -> dict:
     routing = card.get("routing") if isinstance(card, dict) else None
     vouched = isinstance(card, dict) and card.get("weights_sha256") is not None  # `check_card` held the files to it
     if vouched and isinstance(routing, dict) and all(m in routing for m in MEASURES):
-        return {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
-                "measured_from": "model card", "routing": routing}
+        stats = {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
+                 "measured_from": "model card", "routing": routing}
+        if (problem := _card_problem(model_dir, stats)) is not None:
+            raise SpecterError(f"{model_dir / CARD}: its routing statistics hold {problem}; build the model again")
+        return stats
     from specter.models.dense import token_windows
     from specter.models.loading import load_moe_model, load_tokenizer
 
@@ -156,6 +160,24 @@ def model_routing(model_dir) -> dict:
     text = f"{len(ids)} held-out windows of {length} tokens (half prose, half code), teacher-forced"
     return {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
             "measured_from": "the checkpoint", "routing": {"text": text, **routing_statistics(moe, ids)}}
+
+
+def _card_problem(model_dir, stats: dict) -> str | None:
+    """What in a model card's routing statistics no routing gives, or the checkpoint contradicts (its experts, top-k
+    and MoE layers), or None."""
+    from specter.models.loading import describe_model
+
+    try:
+        problem = impossible(stats)
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as err:
+        return f"a measure of another type or shape than a build writes ({type(err).__name__})"
+    if problem:
+        return problem
+    r, shape = stats["routing"], describe_model(model_dir)
+    if (r["experts"], r["top_k"], len(r["layers"])) != (shape.experts_per_layer, shape.top_k, len(shape.moe_layers)):
+        return (f"top-{r['top_k']} of {r['experts']} experts over {len(r['layers'])} layers, and the checkpoint routes "
+                f"top-{shape.top_k} of {shape.experts_per_layer} over {len(shape.moe_layers)} MoE layers")
+    return None
 
 
 def statistic_of(routing: dict, row: dict) -> float | None:
@@ -192,3 +214,81 @@ def locality_checks(routing: dict, stands_in_for: str, matched: dict | None = No
                     "role": "compared" if not matched else "matched" if all(
                         matched.get(k) == row.get(k) for k in matched) else "held out"})
     return out
+
+
+def _share(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+
+
+def impossible(stats: dict) -> str | None:
+    """What in a model's routing statistics (`{"model", "routing"}`, as `model_routing` returns them) no top-k router
+    gives, or None (the measures as the module docstring defines them)."""
+    r = stats["routing"]
+    if not isinstance(stats.get("model"), str) or not stats["model"]:
+        return f"model is {stats.get('model')!r:.60}, not a name"
+    experts, k, n = r["experts"], r["top_k"], len(r["layers"])
+    if not (type(experts) is int and type(k) is int and 1 <= k <= experts and n >= 1):
+        return f"experts {experts!r:.20} and top_k {k!r:.20} over {n} layers"
+    if not (all(type(v) is int and v >= 0 for v in r["layers"]) and r["layers"] == sorted(set(r["layers"]))):
+        at = next((i for i, (a, b) in enumerate(zip(r["layers"], r["layers"][1:]), 1)
+                   if not (type(a) is type(b) is int and 0 <= a < b)), 0)
+        return f"layers that are not distinct layer numbers in order (entry {at} is {r['layers'][at]!r:.20})"
+    if not isinstance(r.get("text", ""), str) or not r.get("text", "").isprintable():
+        return "a text that is not one line of printable characters"
+    random = {"repeat_first_choice": 1 / experts,
+              "repeat_any_choice": 1 - math.comb(experts - k, k) / math.comb(experts, k)}
+    if set(r["random_routing"]) != set(random) or not all(
+            math.isclose(r["random_routing"][m], v, rel_tol=1e-9) for m, v in random.items()):
+        return f"random_routing that is not uniform routing's over its {experts} experts, top-{k}"
+    repeats = ("repeat_first_choice", "repeat_any_choice")
+    for name in (*repeats, "routing_entropy_share", "load_balance_max_over_mean", "reuse_distance_mean"):
+        if not isinstance(r[name], list) or len(r[name]) != n:
+            return f"{name} holds {len(r[name]) if isinstance(r[name], list) else 'no list of'} values for {n} layers"
+    if not all(_share(v) for name in (*repeats, "routing_entropy_share") for v in r[name]):
+        return "a repeat rate or entropy share outside [0, 1]"
+    if any(first > shared + 1e-12 for first, shared in zip(r["repeat_first_choice"], r["repeat_any_choice"])):
+        return "a first-choice repeat rate above the any-expert one (a kept first choice is an expert in common)"
+    # each token routes to k distinct experts: an expert's share of the routed slots is at most 1/k, so the busiest
+    # expert's load over the mean is at most E/k, and the entropy at least that of the busiest share, log2(E / load)
+    if not all(isinstance(v, (int, float)) and 1 - 1e-9 <= v <= experts / k + 1e-9
+               for v in r["load_balance_max_over_mean"]):
+        return f"a busiest expert's load over the mean outside 1 to {experts / k:g} (E / k: {experts} experts, top-{k})"
+    if experts > 1 and any(share < math.log2(experts / load) / math.log2(experts) - 1e-9
+                           for share, load in zip(r["routing_entropy_share"], r["load_balance_max_over_mean"])):
+        return "a routing entropy below what its busiest expert's load allows (log2(E / load) over log2 E)"
+    if not all(v is None or (isinstance(v, (int, float)) and 0 <= v <= experts - 1) for v in r["reuse_distance_mean"]):
+        return f"a mean reuse distance outside 0 to {experts - 1}"
+    for name in ("set_change_rate", "token_to_token_reuse"):  # not in the table, but a share where given
+        if name in r and not (isinstance(r[name], list) and len(r[name]) == n and all(map(_share, r[name]))):
+            return f"{name} is not a share in [0, 1] for each of {n} layers"
+    if "token_to_token_reuse" in r and any(  # a pair sharing an expert reuses at least 1 of the token's k
+            not (anyone / k - 1e-9 <= reuse <= anyone + 1e-9)
+            for reuse, anyone in zip(r["token_to_token_reuse"], r["repeat_any_choice"])):
+        return (f"token_to_token_reuse outside repeat_any_choice / {k} to repeat_any_choice (a token sharing an expert "
+                "with the one before reuses at least one of its k)")
+    if "routing_entropy_bits" in r:  # the share is the bits over log2 E, each at most log2 E
+        bits = r["routing_entropy_bits"]
+        if not (isinstance(bits, list) and len(bits) == n and all(
+                isinstance(b, (int, float)) and math.isclose(s * math.log2(experts), b, rel_tol=1e-9, abs_tol=1e-12)
+                for b, s in zip(bits, r["routing_entropy_share"]))):
+            return (f"routing_entropy_share is not routing_entropy_bits over log2 of its {experts} experts (each "
+                    "layer's bits at most that)")
+    for name in ("lru_hit_rate", "lfu_hit_rate"):
+        per_layer, means = r[name], r[f"{name}_mean"]
+        if set(per_layer) != set(means) or not all(str(s).isdigit() and 1 <= int(s) < experts for s in per_layer):
+            return f"{name} at slot counts {sorted(per_layer)[:8]} (each from 1 to {experts - 1}, per layer and mean)"
+        for slots, values in per_layer.items():
+            if len(values) != n or not all(_share(v) for v in values):
+                return f"{name} at {slots} slots is not a share in [0, 1] for each of {n} layers"
+            if int(slots) < k and any(v > int(slots) / k + 1e-9 for v in values):  # a token's k cannot all be held
+                return f"{name} at {slots} slots above {int(slots)}/{k} (a token needs {k} experts, {slots} held)"
+            if not math.isclose(means[slots], sum(values) / n, rel_tol=1e-9, abs_tol=1e-12):
+                return f"{name}_mean at {slots} slots is {means[slots]!r}, not its layers' mean {sum(values) / n!r}"
+    # LRU and LFU (counts over the whole sequence, ties to the least recent) are stack algorithms: the experts a
+    # cache of S slots holds are among those one of S + 1 holds, so more slots never hit less
+    for name, policy in (("lru_hit_rate", "LRU"), ("lfu_hit_rate", "LFU")):
+        ordered = sorted(r[name], key=int)
+        for a, b in zip(ordered, ordered[1:]):
+            if any(y < x - 1e-12 for x, y in zip(r[name][a], r[name][b])):
+                return f"an {policy} hit rate that falls from {a} to {b} slots (more {policy} slots never hit less)"
+    return None

@@ -43,77 +43,15 @@ def _statistics(path: Path) -> dict:
     if missing:
         raise SpecterError(f"{path} lacks the routing measures {', '.join(missing)}; write it again with `specter "
                            "routing-stats` (a model card of an older build: build the model again)")
+    from specter.models.routing_stats import impossible
+
     try:
-        problem = _impossible(stats)
+        problem = impossible(stats)
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as err:
         problem = f"a measure of another type or shape than `specter routing-stats` writes ({type(err).__name__})"
     if problem:
         raise SpecterError(f"{path}: {problem}, which no routing gives; write it again with `specter routing-stats`")
     return stats
-
-
-def _share(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
-
-
-def _impossible(stats: dict) -> str | None:
-    """What in a model's routing statistics no routing gives, or None (their measures as the module docstring and
-    `specter.models.routing_stats` define them)."""
-    r = stats["routing"]
-    if not isinstance(stats.get("model"), str) or not stats["model"]:
-        return f"model is {stats.get('model')!r:.60}, not a name"
-    experts, k, n = r["experts"], r["top_k"], len(r["layers"])
-    if not (type(experts) is int and type(k) is int and 1 <= k <= experts and n >= 1):
-        return f"experts {experts!r:.20} and top_k {k!r:.20} over {n} layers"
-    if not (all(type(v) is int and v >= 0 for v in r["layers"]) and r["layers"] == sorted(set(r["layers"]))):
-        at = next((i for i, (a, b) in enumerate(zip(r["layers"], r["layers"][1:]), 1)
-                   if not (type(a) is type(b) is int and 0 <= a < b)), 0)
-        return f"layers that are not distinct layer numbers in order (entry {at} is {r['layers'][at]!r:.20})"
-    if not isinstance(r.get("text", ""), str) or not r.get("text", "").isprintable():
-        return "a text that is not one line of printable characters"
-    random = {"repeat_first_choice": 1 / experts,
-              "repeat_any_choice": 1 - math.comb(experts - k, k) / math.comb(experts, k)}
-    if set(r["random_routing"]) != set(random) or not all(
-            math.isclose(r["random_routing"][m], v, rel_tol=1e-9) for m, v in random.items()):
-        return f"random_routing that is not uniform routing's over its {experts} experts, top-{k}"
-    for name in (*AT_DEPTH, "routing_entropy_share", "load_balance_max_over_mean", "reuse_distance_mean"):
-        if not isinstance(r[name], list) or len(r[name]) != n:
-            return f"{name} holds {len(r[name]) if isinstance(r[name], list) else 'no list of'} values for {n} layers"
-    if not all(_share(v) for name in (*AT_DEPTH, "routing_entropy_share") for v in r[name]):
-        return "a repeat rate or entropy share outside [0, 1]"
-    if any(first > shared + 1e-12 for first, shared in zip(r["repeat_first_choice"], r["repeat_any_choice"])):
-        return "a first-choice repeat rate above the any-expert one (a kept first choice is an expert in common)"
-    if not all(isinstance(v, (int, float)) and 1 - 1e-9 <= v <= experts for v in r["load_balance_max_over_mean"]):
-        return f"a busiest expert's load over the mean outside 1 to {experts}"
-    if not all(v is None or (isinstance(v, (int, float)) and 0 <= v <= experts - 1) for v in r["reuse_distance_mean"]):
-        return f"a mean reuse distance outside 0 to {experts - 1}"
-    for name in ("set_change_rate", "token_to_token_reuse"):  # not in the table, but a share where given
-        if name in r and not (isinstance(r[name], list) and len(r[name]) == n and all(map(_share, r[name]))):
-            return f"{name} is not a share in [0, 1] for each of {n} layers"
-    if "routing_entropy_bits" in r:  # the share is the bits over log2 E, each at most log2 E
-        bits = r["routing_entropy_bits"]
-        if not (isinstance(bits, list) and len(bits) == n and all(
-                isinstance(b, (int, float)) and math.isclose(s * math.log2(experts), b, rel_tol=1e-9, abs_tol=1e-12)
-                for b, s in zip(bits, r["routing_entropy_share"]))):
-            return (f"routing_entropy_share is not routing_entropy_bits over log2 of its {experts} experts (each "
-                    "layer's bits at most that)")
-    for name in ("lru_hit_rate", "lfu_hit_rate"):
-        per_layer, means = r[name], r[f"{name}_mean"]
-        if set(per_layer) != set(means) or not all(str(s).isdigit() and 1 <= int(s) < experts for s in per_layer):
-            return f"{name} at slot counts {sorted(per_layer)[:8]} (each from 1 to {experts - 1}, per layer and mean)"
-        for slots, values in per_layer.items():
-            if len(values) != n or not all(_share(v) for v in values):
-                return f"{name} at {slots} slots is not a share in [0, 1] for each of {n} layers"
-            if not math.isclose(means[slots], sum(values) / n, rel_tol=1e-9, abs_tol=1e-12):
-                return f"{name}_mean at {slots} slots is {means[slots]!r}, not its layers' mean {sum(values) / n!r}"
-    # LRU and LFU (counts over the whole sequence, ties to the least recent) are stack algorithms: the experts a
-    # cache of S slots holds are among those one of S + 1 holds, so more slots never hit less
-    for name, policy in (("lru_hit_rate", "LRU"), ("lfu_hit_rate", "LFU")):
-        ordered = sorted(r[name], key=int)
-        for a, b in zip(ordered, ordered[1:]):
-            if any(y < x - 1e-12 for x, y in zip(r[name][a], r[name][b])):
-                return f"an {policy} hit rate that falls from {a} to {b} slots (more {policy} slots never hit less)"
-    return None
 
 
 def routing_locality_table(paths: list[str | Path]) -> pd.DataFrame:

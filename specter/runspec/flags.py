@@ -29,6 +29,22 @@ def split_list(text: str | None, kind: Callable[[str], Any], flag: str) -> list 
     return values
 
 
+def same_value(values: list) -> tuple | None:
+    """The first two of `values` that name one value (equal as numbers where both read as one: 0 and 0.0), or None;
+    a system option given both ways would run twice and its rows merge."""
+    seen: dict = {}
+    for value in values:
+        text = str(value).strip().lower() if isinstance(value, bool) else str(value).strip()
+        try:
+            key = float(text)
+        except ValueError:
+            key = text
+        if key in seen:
+            return seen[key], value
+        seen[key] = value
+    return None
+
+
 def key_values(items: list[str] | None, flag: str = "--system-option") -> list[tuple[str, str]]:
     """`--system-option NAME=VALUE` (or another flag's) items as (name, value) pairs."""
     out = []
@@ -125,6 +141,10 @@ def sweep_from_args(args: argparse.Namespace, systems: list[str], out: str = "")
                       for v in split_list(getattr(args, name), lambda t, kind=kind: budget_value(kind, t),
                                           Budget.FLAGS[kind])]
     options = {key: split_list(value, str, f"--system-option {key}") for key, value in key_values(args.system_option)}
+    for key, values in options.items():
+        if (twice := same_value(values)) is not None:
+            raise SpecterError(f"--system-option {key}={','.join(values)}: {twice[0]!r} and {twice[1]!r} are one "
+                               "value; give each value once")
     axes = {name: axes[name] for name in SWEEP_AXES if name in axes}
     base = RunSpec(system=systems[0], out=out, memo=tuple(args.memo or ()),
                    **{**single, **{n: v[0] for n, v in axes.items() if n != "system"}})
