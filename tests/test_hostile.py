@@ -1811,40 +1811,34 @@ def test_a_damaged_file_hash_entry_is_computed_again(entry, tmp_path, monkeypatc
     assert kept.read_text().split()[:2] == [first, kept.name]
 
 
-def test_a_file_hash_entry_copied_from_another_models_is_computed_again(tmp_path, monkeypatch):
-    """The entry of one model's files replaced by another's (a whole, well-formed entry, moved, not forged): the
-    entry names the key it was filed under, so the copy is computed again and the model keeps its own hash."""
-    from specter.models.integrity import model_hash
-
-    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
-    hashes = {}
-    for name in ("one", "two"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps({"name": name}))
-        hashes[name] = model_hash(tmp_path / name)
-    entries = {p.read_text().split()[0]: p for p in (tmp_path / "cache" / "file-hashes").rglob("*") if p.is_file()}
+def _copy_entry(entries: dict, hashes: dict) -> None:
     entries[hashes["one"]].write_bytes(entries[hashes["two"]].read_bytes())
-    assert model_hash(tmp_path / "one") == hashes["one"] != hashes["two"]
 
 
-def test_a_file_hash_entry_given_another_models_digest_under_its_own_key_is_computed_again(tmp_path, monkeypatch):
-    """One model's entry with its digest alone rewritten to another model's (its key kept): the tag over digest, key
-    and a sample of the files no longer matches, so the hash is computed again and a disk tier of the other model is
-    never taken for this one's."""
-    from specter.models.integrity import model_hash
-
-    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
-    hashes = {}
-    for name in ("one", "two"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps({"name": name}))
-        hashes[name] = model_hash(tmp_path / name)
-    entries = {p.read_text().split()[0]: p for p in (tmp_path / "cache" / "file-hashes").rglob("*") if p.is_file()}
+def _rewrite_digest(entries: dict, hashes: dict) -> None:
     kept = entries[hashes["one"]]
     _, key, tag = kept.read_text().split()
     kept.write_text(f"{hashes['two']} {key} {tag}\n")
-    assert model_hash(tmp_path / "one") == hashes["one"]
-    assert kept.read_text().split()[0] == hashes["one"]
+
+
+@pytest.mark.parametrize("damage", [_copy_entry, _rewrite_digest], ids=["entry_copied", "digest_rewritten"])
+def test_a_file_hash_entry_of_another_models_is_computed_again(damage, tmp_path, monkeypatch):
+    """One model's entry replaced by another's (a whole, well-formed entry, moved, not forged: it names the key it was
+    filed under), or its digest alone rewritten to another model's (its key kept: the tag over digest, key and a
+    sample of the files no longer matches): the hash is computed again, the model keeps its own, and a disk tier of
+    the other model is never taken for this one's."""
+    from specter.models.integrity import model_hash
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", str(tmp_path / "cache"))
+    hashes = {}
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"name": name}))
+        hashes[name] = model_hash(tmp_path / name)
+    entries = {p.read_text().split()[0]: p for p in (tmp_path / "cache" / "file-hashes").rglob("*") if p.is_file()}
+    damage(entries, hashes)
+    assert model_hash(tmp_path / "one") == hashes["one"] != hashes["two"]
+    assert entries[hashes["one"]].read_text().split()[0] == hashes["one"]
 
 
 # --- the workflow's config check, complete before any job ---
