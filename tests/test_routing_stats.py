@@ -263,15 +263,17 @@ def test_a_cards_locality_checks_set_each_published_figure_beside_the_models_own
     assert locality_checks(routing, "phi-3.5-moe") == []
 
 
-@pytest.mark.parametrize("source, edit, message", [
-    ("mixtral", lambda r: r.update(repeat_first_choice=[1.5] * len(r["layers"])), "outside [0, 1]"),
-    ("olmoe", lambda r: None, "and the checkpoint routes top-2 of 8 over"),
-], ids=["share_past_one", "another_models_statistics"])
-def test_a_vouched_cards_statistics_are_checked_before_they_are_written(source, edit, message, tiny_dirs, tmp_path,
-                                                                        capsys):
-    """A card whose weights' hash vouches for it but whose routing statistics no routing gives, or that the checkpoint
-    contradicts (another model's: its experts, top-k, MoE layers), is refused by `routing-stats` in one line, and
-    nothing is written."""
+@pytest.mark.parametrize("source, edit, card, message", [
+    ("mixtral", lambda r: r.update(repeat_first_choice=[1.5] * len(r["layers"])), {}, "outside [0, 1]"),
+    ("olmoe", lambda r: None, {}, "and the checkpoint routes top-2 of 8 over"),
+    ("mixtral", lambda r: None, {"name": "smollm2-moe", "stands_in_for": "deepseek-v2-lite"},
+     "stands_in_for 'deepseek-v2-lite', and smollm2-moe stands in for 'mixtral-8x7b'"),
+], ids=["share_past_one", "another_models_statistics", "a_proxy_standing_in_for_another_model"])
+def test_a_vouched_cards_statistics_are_checked_before_they_are_written(source, edit, card, message, tiny_dirs,
+                                                                        tmp_path, capsys):
+    """A card whose weights' hash vouches for it but whose routing statistics no routing gives, that the checkpoint
+    contradicts (another model's: its experts, top-k, MoE layers), or that names a proxy standing in for another model
+    than that proxy's, is refused by `routing-stats` in one line, and nothing is written."""
     import json
     import shutil
 
@@ -284,7 +286,7 @@ def test_a_vouched_cards_statistics_are_checked_before_they_are_written(source, 
     edit(routing)
     carded = tmp_path / "carded"
     shutil.copytree(tiny_dirs["mixtral"], carded)
-    (carded / "model_card.json").write_text(json.dumps({"name": "carded", "stands_in_for": "mixtral-8x7b",
+    (carded / "model_card.json").write_text(json.dumps({"name": "carded", "stands_in_for": "mixtral-8x7b", **card,
                                                         "routing": routing, "weights_sha256": model_hash(carded)}))
     capsys.readouterr()
     assert main(["routing-stats", "--model", str(carded), "--out", str(tmp_path / "c.json")]) == 2

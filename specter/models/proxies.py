@@ -9,8 +9,8 @@ run priced at that architecture's shapes (`--cost-as`) takes its routes from a m
 | smollm2-moe-16x2  | 16 routed, top-2, shared 512      | Phi-3.5-MoE (16, top-2)   |
 | smollm2-moe-64x6  | 64 routed, top-6, shared 512      | DeepSeek-V2-Lite (64, top-6, 2 shared) |
 | smollm2-moe-60x4  | 60 routed, top-4, shared 576      | Qwen1.5-MoE-A2.7B (60, top-4, 1 shared) |
-| smollm2-moe-matched      | as smollm2-moe, `locality` set (`MATCHED`)      | Mixtral-8x7B       |
-| smollm2-moe-64x6-matched | as smollm2-moe-64x6, `locality` set (`MATCHED`) | DeepSeek-V2-Lite   |
+| smollm2-moe-matched      | as smollm2-moe, `locality` set (`proxy_table.MATCHED`)      | Mixtral-8x7B       |
+| smollm2-moe-64x6-matched | as smollm2-moe-64x6, `locality` set (`proxy_table.MATCHED`) | DeepSeek-V2-Lite   |
 
 A matched proxy's router locality (`MoefyConfig.locality`) is set so that one published routing statistic of the
 model it stands in for is met on the card's held-out text (`specter/presets/routing/published.yaml`); every other
@@ -35,26 +35,8 @@ from pathlib import Path
 from specter.errors import SpecterError
 from specter.models.dense import GGUF_FILE
 from specter.models.moefy import MoefyConfig
+from specter.models.proxy_table import MATCHED, PROXIES
 from specter.progress import phase, steps
-
-#: name -> (experts, top-k, shared neurons, the architecture it stands in for)
-PROXIES: dict[str, tuple[int, int, int, str]] = {
-    "smollm2-moe": (8, 2, 512, "mixtral-8x7b"),
-    "smollm2-moe-16x2": (16, 2, 512, "phi-3.5-moe"),
-    "smollm2-moe-64x6": (64, 6, 512, "deepseek-v2-lite"),
-    "smollm2-moe-60x4": (60, 4, 576, "qwen1.5-moe-a2.7b"),
-    "smollm2-moe-matched": (8, 2, 512, "mixtral-8x7b"),
-    "smollm2-moe-64x6-matched": (64, 6, 512, "deepseek-v2-lite"),
-}
-#: matched proxy -> (the proxy it is, its `locality`, the one published statistic the setting was chosen from: a
-#: selector of rows in `specter/presets/routing/published.yaml`, whose mean over texts it meets). Each setting was
-#: found by bisection over builds, each measured on the card's held-out text (docs/regime.md gives the search).
-MATCHED: dict[str, tuple[str, float, dict]] = {
-    "smollm2-moe-matched": ("smollm2-moe", -0.55, {"source": "mixtral-table5",
-                                             "statistic": "repeat_first_choice", "depth": "middle"}),
-    "smollm2-moe-64x6-matched": ("smollm2-moe-64x6", 0.35, {"source": "specter-table3",
-                                                  "statistic": "lru_hit_rate", "slots": 16}),
-}
 
 
 def proxy_config(name: str, seed: int = 0, overrides: dict[str, str] | None = None) -> MoefyConfig:

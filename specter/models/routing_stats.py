@@ -146,7 +146,7 @@ def model_routing(model_dir) -> dict:
     if vouched and isinstance(routing, dict) and all(m in routing for m in MEASURES):
         stats = {"model": model_dir.name, "stands_in_for": str(card.get("stands_in_for") or ""),
                  "measured_from": "model card", "routing": routing}
-        if (problem := _card_problem(model_dir, stats)) is not None:
+        if (problem := _card_problem(model_dir, stats, card.get("name"))) is not None:
             raise SpecterError(f"{model_dir / CARD}: its routing statistics hold {problem}; build the model again")
         return stats
     from specter.models.dense import token_windows
@@ -162,10 +162,11 @@ def model_routing(model_dir) -> dict:
             "measured_from": "the checkpoint", "routing": {"text": text, **routing_statistics(moe, ids)}}
 
 
-def _card_problem(model_dir, stats: dict) -> str | None:
+def _card_problem(model_dir, stats: dict, name) -> str | None:
     """What in a model card's routing statistics no routing gives, or the checkpoint contradicts (its experts, top-k
-    and MoE layers), or None."""
+    and MoE layers), or a proxy's card names another model than the one it stands in for; or None."""
     from specter.models.loading import describe_model
+    from specter.models.proxy_table import PROXIES
 
     try:
         problem = impossible(stats)
@@ -177,6 +178,8 @@ def _card_problem(model_dir, stats: dict) -> str | None:
     if (r["experts"], r["top_k"], len(r["layers"])) != (shape.experts_per_layer, shape.top_k, len(shape.moe_layers)):
         return (f"top-{r['top_k']} of {r['experts']} experts over {len(r['layers'])} layers, and the checkpoint routes "
                 f"top-{shape.top_k} of {shape.experts_per_layer} over {len(shape.moe_layers)} MoE layers")
+    if name in PROXIES and stats["stands_in_for"] != PROXIES[name][3]:  # a figure would set it beside another model
+        return f"stands_in_for {stats['stands_in_for']!r}, and {name} stands in for {PROXIES[name][3]!r}"
     return None
 
 
