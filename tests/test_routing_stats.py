@@ -137,6 +137,7 @@ def _edited(stats: dict, edit) -> dict:
     (lambda r, s: r.update(layers=r["layers"][:1]), "values for 1 layers"),
     (lambda r, s: r["random_routing"].update(repeat_first_choice=0.9), "random_routing that is not uniform routing's"),
     (lambda r, s: s.update(model=["a"]), "model is ['a'], not a name"),
+    (lambda r, s: s.update(model="tiny|x"), "model is 'tiny|x', not a name (printable, without '|'"),
     (lambda r, s: r.update(experts="8"), "experts '8'"),
     (lambda r, s: r.update(experts=4), "random_routing that is not uniform routing's over its 4 experts"),
     (lambda r, s: r.update(routing_entropy_share=[min(1.0, v + 1e-3) for v in r["routing_entropy_share"]]),
@@ -154,7 +155,7 @@ def _edited(stats: dict, edit) -> dict:
     (lambda r, s: r.update(text="two\u2028lines"), "a text that is not one line of printable characters"),
 ], ids=["hit_rate_above_one", "repeat_above_one", "first_above_any", "entropy_above_one", "load_below_one",
         "slots_negative", "lru_not_monotone", "lfu_not_monotone", "mean_not_the_layers", "layers_short",
-        "random_baseline_wrong", "model_not_a_name", "experts_not_a_count", "experts_changed",
+        "random_baseline_wrong", "model_not_a_name", "model_with_a_bar", "experts_not_a_count", "experts_changed",
         "entropy_share_not_its_bits", "entropy_below_the_busiest_load", "load_past_e_over_k", "lru_past_slots_over_k",
         "reuse_below_any_over_k", "entropy_bits_past_log2", "layers_repeated", "set_change_above_one",
         "text_two_lines", "text_line_separator"])
@@ -210,6 +211,17 @@ def test_a_locality_setting_out_of_range_is_refused_naming_it(value):
 
     with pytest.raises(SpecterError, match=r"--set locality=.*must be a number from -50.0 to 50.0"):
         proxy_config("smollm2-moe", overrides={"locality": value})
+
+
+@pytest.mark.parametrize("key, value, what", [("locality", "1_0", "number"), ("locality", "\uff11", "number"),
+                                              ("distill_steps", "3_0", "whole number")])
+def test_a_build_setting_is_read_in_ascii_digits_only(key, value, what):
+    """Python's number parsers take `1_0` and other scripts' digits; a build setting names its value as typed."""
+    from specter.errors import SpecterError
+    from specter.models.proxies import proxy_config
+
+    with pytest.raises(SpecterError, match=re.escape(f"--set {key}={value!r}: not a {what} (in ASCII digits)")):
+        proxy_config("smollm2-moe", overrides={key: value})
 
 
 def test_a_matched_proxy_is_its_proxy_with_the_locality_its_statistic_chose():

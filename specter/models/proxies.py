@@ -28,6 +28,7 @@ the numerics it ran with) and the routing statistics of `routing_stats` on held-
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -51,14 +52,16 @@ def proxy_config(name: str, seed: int = 0, overrides: dict[str, str] | None = No
     for key, text in (overrides or {}).items():
         if key not in kinds:
             raise SpecterError(f"--set {key}: not a build setting; settings: {', '.join(kinds)}")
-        parse = {"int": int, "float": float, "bool": _boolean}.get(str(kinds[key]).split(" ")[0], int)
+        parse = {"int": _whole, "float": _number, "bool": _boolean}.get(str(kinds[key]).split(" ")[0], _whole)
         if key == "layers" and text.lower() == "none":
             values[key] = None
             continue
         try:
             values[key] = parse(text)
         except ValueError:
-            raise SpecterError(f"--set {key}={text!r}: not a {kinds[key]}") from None
+            what = {"int": "whole number", "float": "number", "bool": "true or false"}.get(
+                str(kinds[key]).split(" ")[0], str(kinds[key]))
+            raise SpecterError(f"--set {key}={text!r}: not a {what} (in ASCII digits)") from None
     cfg = replace(cfg, **values)
     cfg.check()
     return cfg
@@ -68,6 +71,19 @@ def matched_to(name: str, cfg: MoefyConfig) -> dict | None:
     """The published statistic a build of `name` at `cfg` is matched to: its `MATCHED` entry's, unless the build set
     another locality (`--set locality=`), which is matched to nothing."""
     return MATCHED[name][2] if name in MATCHED and cfg.locality == MATCHED[name][1] else None
+
+
+def _number(text: str) -> float:
+    """A setting's number as written in ASCII digits (Python's `float` also takes `1_0` and other scripts' digits)."""
+    if not re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*[+-]?(inf|nan)\s*", text, re.ASCII | re.I):
+        raise ValueError(text)
+    return float(text)
+
+
+def _whole(text: str) -> int:
+    if not re.fullmatch(r"\s*[+-]?\d+\s*", text, re.ASCII):
+        raise ValueError(text)
+    return int(text)
 
 
 def _boolean(text: str) -> bool:

@@ -227,8 +227,9 @@ def impossible(stats: dict) -> str | None:
     """What in a model's routing statistics (`{"model", "routing"}`, as `model_routing` returns them) no top-k router
     gives, or None (the measures as the module docstring defines them)."""
     r = stats["routing"]
-    if not isinstance(stats.get("model"), str) or not stats["model"]:
-        return f"model is {stats.get('model')!r:.60}, not a name"
+    name = stats.get("model")
+    if not isinstance(name, str) or not name or not name.isprintable() or "|" in name:
+        return f"model is {name!r:.60}, not a name (printable, without '|', which tables print)"
     experts, k, n = r["experts"], r["top_k"], len(r["layers"])
     if not (type(experts) is int and type(k) is int and 1 <= k <= experts and n >= 1):
         return f"experts {experts!r:.20} and top_k {k!r:.20} over {n} layers"
