@@ -115,8 +115,7 @@ def plot_routing_locality(figure, table: pd.DataFrame, out, timing: str) -> None
 
     depths = ["first", "middle", "last"]
     models = sorted(table.loc[table["read_in"].eq("computed"), "model"].unique())
-    # a published figure is drawn beside the models standing in for its model only: another model's experts and
-    # slots are not on the same axis (the table keeps every published row)
+    # another model's experts and slots are not on the same axis (the table keeps every published row)
     stood_in = set(table.loc[table["read_in"].eq("computed"), "stands_in_for"])
     table = table[table["read_in"].eq("computed") | table["model"].isin(stood_in)]
     colours = dict(zip(models, sns.color_palette("colorblind", max(1, len(models)))))
