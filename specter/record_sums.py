@@ -89,9 +89,11 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
                     f"in whole experts of {each} (config.expert_storage)")
         prefill = (record.get("extra") or {}).get("h2d_bytes_prefill")
         for name, value in (("h2d_bytes_prefetch", record.get("h2d_bytes_prefetch")),
-                            ("extra.h2d_bytes_prefill", prefill)):
+                            ("extra.h2d_bytes_prefill", prefill),
+                            ("extra.d2h_bytes_writeback", (record.get("extra") or {}).get("d2h_bytes_writeback"))):
             if isinstance(each, int) and each > 0 and isinstance(value, int) and value % each:
-                return f"{name} is {value}, and a prefetch or a prefill copies whole experts of {each} bytes"
+                return (f"{name} is {value}, and a prefetch, a prefill or a write-back copies whole experts of "
+                        f"{each} bytes")
         if isinstance(prefill, int) and isinstance(record.get("h2d_bytes_prefetch"), int) and \
                 prefill > copied + record["h2d_bytes_prefetch"]:
             return f"extra.h2d_bytes_prefill is {prefill}, more than the run's demand and prefetch bytes together"

@@ -187,6 +187,10 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
         if problem is not None:
             raise SpecterError(f"{path}:{number}: {problem}; no run writes that: the file is damaged or was edited, "
                                "run the rule that writes it again")
+        if strict and out and record.get("versions") != out[0].get("versions"):
+            raise SpecterError(f"{path}:{number}: versions {record.get('versions')!r}, and the file's first record's "
+                               f"{out[0].get('versions')!r}: one run file is written by one run of one version; the "
+                               "file was joined or edited, run the rule that writes it again")
         out.append(record)
     return out
 

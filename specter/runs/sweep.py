@@ -81,6 +81,7 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
 
     session = session or Session()
     resolved = [resolve(spec, session.structures) for spec in specs]
+    _one_run_a_profile(resolved)
     recorders = []  # every system's extra numerics, computed with each trace's first decode
     for r in resolved:
         recorders += [each for each in r.system.trace_recorders if each not in recorders]
@@ -106,6 +107,20 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
     if out is not None:
         write_records(records, out)
     return records
+
+
+def _one_run_a_profile(resolved: list) -> None:
+    """Two specs alike but for `--hardware`'s text, naming one profile (a preset by its name and by its file), would
+    run twice and write one profile's records twice: refused before anything runs."""
+    from specter.timing.hardware import profile_digest
+
+    seen: dict = {}
+    for r in resolved:
+        key = (replace(r.spec, hardware=""), profile_digest(r.profile.to_yaml_dict()))
+        if key in seen and seen[key] != r.spec.hardware:
+            raise SpecterError(f"--hardware {seen[key]} and {r.spec.hardware} are one profile "
+                               f"({r.profile.name}, the same numbers); give it once")
+        seen.setdefault(key, r.spec.hardware)
 
 
 def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Session | None = None,
