@@ -45,6 +45,13 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
         parts = sum(memory[k] for k in ("non_expert_bytes", "draft_bytes", "kv_bytes", "workspace_bytes"))
         if memory["resident_bytes"] != parts:
             return f"config.memory.resident_bytes is {memory['resident_bytes']}, and its parts sum to {parts}"
+        storage = config.get("expert_storage") if isinstance(config.get("expert_storage"), dict) else {}
+        layers, each, slots = memory.get("moe_layers"), storage.get("expert_bytes"), memory.get("slots_per_layer")
+        held = slots * layers * each if all(isinstance(v, int) for v in (layers, each, slots)) else None
+        if held is not None and memory["expert_slot_bytes"] != held:
+            return (f"config.memory.expert_slot_bytes is {memory['expert_slot_bytes']}, and its {slots} slots in each "
+                    f"of {layers} MoE layers hold {held} bytes of experts of {each} "
+                    "(config.expert_storage)")
         device = memory.get("device_bytes")
         if isinstance(device, int) and memory.get("fits_device") is not (
                 memory["resident_bytes"] + memory["expert_slot_bytes"] <= device):

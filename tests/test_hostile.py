@@ -149,6 +149,15 @@ def _second_record(**changes):
     return damage
 
 
+def _two_prompts_other_configs(path: Path) -> None:
+    """A damage: the first record as prompt 0 of a 2-prompt run, then as its prompt 1 with another numerics config."""
+    record = json.loads(path.read_text().splitlines()[0])
+    record["config"]["num_prompts"] = 2
+    other = json.loads(json.dumps({**record, "prompt_index": 1}))
+    other["config"]["numerics"] = {**other["config"]["numerics"], "threads": 7}
+    path.write_text(json.dumps(record) + "\n" + json.dumps(other) + "\n")
+
+
 def _table_copy(w: Path, real, damage, checksum: bool = True) -> str:
     """A copy of the real main table (with its checksum file, or without it), damaged by `damage`."""
     out = w / "main.csv"
@@ -656,6 +665,14 @@ CASES = [
     ("build_tiny_set_dtype_unknown", lambda w, r: ["build-model", "tiny-mixtral", "--set", "dtype=int8",
                                                    "--out", "{out}"], "--set dtype='int8'"),
     # --- hardware profiles: every field finite and in range, including the per-size bandwidth points ---
+    ("hardware_boolean_yaml_1_1_only", lambda w, r: _run(r, "--hardware", _write(
+        w, "yes.yaml", yaml.safe_dump(r["preset"]).replace("device:\n", "device:\n  synchronous: yes\n", 1))),
+     "'yes' is a boolean only YAML 1.1 reads; write true or false"),
+    ("hardware_description_a_list", lambda w, r: _run(r, "--hardware", _profile(
+        w, r, lambda d: d.update(description=["a", "b"]))), "description must be text, got ['a', 'b']"),
+    ("hardware_source_empty", lambda w, r: _run(r, "--hardware", _profile(
+        w, r, lambda d: d["sources"].update({"device.memory_gb": " "}))),
+     "sources.device.memory_gb must say where its number comes from"),
     ("hardware_bandwidth_point_nan", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d["link"].update(
         h2d_by_size=[{"bytes": 4096, "pinned_gbps": float("nan"), "pageable_gbps": 5.0}]))), "h2d_by_size"),
     ("hardware_bandwidth_point_not_a_list", lambda w, r: _run(r, "--hardware", _profile(w, r, lambda d: d[
@@ -897,6 +914,12 @@ CASES = [
      "config.pricing is 'upstream' (upstream), and its priced ops are 'fused'"),
     ("aggregate_records_dispatch_not_its_profiles", _aggregate(_config_field("dispatch_us", 5.0)),
      "config.dispatch_us is 5.0, and its profile's dispatch is"),
+    ("aggregate_records_of_one_run_with_two_configs", _aggregate(_two_prompts_other_configs),
+     "differ in config numerics.threads: one run's records share one config"),
+    ("aggregate_records_expert_slots_not_slots_times_layers", lambda w, r: _aggregate(_config_field("memory", {
+        **_first_record(r)["config"]["memory"],
+        "expert_slot_bytes": 2 * _first_record(r)["config"]["memory"]["expert_slot_bytes"]}))(w, r),
+     "slots in each of 2 MoE layers hold"),
     ("aggregate_records_device_bytes_not_its_profiles", lambda w, r: _aggregate(_config_field("memory", {
         **_first_record(r)["config"]["memory"], "device_bytes": 80_000_000_000}))(w, r),
      "config.memory.device_bytes is 80000000000"),

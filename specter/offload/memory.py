@@ -37,6 +37,7 @@ class MemoryPlan:
     budget_kind: str = "slots"
     device_bytes: int | None = None  # the hardware profile's device memory
     fits_device: bool | None = None  # the resident part and the slots fit in it
+    moe_layers: int | None = None  # the MoE layers the slots are kept in (expert_slot_bytes' factor)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +72,8 @@ def plan_memory(work: ModelWork, max_tokens: int, draft_bytes: int, budget_kind:
     resident = work.non_expert_bytes() + draft_bytes + kv + workspace
     per_slot_row = slot_row_bytes(work)
     plan = dict(resident_bytes=resident, non_expert_bytes=work.non_expert_bytes(), draft_bytes=draft_bytes,
-                kv_bytes=kv, workspace_bytes=workspace, budget_kind=budget_kind, device_bytes=device_bytes)
+                kv_bytes=kv, workspace_bytes=workspace, budget_kind=budget_kind, device_bytes=device_bytes,
+                moe_layers=len(work.moe_layers))
     if budget_kind in ("gb", "same_memory"):
         if budget_kind == "gb":
             flag = f"--device-memory-gb {budget_value}"

@@ -62,8 +62,27 @@ def _whole_runs(records: list[dict], where: dict) -> None:
             lacking = sorted(set(range(wanted)) - set(prompts))
             said = (f"lacks prompt(s) {lacking[:5]}" if lacking else
                     f"records its prompts {dict(sorted(prompts.items()))} times")
+            twin = next((other for other in runs if other != key and first[other][0] == path
+                         and json.loads(other)[1:] == json.loads(key)[1:]), None)
+            if twin is not None:  # another run of the same file and system: records whose configs were made to differ
+                differ = _differing(json.loads(key)[0] or {}, json.loads(twin)[0] or {})
+                raise SpecterError(f"record {number} and record {first[twin][1]} of {path} ({json.loads(key)[1]}) "
+                                   f"differ in config {', '.join(differ[:3]) or 'values'}: one run's records share "
+                                   "one config, so the file was edited; run it again")
             raise SpecterError(f"the run of record {number} of {path} ({json.loads(key)[1]}) has {wanted} prompts and "
                                f"{said}: a file cut short or edited; run it again")
+
+
+def _differing(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two configs."""
+    out = []
+    for name in sorted(set(a) | set(b), key=str):
+        x, y = a.get(name), b.get(name)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differing(x, y, f"{prefix}{name}.")
+        elif x != y:
+            out.append(f"{prefix}{name}")
+    return out
 
 
 def _same_model_and_prompts(record: dict, path, number: int, named: dict) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from specter.errors import SpecterError
-from specter.io import plain_numbers
+from specter.timing.profile_yaml import AliasRefused, ProfileLoader
 
 
 def _preset_dir():
@@ -201,40 +201,6 @@ def profile_digest(data: dict) -> str:
     return hashlib.sha256(json.dumps(numbers, sort_keys=True, default=str).encode()).hexdigest()
 
 
-class _AliasRefused(yaml.MarkedYAMLError):
-    """An anchor or alias in a profile."""
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML without anchors and aliases: a profile never needs them, and a few KB of nested aliases expand to
-    gigabytes (a 2.8 KB alias bomb made a 69 MB JSONL)."""
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise _AliasRefused(problem_mark=event.start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):
-        """A mapping, refused where a key appears twice: YAML keeps the last, and a profile that says `memory_gb: 40`
-        and then `memory_gb: 80` ran at 80 under the name it gave."""
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                twice = key in seen
-                seen.add(key)
-            except TypeError:  # an unhashable key: the base class refuses it
-                continue
-            if twice:
-                raise yaml.constructor.ConstructorError(problem=f"the key {key!r:.40} appears twice in one mapping",
-                                                        problem_mark=key_node.start_mark)
-        return super().construct_mapping(node, deep)
-
-
-plain_numbers(_NoAliasLoader)
-
-
 def _parse_profile(data: bytes, origin: str) -> HardwareProfile:
     if len(data) > MAX_PROFILE_BYTES:
         raise SpecterError(f"hardware profile {origin} is larger than {MAX_PROFILE_BYTES} bytes (MAX_PROFILE_BYTES); "
@@ -245,8 +211,8 @@ def _parse_profile(data: bytes, origin: str) -> HardwareProfile:
         raise SpecterError(f"hardware profile {origin} is not UTF-8 text (byte {err.start}); pass a profile YAML") \
             from None
     try:
-        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader, without aliases)
-    except _AliasRefused as err:
+        data = yaml.load(text, Loader=ProfileLoader)  # noqa: S506 (a SafeLoader, without aliases)
+    except AliasRefused as err:
         mark = err.problem_mark
         raise SpecterError(f"hardware profile {origin} uses a YAML anchor or alias (& or *) at line {mark.line + 1}, "
                            f"column {mark.column + 1}; a profile needs none: write the values out") from None
@@ -351,6 +317,15 @@ def profile_from_dict(data: object, origin: str = "<dict>") -> HardwareProfile:
         raise SpecterError(f"hardware profile {origin}: sources must map fields to where their numbers come from, got "
                            f"{sources!r:.80}")
     d, link, host = values["device"], values["link"], values["host"]
+    for where, value in (("description", data.get("description", "")), *(
+            (f"{part}.name", data[part].get("name", "")) for part in ("device", "link", "host"))):
+        if not isinstance(value, str):
+            raise SpecterError(f"hardware profile {origin}: {where} must be text, got {value!r:.60}; quote it or "
+                               "write it on one line")
+    empty = next((str(k) for k, v in sources.items() if not (isinstance(v, str) and v.strip())), None)
+    if empty is not None:
+        raise SpecterError(f"hardware profile {origin}: sources.{empty:.60} must say where its number comes from, "
+                           f"got {sources[empty]!r:.60}; give the source as text, or leave the entry out")
     measured = data.get("measured", False)
     if not isinstance(measured, bool):
         raise SpecterError(f"hardware profile {origin}: measured must be true or false, got {measured!r:.40}")
