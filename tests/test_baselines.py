@@ -13,7 +13,8 @@ from specter.models import load_moe_model
 from specter.quant.quantize import quantize_draft
 from specter.runs import run
 
-BASELINES = ("naive", "hf-offload", "mixtral-offloading", "moe-infinity", "sp-moe", "specmoeoff", "fiddler")
+BASELINES = ("naive", "hf-offload", "mixtral-offloading", "moe-infinity", "sp-moe", "specmoeoff", "fiddler",
+             "llama-cpp-cpu-moe", "ktransformers")
 NEW = 16
 
 
@@ -103,6 +104,48 @@ def test_fiddler_moves_fewer_bytes_than_naive(tiny_dirs, drafts, tmp_path):
     assert _link_bytes(fiddler) < _link_bytes(naive)
 
 
+def test_llama_cpp_cpu_moe_keeps_the_first_blocks_experts_on_the_host(tiny_dirs, drafts, tmp_path):
+    """--n-cpu-moe: the first blocks' experts stay on the host and only activations cross (each token's hidden state
+    and k expert ids out at F32 and I32, its k down projections back at F32); by default as few blocks as leave the
+    others' experts within the budget (4 slots of 8 in 2 layers: one layer); a placement past the budget is refused."""
+    from specter.errors import SpecterError
+
+    (r, *_) = _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path, **MECH)
+    assert r.extra["host_layers"] == [0] and r.h2d_bytes_demand == r.h2d_bytes_prefetch == 0
+    tokens = len(r.prompt_token_ids) + MECH["max_new_tokens"] - 1  # the prefill's and every later pass's
+    assert r.extra["link_bytes_activations"] == tokens * (64 * 4 + 2 * 4 + 2 * 64 * 4)  # hidden 64, top-2
+    (every, *_) = _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path, [("n-cpu-moe", "2")], **MECH)
+    assert every.extra["host_layers"] == [0, 1] and every.hit_rate == 0
+    (none, *_) = _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path,
+                      **{**MECH, "resident_per_layer": 8})
+    assert none.extra["host_layers"] == [] and none.extra["link_bytes_activations"] == 0 and none.hit_rate == 1
+    assert none.output_token_ids == every.output_token_ids == r.output_token_ids
+    with pytest.raises(SpecterError, match="n-cpu-moe=0 leaves 2 MoE layers' experts"):
+        _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path, [("n-cpu-moe", "0")], **MECH)
+    eager = _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path, [("cuda-graphs", "false")],
+                 pricing="upstream", **MECH)
+    graphs = _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path, pricing="upstream", **MECH)
+    assert [e.tpot_ms > g.tpot_ms for e, g in zip(eager, graphs)] == [True] * len(graphs)
+
+
+def test_ktransformers_computes_every_routed_expert_on_the_host(tiny_dirs, drafts, tmp_path):
+    """KTransformers: no routed expert on the device and no weight crosses; each MoE layer of a pass sends each token's
+    hidden state (16-bit), k ids (int64) and k weights (float32) out and the experts' sum (16-bit) back, and each pass
+    copies its tokens' embeddings in; the decode step as one graph overlaps the host's experts with the device's shared
+    experts and costs less than the eager step, which waits at every layer."""
+    (r, *_) = _run(tiny_dirs, drafts, "mixtral", "ktransformers", tmp_path, **MECH)
+    assert r.hit_rate == 0 and r.h2d_bytes_demand == r.h2d_bytes_prefetch == 0
+    tokens = len(r.prompt_token_ids) + MECH["max_new_tokens"] - 1
+    per_layer = 64 * 2 + 2 * (8 + 4) + 64 * 2  # hidden 64, top-2
+    assert r.extra["link_bytes_activations"] == tokens * (2 * per_layer + 64 * 2)  # 2 MoE layers, the embedding
+    for arch in ("deepseek_v3", "mixtral"):
+        graph = _run(tiny_dirs, drafts, arch, "ktransformers", tmp_path, pricing="upstream", **MECH)
+        eager = _run(tiny_dirs, drafts, arch, "ktransformers", tmp_path, [("cuda-graph", "false")],
+                     pricing="upstream", **MECH)
+        assert [g.output_token_ids for g in graph] == [e.output_token_ids for e in eager]
+        assert [g.tpot_ms < e.tpot_ms for g, e in zip(graph, eager)] == [True] * len(graph), arch
+
+
 def test_naive_copies_every_expert_of_every_layer_each_pass(tiny_dirs, drafts, tmp_path):
     (r, *_) = _run(tiny_dirs, drafts, "mixtral", "naive", tmp_path, **MECH)
     passes = MECH["max_new_tokens"]  # the prefill and one pass per further token
@@ -135,7 +178,7 @@ def test_unknown_system_option_is_one_line_exit_2(tiny_dirs, drafts, tmp_path):
 
 def test_breakdown_parts_sum_to_the_decode_time_for_every_system(tiny_dirs, drafts, tmp_path):
     """Every registered system's record splits [first commit, last commit] into the breakdown's parts, which sum to
-    TPOT x (N - 1); a speculative system spends time in draft steps, naive stalls on copies, and only Fiddler can
+    TPOT x (N - 1); a speculative system spends time in draft steps, naive stalls on copies, and only the hybrid systems
     compute on the host."""
     from specter.metrics import BREAKDOWN
     from specter.systems import registry
@@ -150,7 +193,9 @@ def test_breakdown_parts_sum_to_the_decode_time_for_every_system(tiny_dirs, draf
         parts[system] = {p: sum(r.extra["breakdown_ms"][p] for r in records) for p in BREAKDOWN}
     assert parts["specter"]["draft"] > 0 and parts["on-demand"]["draft"] == 0 and parts["resident"]["draft"] == 0
     assert parts["naive"]["stall on copies"] > parts["resident"]["stall on copies"] == 0
-    assert all(parts[s]["host compute"] == 0 for s in parts if s != "fiddler")  # only Fiddler computes on the host
+    hybrid = {"fiddler", "llama-cpp-cpu-moe", "ktransformers"}  # only they compute experts on the host
+    assert all(parts[s]["host compute"] == 0 for s in parts if s not in hybrid)
+    assert all(parts[s]["host compute"] > 0 for s in hybrid)
 
 
 def test_memory_table_charges_a_separate_draft_its_own_weights_and_kv(tiny_dirs, drafts, tmp_path):

@@ -40,6 +40,26 @@ def test_quantized_target_experts_cross_the_link_at_their_hqq_bytes_with_the_sam
     assert hqq.tpot_ms < fp16.tpot_ms
 
 
+def test_gguf_experts_are_read_and_copied_at_their_q4_k_m_bytes(tiny_dirs, free_host):
+    """--expert-bits q4_k_m: a hybrid system's host reads and an offloading system's copies at GGUF Q4_K_M's bytes,
+    the tokens the model's own; the live engine refuses it (it computes the model's own experts)."""
+    import torch
+
+    from specter.models.loading import load_moe_model
+    from specter.offload.work import ModelWork
+    from specter.timing.cost import gguf_expert_bytes
+
+    gguf, = execute(_spec(tiny_dirs, expert_bits="q4_k_m", hardware=free_host), progress=False)
+    fp16, = execute(_spec(tiny_dirs, hardware=free_host), progress=False)
+    work = ModelWork.of(load_moe_model(tiny_dirs[ARCH], dtype=torch.float32))
+    each = gguf_expert_bytes(work.expert_shapes, work.moe_layers, len(work.layers))
+    assert gguf.config["expert_storage"]["expert_bytes"] == each == gguf.h2d_bytes_demand // gguf.demand_misses
+    assert gguf.config["expert_storage"]["format"].startswith("gguf q4_k_m")
+    assert gguf.output_token_ids == fp16.output_token_ids and gguf.tpot_ms < fp16.tpot_ms
+    with pytest.raises(SpecterError, match="--expert-bits q4_k_m prices quantized experts"):
+        execute(_spec(tiny_dirs, expert_bits="q4_k_m", engine="live"), progress=False)
+
+
 def _shapes(tiny_dirs):
     from specter.models.loading import load_moe_model
     from specter.offload.work import ModelWork

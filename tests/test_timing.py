@@ -387,6 +387,24 @@ def test_hqq_experts_cross_the_link_at_mixtral_offloadings_stored_bytes():
         hqq_linear_bytes(16, 128, 8)
 
 
+def test_gguf_q4_k_m_experts_at_llama_cpps_types_and_gguf_block_sizes():
+    """GGUF Q4_K_M as llama.cpp quantizes an expert: gate and up at Q4_K (144 bytes a 256-weight block), down at Q6_K
+    (210) in the layers `use_more_bits` names and Q4_K in the others, a row of no whole 256-weight block at Q5_0 or
+    Q8_0 (22 or 34 bytes a 32-weight block); the expert priced at the MoE layers' mean."""
+    from specter.timing.cost import gguf_expert_bytes, uses_more_bits
+
+    assert [i for i in range(32) if uses_more_bits(i, 32)] == [0, 1, 2, 3, *range(6, 28, 3), 28, 29, 30, 31]
+    mixtral = ((14336, 4096), (14336, 4096), (4096, 14336))
+    q4k, q6k = 4096 * 56 * 144, 4096 * 56 * 210  # the down projection: 56 blocks a row of 14336
+    assert gguf_expert_bytes(mixtral, tuple(range(32)), 32) == 2 * 14336 * 16 * 144 + (16 * q4k + 16 * q6k) // 32
+    lite = ((1408, 2048), (1408, 2048), (2048, 1408))  # DeepSeek-V2-Lite: 1408 is no multiple of 256
+    more = sum(uses_more_bits(i, 27) for i in range(1, 27))
+    down = (more * 2048 * 44 * 34 + (26 - more) * 2048 * 44 * 22) / 26  # Q8_0 or Q5_0, 44 blocks of 32 a row
+    assert gguf_expert_bytes(lite, tuple(range(1, 27)), 27) == round(2 * 1408 * 8 * 144 + down)
+    with pytest.raises(ValueError, match="q4_k_m"):
+        gguf_expert_bytes(mixtral, (0,), 1, "q8_0")
+
+
 class _PendingCudaEvent:
     """A CUDA event's interface whose work has not completed: waiting on it would hang the host."""
 

@@ -26,10 +26,16 @@ class Slot:
 
 
 class ExpertCache:
-    def __init__(self, layers: tuple[int, ...], slots_per_layer: int, eviction: LRU | None = None) -> None:
+    def __init__(self, layers: tuple[int, ...], slots_per_layer: int, eviction: LRU | None = None,
+                 capacity: dict[int, int] | None = None) -> None:
+        """`capacity`: slots of each layer where a system places whole layers (llama.cpp's CPU experts: 0 on a layer
+        whose experts stay on the host, every expert on one the device holds); else `slots_per_layer` each."""
         if slots_per_layer < 1:
             raise ValueError(f"slots_per_layer must be >= 1, got {slots_per_layer}")
         self.slots_per_layer = slots_per_layer
+        self.capacity = dict(capacity) if capacity is not None else {layer: slots_per_layer for layer in layers}
+        if set(self.capacity) != set(layers) or min(self.capacity.values(), default=0) < 0:
+            raise ValueError(f"capacity {capacity} must give every layer of {layers} 0 or more slots")
         self.eviction = eviction if eviction is not None else LRU()
         self.entries: dict[int, OrderedDict[int, Slot]] = {layer: OrderedDict() for layer in layers}
         self.protected: dict[int, set[int]] = {layer: set() for layer in layers}
@@ -56,19 +62,19 @@ class ExpertCache:
     def victim(self, layer: int, keep: set[int] = frozenset()) -> int | None:
         """The expert the eviction policy gives up among those neither protected nor in `keep`; None if the layer has
         a free slot or every slot is pinned."""
-        if len(self.entries[layer]) < self.slots_per_layer:
+        if len(self.entries[layer]) < self.capacity[layer]:
             return None
         return self.eviction.choose(  # a lazy scan: LRU stops at the first candidate, others read them all
             layer, (e for e in self.entries[layer] if e not in self.protected[layer] and e not in keep))
 
     def has_room(self, layer: int, keep: set[int] = frozenset()) -> bool:
-        return len(self.entries[layer]) < self.slots_per_layer or self.victim(layer, keep) is not None
+        return len(self.entries[layer]) < self.capacity[layer] or self.victim(layer, keep) is not None
 
     def insert(self, layer: int, expert: int, keep: set[int] = frozenset()) -> Slot | None:
         """Make room (evicting the policy's victim) and add `expert`; returns the evicted slot (its `last_use` must be
         waited on before the copy), or None if nothing was evicted. Raises if no slot can be freed."""
         evicted = None
-        if len(self.entries[layer]) >= self.slots_per_layer:
+        if len(self.entries[layer]) >= self.capacity[layer]:
             victim = self.victim(layer, keep)
             if victim is None:
                 raise RuntimeError(f"layer {layer}: every slot is protected or in use")
@@ -82,7 +88,7 @@ class ExpertCache:
 
     def _free_index(self, layer: int) -> int:
         taken = {s.index for s in self.entries[layer].values()}
-        return next(i for i in range(self.slots_per_layer) if i not in taken)
+        return next(i for i in range(self.capacity[layer]) if i not in taken)
 
     def protect(self, layer: int, experts: set[int]) -> None:
         self.protected[layer] |= experts
@@ -99,7 +105,7 @@ class ExpertCache:
     def fill(self, layer: int, experts: list[int]) -> list[int]:
         """Warm-start a layer with `experts` as far as its slots go, before the run (no copies are scheduled: see
         `Executor.place`); returns the experts placed."""
-        placed = [e for e in experts[: self.slots_per_layer - len(self.entries[layer])] if e not in self.entries[layer]]
+        placed = [e for e in experts[: self.capacity[layer] - len(self.entries[layer])] if e not in self.entries[layer]]
         for e in placed:
             self.entries[layer][e] = Slot(self._free_index(layer))
             self.eviction.inserted(layer, e)

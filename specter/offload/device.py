@@ -29,12 +29,14 @@ class ExpertSlots:
     dtype, allocated once. `check=True` makes every expert kernel assert that the buffer it reads holds the expert it
     was asked for."""
 
-    def __init__(self, work: ModelWork, store: ExpertStore, slots_per_layer: int, device: str,
+    def __init__(self, work: ModelWork, store: ExpertStore, slots_per_layer: int | dict[int, int], device: str,
                  check: bool = False) -> None:
+        """`slots_per_layer`: slots in every MoE layer, or each layer's (a system placing whole layers)."""
         self.device = torch.device(device)
         self.work, self.store, self.check = work, store, check
         dev, dt, numel = self.device, store.dtype, store.layout.numel
-        self.slots = {layer: torch.zeros(slots_per_layer, numel, dtype=dt, device=dev) for layer in work.moe_layers}
+        rows = slots_per_layer if isinstance(slots_per_layer, dict) else dict.fromkeys(work.moe_layers, slots_per_layer)
+        self.slots = {layer: torch.zeros(rows[layer], numel, dtype=dt, device=dev) for layer in work.moe_layers}
         self.slot_holds: dict[tuple[int, int], int] = {}  # (layer, slot) -> expert, kept for `check`
         self.staging = torch.zeros(STAGING_BUFFERS, numel, dtype=dt, device=dev)
         self.staging_holds: dict[int, tuple[int, int]] = {}

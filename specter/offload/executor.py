@@ -1,36 +1,35 @@
 """The MoE layer executor: the target's routed experts for one pass, hot-first, on the engine's streams.
 
 Per MoE layer of a pass: the attention block (and router) runs and, unless every expert is resident, the host reads the
-routing (a synchronization: copies cannot be decided before it; a live layer with every expert resident computes
-grouped and reads it after the pass, `specter.offload.grouped`); the runtime's own host work follows (`Engine.policy`:
-choosing copies, updating the cache); then every resident expert the pass needs computes at
-once (waiting only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and
-computes as its copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this
-pass does not need, after that expert's last compute); if every slot is taken by experts the pass needs or by protected
+routing (a synchronization: copies cannot be decided before it; a live layer with every expert resident computes grouped
+and reads it after the pass, `specter.offload.grouped`); the runtime's own host work follows (`Engine.policy`: choosing
+copies, updating the cache; none where `host_policy` is off); then every resident expert the pass needs computes at once
+(waiting only for a prefetch still landing), while each missing expert is copied on the H2D stream (demand) and computes
+as its copy lands. A missing expert takes a slot (evicting the least recently used unprotected expert that this pass
+does not need, after that expert's last compute); if every slot is taken by experts the pass needs or by protected
 prefetches, it streams through one of a ring of staging buffers without entering the cache (a copy into a staging buffer
 waits for the last compute that read it). Prefetches (`prefetch`) go through the same slots.
 
 Causality: every routing the host is given comes with the event of the compute that produced it (`Forecast`: the
 router's attention block of a target layer, the router of a draft layer, the end of a draft step), kept as `routed`
 while hooks and planners act on it. A prefetch (`prefetch`) is chosen from the routing known so far, so its copies wait
-on `routed` plus the host's read of it (`host_holds`: a host worker waiting on a device event pays the profile's
-host synchronization); `prefetch_log` keeps every prefetch copy's label beside its forecast, which a test holds
-against the timeline for every system that prefetches.
+on `routed` plus the host's read of it (`host_holds`: a host worker waiting on a device event pays the profile's host
+synchronization); `prefetch_log` keeps every prefetch copy's label beside its forecast, which a test holds against the
+timeline for every system that prefetches.
 
 A copy can also run in the compute stream's order (`copy_in_compute_order`: after the compute issued before it, and
-before the compute issued after it), as accelerate's and Mixtral-Offloading's copies on the current stream do; a
-write-back (`write_back`: an evicted expert copied device to host, as Mixtral-Offloading's swap does) crosses the same
-link and is priced by the same copy cost.
+before the compute issued after it), as accelerate's and Mixtral-Offloading's copies on the current stream do; a write-
+back (`write_back`: an evicted expert copied device to host, as Mixtral-Offloading's swap does) crosses the same link
+and is priced by the same copy cost.
 
 Systems act inside a pass through `PassHooks` (`specter.offload.hooks`: declared methods, no-ops by default, beside the
-forecasts and the transfer statistics a pass keeps) that they add to `hooks`:
-`on_route` once the host knows a target layer's routing, `after_layer` once its experts are scheduled (a prefetch for
-later layers issued there queues behind this layer's demand copies, as it would on one copy stream),
-`on_draft_layer` after each MoE layer of a draft step, `before_step` before each decode step of a one-token-at-a-time
-loop.
+forecasts and the transfer statistics a pass keeps) that they add to `hooks`: `on_route` once the host knows a target
+layer's routing, `after_layer` once its experts are scheduled (a prefetch for later layers issued there queues behind
+this layer's demand copies, as it would on one copy stream), `on_draft_layer` after each MoE layer of a draft step,
+`before_step` before each decode step of a one-token-at-a-time loop.
 
-Ops carry costs; with a `LiveRuntime` (the live engine's runs) each op also carries the device work it stands for:
-the copy into the expert's slot or staging buffer, the expert computed from that buffer.
+Ops carry costs; with a `LiveRuntime` (the live engine's runs) each op also carries the device work it stands for: the
+copy into the expert's slot or staging buffer, the expert computed from that buffer.
 """
 
 from __future__ import annotations
@@ -76,8 +75,7 @@ class Executor:
         self.passes: list[PassWork] = []  # every target pass, at roofline (the lower bound's compute side)
         self._acc: list[Op] | None = None
         self.hooks: list[PassHooks] = []  # the systems' hooks inside passes (see PassHooks)
-        # Ablation: demand copies do not overlap compute (each waits for the compute issued before it).
-        self.serialize_demand = False
+        self.serialize_demand = False  # ablation: each demand copy waits for the compute issued before it
         self.fused_draft = True  # the draft's routed experts of one layer and step as one fused kernel (see draft_pass)
         # When a list, each demand copy adds (host time at issue, event before the copy, event after it): the timings
         # a planner's bandwidth estimate reads (see PlannerState.observe_demand); None: not timed.
@@ -85,6 +83,7 @@ class Executor:
         self.routed: Forecast | None = None  # the latest routing given to the host (see the module's docstring)
         self.prefetch_log: list[tuple[str, Forecast]] = []  # (prefetch copy's label, the forecast it was chosen from)
         self.last_pass = None  # the live engine's last pass: its argmax per input and its routes (`LivePass`)
+        self.host_policy = True  # the runtime's own host work at each target MoE layer (`Engine.policy`)
 
     def _compute(self, op: Op) -> None:
         if self._acc is not None:
@@ -234,7 +233,8 @@ class Executor:
             self.engine.synchronize(self.routed.event)
         if callable(routes):
             routes = routes()
-        self.engine.policy(f"{tag}.L{layer}.policy")  # the runtime's own work: choosing copies, updating the cache
+        if self.host_policy:  # the runtime's own work: choosing copies, updating the cache
+            self.engine.policy(f"{tag}.L{layer}.policy")
         for hook in self.hooks:
             hook.on_route(layer, routes)
         self.run_experts(layer, routes, tag)

@@ -115,7 +115,7 @@ class LiveRuntime(ExpertSlots):
 
     live = True
 
-    def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int,
+    def __init__(self, target: MoEModel, work: ModelWork, store: ExpertStore, slots_per_layer: int | dict[int, int],
                  device: str = "cpu", draft=None, check: bool = False, own_draft_kv: bool = False,
                  max_context: int = 0, draft_kernel: str = "packed") -> None:
         trees = [with_replaced(target.model, {experts_path(target, m): OffloadedExperts(self, m.layer_index)
@@ -185,8 +185,8 @@ class LiveRuntime(ExpertSlots):
             torch.cuda.empty_cache()
 
     @staticmethod
-    def device_bytes(trees: list[torch.nn.Module], work: ModelWork, store: ExpertStore, slots_per_layer: int,
-                     device: str, max_context: int, own_draft_kv: bool = False,
+    def device_bytes(trees: list[torch.nn.Module], work: ModelWork, store: ExpertStore,
+                     slots_per_layer: int | dict[int, int], device: str, max_context: int, own_draft_kv: bool = False,
                      draft_transient: int = 0) -> dict[str, int]:
         """What the runtime puts on the device, by part (bytes), before any of it is allocated: the slots and staging
         buffers at the store's dtype, the model's own tensors but its routed experts (the draft's packed experts among
@@ -195,7 +195,9 @@ class LiveRuntime(ExpertSlots):
         expert = store.expert_bytes
         item = next(trees[0].parameters()).element_size()
         kv = len(work.layers) * work.kv_heads * max_context * (work.qk_dim + work.v_dim) * item
-        parts = {"expert slots": len(work.moe_layers) * slots_per_layer * expert,
+        slots = sum(slots_per_layer.values()) if isinstance(slots_per_layer, dict) else \
+            len(work.moe_layers) * slots_per_layer
+        parts = {"expert slots": slots * expert,
                  "staging buffers": STAGING_BUFFERS * expert,
                  "the model's non-expert weights" + (" and the draft's experts" if len(trees) > 1 else ""):
                      moved_bytes(trees, torch.device(device)),
@@ -360,5 +362,5 @@ class LiveRuntime(ExpertSlots):
         """Work the model's own modules did as the pass reached this op (attention, the head, the draft's experts)."""
         return None
 
-    attention = lm_head = draft_layer = draft_expert = _model_work
+    attention = lm_head = draft_layer = draft_expert = shared_experts = _model_work
     activations_to_host = activations_to_device = _model_work

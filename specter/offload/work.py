@@ -23,7 +23,7 @@ DeepSeek's own inference caches (kv_lora_rank + qk_rope_head_dim values).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specter.models.adapter import MoEModel
 from specter.timing.engine import Op
@@ -32,6 +32,14 @@ WEIGHT_BYTES = 2  # FP16/BF16 target weights
 ATTN_KERNELS, EXPERT_KERNELS, HEAD_KERNELS = 8, 3, 2
 KV_TENSORS = 2  # cached tensors per layer: K and V (MLA: the latent and the rotary key)
 MODELLED = "modelled: fused kernels (specter.offload.work)"
+
+
+def in_turn(fns):
+    """One op's device work made of several: each of `fns` in turn (a group of experts one op prices)."""
+    def fn() -> None:
+        for each in fns:
+            each()
+    return fn
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class Kernels:
     source: str = MODELLED
     pricing: str = "fused"
     host_reads: int | None = None
+    dispatch: str = "eager"  # how the runtime hands the kernels to the device (`specter.timing.engine.DISPATCH_MODES`)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,9 @@ class Upstream:
     #: (architecture, declaration): where the upstream code runs model code of its own for an architecture, what it
     #: makes there instead
     by_architecture: tuple[tuple[str, Upstream], ...] = ()
+    #: how the upstream runtime hands its kernels to the device: eager (Python and a framework per op), native (a
+    #: compiled runtime's launch calls) or graph (a captured graph replayed); `specter.timing.engine.DISPATCH_MODES`
+    dispatch: str = "eager"
 
     def kernels(self, counted: Kernels, system: str, quantized_experts: bool = False,
                 architecture: str | None = None) -> Kernels:
@@ -92,7 +104,7 @@ class Upstream:
                               + (f"; ASSUMED: {self.assumption}" if self.assumption else "")
                               + ("; the other parts " + counted.source if None in (self.attention, self.expert,
                                                                                   self.head) else ""),
-                       pricing="upstream", host_reads=self.host_reads)
+                       pricing="upstream", host_reads=self.host_reads, dispatch=self.dispatch)
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,9 @@ class ModelWork:
     expert_shapes: tuple[tuple[int, int], ...] = ()  # one routed expert's projections, (out, in) each
     weight_bytes: int = WEIGHT_BYTES  # bytes a weight (and a KV value) is priced at
     kernels: Kernels = Kernels()
+    #: each MoE layer's shared experts (and their gate), a part of its `layer_params`: a system that runs them beside
+    #: the routed experts prices them apart (`attention_op(..., shared=False)`, `shared_op`)
+    shared_params: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, moe: MoEModel, weight_bytes: int = WEIGHT_BYTES) -> ModelWork:
@@ -153,19 +168,42 @@ class ModelWork:
             top_k=first.top_k,
             expert_shapes=((i, h), (i, h), (h, i)),  # gate, up, down
             weight_bytes=weight_bytes,
+            shared_params={m.layer_index: sum(p.numel() for part in (m.shared, m.shared_gate) if part is not None
+                                              for p in part.parameters()) for m in moe.moe_layers},
         )
+
+    def stored_as(self, bits: int | str) -> tuple[ModelWork, dict]:
+        """This work with the target's routed experts stored at `--expert-bits` (copied, held in slots and read at
+        their stored size) and what the records say of it: the format, the bytes of one expert, and that the numerics
+        are the model's own (the quantized experts' own tokens and routes are not computed)."""
+        from dataclasses import replace
+
+        from specter.timing.cost import GGUF_FORMATS, gguf_expert_bytes, hqq_expert_bytes
+
+        if bits == 16:
+            fmt = "fp16" if self.weight_bytes == 2 else f"{8 * self.weight_bytes}-bit floats (the live run's dtype)"
+            return self, {"bits": 16, "format": fmt, "expert_bytes": self.expert_bytes}
+        if bits in GGUF_FORMATS:
+            work = replace(self, expert_bytes=gguf_expert_bytes(self.expert_shapes, self.moe_layers, len(self.layers)))
+            fmt = "gguf q4_k_m (llama.cpp's mix, the MoE layers' mean; specter.timing.cost)"
+        else:
+            work = replace(self, expert_bytes=hqq_expert_bytes(self.expert_shapes, bits))
+            fmt = "hqq (Mixtral-Offloading's storage; specter.timing.cost)"
+        return work, {"bits": bits, "format": fmt, "expert_bytes": work.expert_bytes,
+                      "numerics": "the model's own FP weights: tokens and routes are not those of quantized experts"}
 
     def pricing(self) -> dict:
         """What the records say of how this work is priced: bytes a weight, and kernels per op with their source."""
         k = self.kernels
         return {"pricing": k.pricing, "weight_bytes": self.weight_bytes,
                 "kernels": {"attention": k.attention, "expert": k.expert, "head": k.head,
-                            "draft_experts": k.draft_experts, "host_reads": k.host_reads},
+                            "draft_experts": k.draft_experts, "host_reads": k.host_reads, "dispatch": k.dispatch},
                 "kernels_source": k.source}
 
     # ops -----------------------------------------------------------------------------------------------------------
-    def attention_op(self, layer: int, tokens: int, context: int, label: str) -> Op:
-        p = self.layer_params[layer]
+    def attention_op(self, layer: int, tokens: int, context: int, label: str, shared: bool = True) -> Op:
+        """The layer's attention block; `shared=False`: without its shared experts (priced by `shared_op`)."""
+        p = self.layer_params[layer] - (0 if shared else self.shared_params.get(layer, 0))
         return Op(label, flops=2.0 * tokens * p + 4.0 * tokens * context * self.attn_width,
                   bytes_read=p * self.weight_bytes + context * self.kv_bytes_per_token,
                   launches=self.kernels.attention)
@@ -180,6 +218,11 @@ class ModelWork:
         of the draft's experts module); each expert read once at its stored size, on its tokens."""
         return Op(label, flops=2.0 * sum(tokens) * self.expert_params, bytes_read=stored_bytes * len(tokens),
                   launches=self.kernels.draft_experts)
+
+    def shared_op(self, layer: int, tokens: int, label: str) -> Op:
+        """The MoE layer's shared experts on `tokens` tokens (the kernels of one expert MLP)."""
+        p = self.shared_params.get(layer, 0)
+        return Op(label, flops=2.0 * tokens * p, bytes_read=p * self.weight_bytes, launches=self.kernels.expert)
 
     def head_op(self, tokens: int, label: str) -> Op:
         return Op(label, flops=2.0 * tokens * self.head_params, bytes_read=self.head_params * self.weight_bytes,

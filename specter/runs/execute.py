@@ -28,7 +28,7 @@ from specter.session import Session
 from specter.speculation.governor import OnlineGovernor
 from specter.systems import DecodeConfig, PromptContext, System, schedule
 from specter.timing.bounds import LowerBound, lower_bound
-from specter.timing.cost import CostModel, hqq_expert_bytes
+from specter.timing.cost import CostModel
 from specter.timing.hardware import HardwareProfile
 
 MEASURED = {"live": on_live}  # the engines that measure: each one's runtime and record fields
@@ -121,7 +121,7 @@ def prepare(run: RunSpec | Resolved, session: Session, recorders: tuple = ()) ->
         work = replace(work, kernels=counted if spec.resolved_pricing == "counted" else
                        system.upstream.kernels(counted, system.name, spec.expert_bits != 16,
                                                architecture.name if architecture is not None else None))
-    work, storage = _expert_storage(spec, work)
+    work, storage = work.stored_as(spec.expert_bits)
     cost = CostModel(profile)
     k_setting, k_source = _k_setting(spec, system)
     slots, memory = _memory(spec, system, work, draft_bytes, k_setting, profile.device_memory_bytes)
@@ -218,19 +218,6 @@ def _priced_at(spec: RunSpec, session: Session, proxy_work: ModelWork, service, 
     return work, MappedService(service, layer_map), draft_bytes, info
 
 
-def _expert_storage(spec: RunSpec, work: ModelWork) -> tuple[ModelWork, dict]:
-    """The work with the target's routed experts at `--expert-bits` (copied, held in slots and read at their stored
-    size) and what the records say of it: the format, the bytes of one expert, and that the numerics are the model's
-    own (the quantized experts' own tokens and routes are not computed)."""
-    if spec.expert_bits == 16:
-        fmt = "fp16" if work.weight_bytes == 2 else f"{8 * work.weight_bytes}-bit floats (the live run's dtype)"
-        return work, {"bits": 16, "format": fmt, "expert_bytes": work.expert_bytes}
-    work = replace(work, expert_bytes=hqq_expert_bytes(work.expert_shapes, spec.expert_bits))
-    return work, {"bits": spec.expert_bits, "format": "hqq (Mixtral-Offloading's storage; specter.timing.cost)",
-                  "expert_bytes": work.expert_bytes,
-                  "numerics": "the model's own FP weights: tokens and routes are not those of quantized experts"}
-
-
 def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k: Window,
             device_bytes: int) -> tuple[int, MemoryPlan | None]:
     """(slots per layer, memory plan or None): the system's fixed slots, or what the budget leaves after the resident
@@ -248,6 +235,7 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
     memory = plan_memory(work, kv_positions, draft_resident, spec.budget.kind, spec.budget.value,
                          kv_copies=2 if system.keeps_draft_kv else 1, device_bytes=device_bytes,
                          reference_bytes=reference)
+    system.layer_slots(work, memory.slots_per_layer)  # a placement of whole layers is checked against the slots here
     return memory.slots_per_layer, memory
 
 

@@ -79,7 +79,8 @@ def runtime(p, session):
     store = session.expert_store(p.spec.model, p.target, pin=device == "cuda" and not on_disk, dtype=dtype,
                                  share=True)
     window = p.config.k or 0
-    return LiveRuntime(p.target, p.work, store, p.slots, device, draft=p.draft, own_draft_kv=p.system.separate_draft,
+    slots = p.system.layer_slots(p.work, p.slots) or p.slots  # each layer's, where the system places whole layers
+    return LiveRuntime(p.target, p.work, store, slots, device, draft=p.draft, own_draft_kv=p.system.separate_draft,
                        max_context=max(len(prompt) for prompt in p.prompts) + p.spec.max_new_tokens + window + 1,
                        draft_kernel=p.spec.live_draft_kernel)
 

@@ -53,7 +53,14 @@ RESOLVED_KEYS = frozenset({"system_settings", "slots_per_layer", "memory", "hard
 SWEEP_AXES = ("system", "k", "prefetch", "draft_kernel", "temperature", "hardware", "dispatch_us", "pricing",
               "expert_bits", "prefix_tokens", "budget")
 #: the target's routed experts as stored: FP16 (16, the paper's targets) or HQQ at 2, 3 or 4 bits (Mixtral-Offloading's)
-EXPERT_BITS = (16, 2, 3, 4)
+EXPERT_BITS = (16, 2, 3, 4, "q4_k_m")  # FP16, HQQ at 2, 3 or 4 bits, GGUF Q4_K_M (`specter.timing.cost`)
+
+
+def expert_bits_value(text: str) -> int | str:
+    """`--expert-bits`'s value: a whole number of bits, or a GGUF type's name (`q4_k_m`)."""
+    text = str(text).strip()
+    return int(text) if text.isascii() and text.isdigit() else text.lower()
+
 
 
 # Arms ---------------------------------------------------------------------------------------------------------------
@@ -133,10 +140,11 @@ class RunSpec:
         "--draft-kernel", "how the draft's routed experts are priced: fused (one INT4 MoE kernel per layer and "
                           "step, as the paper's) or unfused (one kernel group per expert)", sweep=True,
         choices=DRAFT_KERNELS))
-    expert_bits: int = setting(default=16, metadata=_flag(
-        "--expert-bits", "the target's routed experts as stored and copied: 16 (FP16) or HQQ at 2, 3 or 4 bits as "
-                         "Mixtral-Offloading stores them (codes, 8-bit scales and zeros); priced only: the numerics "
-                         "stay the model's own", int, sweep=True, metavar="BITS"))
+    expert_bits: int | str = setting(default=16, metadata=_flag(
+        "--expert-bits", "the target's routed experts as stored, copied and read: 16 (FP16), HQQ at 2, 3 or 4 bits "
+                         "as Mixtral-Offloading stores them (codes, 8-bit scales and zeros), or q4_k_m (GGUF Q4_K_M, "
+                         "as llama.cpp and KTransformers store them); priced only: the numerics stay the model's own",
+        expert_bits_value, sweep=True, metavar="BITS"))
     cache_start: str = setting(default="restored", metadata=_flag(
         "--cache-start", "the expert cache at each prompt's start, set outside the timed region: restored (the "
                          "artifact's resident set, the last slots-per-layer experts of each layer by id, least "
@@ -260,8 +268,8 @@ class RunSpec:
             raise SpecterError(f"--temperature must be 0 (greedy) or a number from {MIN_TEMPERATURE:g} to 100 (below "
                                f"it, logits over the temperature overflow; sampling there is greedy anyway), got {t!r}")
         if isinstance(self.expert_bits, bool) or self.expert_bits not in EXPERT_BITS:
-            raise SpecterError(f"--expert-bits must be one of {', '.join(map(str, EXPERT_BITS))} (16: FP16 experts), "
-                               f"got {self.expert_bits!r}")
+            raise SpecterError(f"--expert-bits must be one of {', '.join(map(str, EXPERT_BITS))} (16: FP16 experts; "
+                               f"q4_k_m: GGUF Q4_K_M), got {self.expert_bits!r}")
         d = self.dispatch_us
         if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d)
                               or not 0 <= d <= 1e6):

@@ -105,6 +105,7 @@ class PromptContext:
         model back the ops (live engine runs), or None."""
         cache = system.make_cache(work, config.slots_per_layer, [*trace.prefill_routes, *trace.step_routes])
         executor = system.make_executor(engine, work, cache, TransferStats(), device=device, cost=cost)
+        engine.runtime_dispatch(executor.work.kernels.dispatch)  # as the system's runtime hands kernels over
         executor.fused_draft = config.draft_kernel == "fused"
         if config.cache_start == "restored":
             executor.place(restored_residents(work, cache.slots_per_layer))
@@ -228,7 +229,12 @@ class System:
         routes by position, for a policy that reads ahead (`belady`)."""
         from specter.eviction import make
 
-        return ExpertCache(work.moe_layers, slots, make(self.replacement, future))
+        return ExpertCache(work.moe_layers, slots, make(self.replacement, future), self.layer_slots(work, slots))
+
+    def layer_slots(self, work: ModelWork, slots: int) -> dict[int, int] | None:
+        """Slots of each MoE layer where this system places whole layers within the budget's `slots` per layer
+        (their sum at most `slots` x MoE layers), or None: `slots` in every layer."""
+        return None
 
     def make_executor(self, engine: Engine, work: ModelWork, cache: ExpertCache, stats: TransferStats,
                       device=None, cost: CostModel | None = None) -> Executor:

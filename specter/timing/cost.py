@@ -108,3 +108,43 @@ def hqq_linear_bytes(out_features: int, in_features: int, bits: int, group_size:
 def hqq_expert_bytes(shapes: tuple[tuple[int, int], ...], bits: int, group_size: int = HQQ_GROUP_SIZE) -> int:
     """One routed expert's stored bytes at `bits` (its projections' (out, in) shapes, `ModelWork.expert_shapes`)."""
     return sum(hqq_linear_bytes(out_f, in_f, bits, group_size) for out_f, in_f in shapes)
+
+
+#: GGUF types a llama.cpp-format expert is stored in, by the name `--expert-bits` takes
+GGUF_FORMATS = ("q4_k_m",)
+
+
+def _gguf_linear_bytes(out_features: int, in_features: int, kind: str) -> int:
+    """Bytes of one [out, in] linear stored as GGML type `kind` ("Q4_K", "Q6_K"), from the block sizes `gguf` states
+    (`GGML_QUANT_SIZES`). A row whose length is no multiple of the type's block takes llama.cpp's fallback
+    (`src/llama-quant.cpp`: Q4_K to Q5_0, Q6_K to Q8_0, blocks of 32; F16 where even that does not divide)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    kind = GGMLQuantizationType[kind]
+    for candidate in (kind, {"Q4_K": GGMLQuantizationType.Q5_0, "Q6_K": GGMLQuantizationType.Q8_0}[kind.name],
+                      GGMLQuantizationType.F16):
+        weights, size = GGML_QUANT_SIZES[candidate]
+        if in_features % weights == 0:
+            return out_features * (in_features // weights) * size
+    raise AssertionError("unreachable: F16's block is one weight")
+
+
+def uses_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's `use_more_bits` (`src/llama-quant.cpp`): the first and last eighth of the layers, and every third
+    layer between, take a larger type in a _M mix (integer division, as the C code)."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def gguf_expert_bytes(shapes: tuple[tuple[int, int], ...], moe_layers: tuple[int, ...], layers: int,
+                      kind: str = "q4_k_m") -> int:
+    """One routed expert's stored bytes as GGUF Q4_K_M stores it, over the MoE layers' mean: gate and up at Q4_K, down
+    at Q6_K in the layers `uses_more_bits` names (`src/llama-quant.cpp`, ffn_down, whose test also matches the
+    experts' `ffn_down_exps`) and Q4_K elsewhere. A token reads one expert's mean bytes per routed expert and layer,
+    summed over every layer exactly; one layer's own expert is off by the Q6_K share."""
+    if kind not in GGUF_FORMATS:
+        raise ValueError(f"GGUF experts are stored as one of {', '.join(GGUF_FORMATS)}, got {kind!r}")
+    *ins, down = shapes  # gate and up, then down
+    base = sum(_gguf_linear_bytes(o, i, "Q4_K") for o, i in ins)
+    per_layer = [base + _gguf_linear_bytes(*down, "Q6_K" if uses_more_bits(layer, layers) else "Q4_K")
+                 for layer in moe_layers]
+    return round(sum(per_layer) / len(per_layer))

@@ -88,6 +88,14 @@ class Timeline:
         return sum(s.end - s.start for s in self.spans if s.stream == stream)
 
 
+#: how a runtime hands its kernels to the device, as the simulator prices the host's time per kernel: `eager` (a
+#: framework's work per op: the profile's host.dispatch_us), `native` (a compiled runtime launching each kernel itself:
+#: the launch call alone, the profile's device.launch_overhead_us), `graph` (kernels replayed from a captured graph:
+#: nothing per kernel, and one native launch for the graph each time the host goes on after waiting for the device: a
+#: graph per decode step, or per stretch of device work between two of the host's waits)
+DISPATCH_MODES = ("eager", "native", "graph")
+
+
 class Engine(abc.ABC):
     """Streams, events and ops; subclasses decide what time is."""
 
@@ -126,6 +134,18 @@ class Engine(abc.ABC):
         """The host thread does the runtime's own work at one target MoE layer (reading its routing, choosing copies,
         updating the cache): a simulator prices it; an engine that measures has spent it on the clock it reads."""
         return None
+
+    def join(self, event: Event) -> float:
+        """The host thread goes on once `event` has, reading no device result: work the host thread ran itself (an
+        op on the host stream that the thread computes, as a compiled runtime's CPU backend does). An engine that
+        runs host work when it is launched has already waited; returns the host's time."""
+        return self.now()
+
+    def runtime_dispatch(self, mode: str) -> None:
+        """How the running system's runtime hands kernels to the device (`DISPATCH_MODES`): a simulator prices its
+        host's time per kernel by it; an engine that measures has spent that time on the clock it reads."""
+        if mode not in DISPATCH_MODES:
+            raise ValueError(f"unknown dispatch {mode!r}; one of {', '.join(DISPATCH_MODES)}")
 
     def compute_scope(self):
         """A context in which work the caller launches itself (the live model's own modules, between the executor's

@@ -2,7 +2,9 @@
 
 Two kinds of clock, as on a GPU with its host:
 - **The host thread.** Launching an op costs it the profile's dispatch time for every kernel the op stands for
-  (`host.dispatch_us`: the framework's work per op, the same for every system); a host read of a device result waits
+  (`host.dispatch_us`: the framework's work per op, the same for every system that dispatches eagerly; a system whose
+  upstream runtime is compiled pays the launch call alone, one that replays a captured graph nothing per kernel:
+  `runtime_dispatch`); a host read of a device result waits
   for the device and then costs `host_sync`; the runtime's own work at each target MoE layer (`policy`: choosing
   copies, updating the cache) costs `host.policy_us`. The host runs ahead of the device until it must read something.
 - **Each stream.** An op starts no earlier than its stream's last op ends and its first kernel is launched, and ends no
@@ -24,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from specter.timing.cost import CostModel
-from specter.timing.engine import HOST, POLICY, STREAMS, SYNC, Engine, Event, Op, Span, Stall, check_stream
+from specter.timing.engine import COMPUTE, HOST, POLICY, STREAMS, SYNC, Engine, Event, Op, Span, Stall, check_stream
 from specter.timing.hardware import HardwareProfile
 
 
@@ -41,6 +43,7 @@ class SimEngine(Engine):
         self._dispatch = profile.host_dispatch
         self._synchronous = profile.device_synchronous
         self._spans = self.timeline.spans
+        self._graphs = self._in_graph = False  # graph dispatch (`runtime_dispatch`), and a graph launched since a wait
 
     @property
     def device(self) -> str:
@@ -50,6 +53,9 @@ class SimEngine(Engine):
         if stream not in STREAMS:
             check_stream(stream)
         launches = op.launches if op.launches > 1 else 1
+        if self._graphs and not self._in_graph and stream == COMPUTE:  # the host launches the next captured graph
+            self._host += self.profile.device_launch_overhead
+            self._in_graph = True
         issued = self._host
         dispatch = self._dispatch
         host = self._host = issued + launches * dispatch  # the host dispatches every kernel of the op
@@ -67,6 +73,12 @@ class SimEngine(Engine):
         self._ready[stream] = end
         self._spans.append(Span(stream, op.label, start, end, op.bytes_copied))
         return op.fn() if op.fn is not None else None
+
+    def runtime_dispatch(self, mode: str) -> None:
+        super().runtime_dispatch(mode)
+        p = self.profile
+        self._dispatch = {"eager": p.host_dispatch, "native": p.device_launch_overhead, "graph": 0.0}[mode]
+        self._graphs = mode == "graph"
 
     def policy(self, label: str) -> None:
         """The runtime's own work at one target MoE layer: the profile's `host.policy_us` of host time."""
@@ -96,7 +108,13 @@ class SimEngine(Engine):
         target = max(self._ready.values()) if event is None else event.time
         start = max(self._host, target)
         self._host = start + self.profile.host_sync
+        self._in_graph = False
         self._spans.append(Span(SYNC, "host", start, self._host))
+        return self._host
+
+    def join(self, event: Event) -> float:
+        if event.time > self._host:
+            self._host = event.time
         return self._host
 
     def now(self) -> float:
