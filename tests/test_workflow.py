@@ -305,7 +305,8 @@ def test_workflow_end_to_end_on_the_test_config(tmp_path):
         assert page.count("<tr>") == len(table) + 1, name  # the header and every row
     main = pd.read_csv(tmp_path / "results" / "tables" / "main.csv")
     assert set(main["system"]) == {"resident", "on-demand", "naive", "hf-offload", "mixtral-offloading", "moe-infinity",
-                                   "fiddler", "sp-moe", "specmoeoff", "specter", "sp-moe (K auto)",
+                                   "fiddler", "ktransformers", "llama-cpp-cpu-moe", "sp-moe", "specmoeoff", "specter",
+                                   "sp-moe (K auto)",
                                    "specter (K auto)"}  # the speculative systems at the governor's K too
     assert (main["tpot_ms"] >= main["lower_bound_tpot_ms"]).all() and main["simulated"].all()
     assert set(main["memory"]) == {"same slots", "same memory"}  # both of the paper's comparisons
