@@ -52,6 +52,11 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
             return (f"config.memory.expert_slot_bytes is {memory['expert_slot_bytes']}, and its {slots} slots in each "
                     f"of {layers} MoE layers hold {held} bytes of experts of {each} "
                     "(config.expert_storage)")
+        placed = memory.get("placed_slot_bytes")
+        if placed is not None and not (isinstance(placed, int) and 0 <= placed <= memory["expert_slot_bytes"]
+                                       and (not isinstance(each, int) or each <= 0 or placed % each == 0)):
+            return (f"config.memory.placed_slot_bytes is {placed!r}, not whole experts within its "
+                    f"{memory['expert_slot_bytes']} bytes of slots")
         device = memory.get("device_bytes")
         if isinstance(device, int) and memory.get("fits_device") is not (
                 memory["resident_bytes"] + memory["expert_slot_bytes"] <= device):

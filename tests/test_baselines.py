@@ -112,6 +112,8 @@ def test_llama_cpp_cpu_moe_keeps_the_first_blocks_experts_on_the_host(tiny_dirs,
 
     (r, *_) = _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path, **MECH)
     assert r.extra["host_layers"] == [0] and r.h2d_bytes_demand == r.h2d_bytes_prefetch == 0
+    expert = 3 * 64 * 32 * 2  # the tiny Mixtral's expert at FP16
+    assert r.config["memory"]["placed_slot_bytes"] == 8 * expert  # one layer's 8 experts, of the budget's 2 x 4
     tokens = len(r.prompt_token_ids) + MECH["max_new_tokens"] - 1  # the prefill's and every later pass's
     assert r.extra["link_bytes_activations"] == tokens * (64 * 4 + 2 * 4 + 2 * 64 * 4)  # hidden 64, top-2
     (every, *_) = _run(tiny_dirs, drafts, "mixtral", "llama-cpp-cpu-moe", tmp_path, [("n-cpu-moe", "2")], **MECH)
@@ -135,6 +137,7 @@ def test_ktransformers_computes_every_routed_expert_on_the_host(tiny_dirs, draft
     experts and costs less than the eager step, which waits at every layer."""
     (r, *_) = _run(tiny_dirs, drafts, "mixtral", "ktransformers", tmp_path, **MECH)
     assert r.hit_rate == 0 and r.h2d_bytes_demand == r.h2d_bytes_prefetch == 0
+    assert r.config["memory"]["placed_slot_bytes"] == 0 and r.extra["host_layers"] == [0, 1]
     tokens = len(r.prompt_token_ids) + MECH["max_new_tokens"] - 1
     per_layer = 64 * 2 + 2 * (8 + 4) + 64 * 2  # hidden 64, top-2
     assert r.extra["link_bytes_activations"] == tokens * (2 * per_layer + 64 * 2)  # 2 MoE layers, the embedding

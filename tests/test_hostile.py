@@ -920,6 +920,9 @@ CASES = [
         **_first_record(r)["config"]["memory"],
         "expert_slot_bytes": 2 * _first_record(r)["config"]["memory"]["expert_slot_bytes"]}))(w, r),
      "slots in each of 2 MoE layers hold"),
+    ("aggregate_records_placed_experts_not_whole", lambda w, r: _aggregate(_config_field("memory", {
+        **_first_record(r)["config"]["memory"], "placed_slot_bytes": 7}))(w, r),
+     "config.memory.placed_slot_bytes is 7, not whole experts"),
     ("aggregate_records_device_bytes_not_its_profiles", lambda w, r: _aggregate(_config_field("memory", {
         **_first_record(r)["config"]["memory"], "device_bytes": 80_000_000_000}))(w, r),
      "config.memory.device_bytes is 80000000000"),

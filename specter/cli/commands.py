@@ -238,9 +238,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     r = summary(args.system, records)
     prompts = len({record.prompt_index for record in records})
     timed = f" x {len(records) // prompts} timed repeats" if len(records) > prompts else ""
-    host = records[0].extra.get("host_layers")  # a system placing whole layers' experts on the host
-    where = (f"the experts of {len(host)} MoE layers on the host, the others' resident" if host is not None else
-             f"{r['slots_per_layer']}/{records[0].experts_per_layer} experts per layer resident")
+    host = records[0].extra.get("host_layers")  # a system placing whole layers' experts there
+    where = (f"{r['slots_per_layer']}/{records[0].experts_per_layer} experts per layer resident" if host is None else
+             f"the routed experts of {len(host)} of {records[0].config['memory']['moe_layers']} MoE layers on the host")
     print(f"{args.system}: mean TPOT {r['tpot_ms']:.3f} ms ({_timing(r)}; lower bound {r['lower_bound_tpot_ms']:.3f} "
           f"ms) over {prompts} prompt{'s' if prompts > 1 else ''}{timed}, {where}\nwrote {args.out}")
     return 0

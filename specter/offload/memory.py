@@ -38,6 +38,9 @@ class MemoryPlan:
     device_bytes: int | None = None  # the hardware profile's device memory
     fits_device: bool | None = None  # the resident part and the slots fit in it
     moe_layers: int | None = None  # the MoE layers the slots are kept in (expert_slot_bytes' factor)
+    #: the experts a system placing whole layers keeps on the device (its layers' own slots, `System.layer_slots`),
+    #: within `expert_slot_bytes`; None: it fills every slot
+    placed_slot_bytes: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

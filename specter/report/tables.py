@@ -290,18 +290,20 @@ MEMORY_PARTS = ("non_expert_bytes", "draft_bytes", "kv_bytes", "workspace_bytes"
 
 
 def memory_table(records: list[dict]) -> pd.DataFrame:
-    """Per (case, prompt set, comparison, system): the device memory of its run, part by part, in GB (the paper's
-    Table 2 counts): the target's non-expert weights (FP16), the draft (the self-draft's INT4 experts, which share the
+    """Per (case, prompt set, comparison, system): the device memory of its run, part by part, in GB (the paper's Table
+    2 counts): the target's non-expert weights (FP16), the draft (the self-draft's INT4 experts, which share the
     target's other weights and KV; a separate draft adds its own copy of those), KV for the run's context (twice for a
-    draft with its own KV), the workspace of staging buffers, and the expert slots; their sum, the budget and the
-    device. Every prompt of a run has the same plan: one row per run. A system with fixed slots (resident: every
-    expert) keeps no plan and has no row."""
+    draft with its own KV), the workspace of staging buffers, and the expert slots (those a system placing whole layers'
+    experts keeps there); their sum, the budget and the device. Every prompt of a run has the same plan: one row per
+    run. A system with fixed slots (resident: every expert) keeps no plan and has no row."""
     rows = []
     for r in records:
         cfg = r["config"]
         plan = cfg.get("memory")
         if not isinstance(plan, dict):
             continue
+        placed = plan.get("placed_slot_bytes")  # a system placing whole layers: the experts it keeps there
+        plan = {**plan, "expert_slot_bytes": plan["expert_slot_bytes"] if placed is None else placed}
         gb = {part.removesuffix("_bytes") + "_gb": plan[part] / 1e9 for part in MEMORY_PARTS}
         rows.append(dict(**scope(r), memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
                          system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],

@@ -235,7 +235,9 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
     memory = plan_memory(work, kv_positions, draft_resident, spec.budget.kind, spec.budget.value,
                          kv_copies=2 if system.keeps_draft_kv else 1, device_bytes=device_bytes,
                          reference_bytes=reference)
-    system.layer_slots(work, memory.slots_per_layer)  # a placement of whole layers is checked against the slots here
+    placed = system.layer_slots(work, memory.slots_per_layer)  # a placement of whole layers, checked here
+    if placed is not None:
+        memory = replace(memory, placed_slot_bytes=sum(placed.values()) * work.expert_bytes)
     return memory.slots_per_layer, memory
 
 
