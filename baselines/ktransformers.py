@@ -21,6 +21,8 @@ The host's experts read only the k routed experts' weights (`operators/llamafile
 Departures (the code's behaviour is the default):
 - `--system-option cuda-graph=false` runs the step eagerly as the code does without a graph (`experts.py` 990-992,
   354-362): the shared experts first, then the host copies the inputs out and waits for its experts, layer by layer;
+- the prompt's prefill takes the decode's path (the rules give prefill its own operator, `KExpertsTorch` on the
+  device); TPOT leaves the prefill out, TTFT does not;
 - "expert deferral" (kt-kernel's `max_deferred_experts_per_token`, default 0 there) is not run: it adds some experts'
   outputs to the next layer's and so changes the model's tokens, and every system here is lossless;
 - the experts are the model's own at the run's `--expert-bits` (the llamafile kernels' GGUF formats are not run: the

@@ -24,6 +24,8 @@ device). N counts blocks as the tensors' names do, so a dense first block counts
 Departures (the code's behaviour is the default):
 - `--system-option n-cpu-moe=N` sets N; by default it is the fewest leading blocks whose experts leave every other
   MoE layer's experts within the run's device budget, as a user sizes it (a placement past the budget is refused);
+- the prompt's prefill takes the decode's path (from 32 tokens llama.cpp copies the used host experts to the device
+  instead, `op_offload`); TPOT leaves the prefill out, TTFT does not;
 - `--system-option cuda-graphs=false` prices each kernel as a native launch (llama.cpp before PR 18934 turned its
   graphs off when a model was split, PR 18593);
 - the experts are the model's own at the run's `--expert-bits` (GGUF's quantized kernels are not run: the numerics
