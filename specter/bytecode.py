@@ -46,11 +46,12 @@ def _guard_bytecode(prefix: str) -> None:
     """The bytecode kept under `prefix` written whole and read whole: Python's own writer publishes what one `write`
     call wrote, so a full disk left a truncated file that every later import of that module failed on (`EOFError:
     marshal data too short`), every later command with it. Under `prefix` a file is renamed into place only once its
-    size is the data's, and ends in the sha256 of its code (Python's header checks only the source's size and time,
-    so a flipped byte ran: a changed constant, or a SyntaxError from the middle of an import) and of its own path (a
-    module's bytecode copied over another's of the same source size and time would run as that one); a file whose code
-    is not its sha256's or does not unmarshal is removed and its module compiled from source (the next process writes
-    it again); one that is not a regular file, or is past `MAX_BYTECODE`, is not read at all. Hashing what a command
+    size is the data's, and ends in the sha256 of its code (Python's header checks only the source's size and time, so a
+    flipped byte ran: a changed constant, or a SyntaxError from the middle of an import) and of its own path (a module's
+    bytecode copied over another's of the same source size and time would run as that one); a file whose code is not its
+    sha256's or does not unmarshal is removed and its module compiled from source (the next process writes it again);
+    one that is not a regular file, or is past `MAX_BYTECODE`, is not read at all, and one whose header's flags are not
+    the writer's (a hash-based file, which Python never checks against its source) is not used. Hashing what a command
     imports costs it about 0.1 s. Bytecode elsewhere is Python's business and left alone."""
     import _frozen_importlib_external as external  # the module the import system itself runs (importlib's is it)
 
@@ -98,11 +99,15 @@ def _guard_bytecode(prefix: str) -> None:
     read = getattr(read, "__wrapped__", read)
 
     def read_regular(self, path):  # a pipe would be read for ever, a device or a huge file without end
-        if str(path).startswith(ours) and str(path).endswith(".pyc"):
-            st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTECODE:
-                raise OSError(f"{path} is not a bytecode file (not a regular file, or past {MAX_BYTECODE} bytes)")
-        return read(self, path)  # an OSError: the import system compiles the module from its source
+        if not (str(path).startswith(ours) and str(path).endswith(".pyc")):
+            return read(self, path)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTECODE:
+            raise OSError(f"{path} is not a bytecode file (not a regular file, or past {MAX_BYTECODE} bytes)")
+        data = read(self, path)
+        if bytes(data[4:8]) != bytes(4):  # other flags than the writer's: a hash-based file Python never checks
+            raise OSError(f"{path} holds flags the suite never writes")  # against its source again
+        return data  # an OSError above: the import system compiles the module from its source
 
     write_whole.__wrapped__, unmarshal_whole.__wrapped__, read_regular.__wrapped__ = write, unmarshal, read
     external._write_atomic, external._compile_bytecode = write_whole, unmarshal_whole

@@ -1812,6 +1812,34 @@ def test_a_modules_bytecode_copied_over_anothers_of_the_same_size_and_time_is_co
     assert out.returncode == 0 and out.stdout.strip() == "a" and "Traceback" not in out.stderr, out.stderr
 
 
+def test_bytecode_flagged_as_never_checked_against_its_source_is_compiled_again(tmp_path):
+    """A cached bytecode file whose header's flags say "hash-based, unchecked" (one bit) is one Python never compares
+    with its source again: after the source changes, the old code would run. The suite writes flags 0 and uses no file
+    with others: the changed source runs."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "mod_a.py").write_text("NAME = 'old'\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SPECTER_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(src), os.getcwd()])}
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    code = "from specter.bytecode import cache_bytecode; cache_bytecode(); import mod_a; print(mod_a.NAME)"
+
+    def python():
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    assert python().stdout.strip() == "old"
+    [pyc] = list((tmp_path / "cache").rglob("mod_a*.pyc"))
+    data = bytearray(pyc.read_bytes())
+    data[4] = 1  # the flags word: hash-based, never checked
+    pyc.write_bytes(bytes(data))
+    (src / "mod_a.py").write_text("NAME = 'new'\n")
+    out = python()
+    assert out.returncode == 0 and out.stdout.strip() == "new" and "Traceback" not in out.stderr, out.stderr
+
+
 def test_a_pipe_where_a_hashed_file_should_be_is_one_line_not_a_hang(tmp_path):
     """`specter summary` hashes every model and draft of a results tree: a pipe or a device in their place is refused
     in one line, where reading it would never end."""

@@ -74,9 +74,24 @@ def _same(a, b) -> bool:
 STATS_TABLES = [name for name, e in experiments.EXPERIMENTS.items() if e.table.kind == "stats"]
 
 
+def _as_its_sweep(name: str, records: list[dict]) -> list[dict]:
+    """The records experiment `name`'s own sweep would hold: of the fixture's runs, one a table row (the first), as a
+    sweep over the experiment's axes alone gives."""
+    from specter.records import run_key
+
+    definition = experiments.get(name).table
+    frame = derive(definition.derive, records_frame(records).assign(_record=range(len(records))))
+    keep = set()
+    for _, group in frame.groupby([*experiments.SCOPE, *definition.keys], dropna=False):
+        first = run_key(records[group["_record"].iloc[0]])
+        keep |= {i for i in group["_record"] if run_key(records[i]) == first}
+    return [r for i, r in enumerate(records) if i in keep]
+
+
 @pytest.mark.parametrize("name", STATS_TABLES)
 def test_every_row_recomputes_from_its_records(name, records):
     definition = experiments.get(name).table
+    records = _as_its_sweep(name, records)
     table = experiment_table(name, records)
     frame = records_frame(records).assign(_record=range(len(records)))
     frame = derive(definition.derive, frame)
@@ -100,6 +115,15 @@ def test_every_row_recomputes_from_its_records(name, records):
             ref = table[(table["system"] == "specter") & np.all([_eq(table[c], row[c]) for c in scope], axis=0)]
             assert len(ref) == 1 and _same(row["speedup_of_specter"], row["tpot_ms"] / ref["tpot_ms"].iloc[0])
     assert checked >= len(table) * 3
+
+
+def test_a_row_of_two_runs_is_refused_naming_the_setting_between_them(records):
+    """A table row averages one run's prompts: records of runs that differ in a setting the table has no column for
+    (here main's rows over the fixture's arms, temperatures and options) are refused, naming the setting."""
+    from specter.errors import SpecterError
+
+    with pytest.raises(SpecterError, match=r"would average \d+ runs that differ in config (arm|temperature|system_opt)"):
+        experiment_table("main", records)
 
 
 def _missing(value) -> bool:

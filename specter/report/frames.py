@@ -65,7 +65,7 @@ def _whole_runs(records: list[dict], where: dict) -> None:
             twin = next((other for other in runs if other != key and first[other][0] == path
                          and json.loads(other)[1:] == json.loads(key)[1:]), None)
             if twin is not None:  # another run of the same file and system: records whose configs were made to differ
-                differ = _differing(json.loads(key)[0] or {}, json.loads(twin)[0] or {})
+                differ = differing(json.loads(key)[0] or {}, json.loads(twin)[0] or {})
                 raise SpecterError(f"record {number} and record {first[twin][1]} of {path} ({json.loads(key)[1]}) "
                                    f"differ in config {', '.join(differ[:3]) or 'values'}: one run's records share "
                                    "one config, so the file was edited; run it again")
@@ -73,13 +73,13 @@ def _whole_runs(records: list[dict], where: dict) -> None:
                                f"{said}: a file cut short or edited; run it again")
 
 
-def _differing(a: dict, b: dict, prefix: str = "") -> list[str]:
+def differing(a: dict, b: dict, prefix: str = "") -> list[str]:
     """The dotted keys whose values differ between two configs."""
     out = []
     for name in sorted(set(a) | set(b), key=str):
         x, y = a.get(name), b.get(name)
         if isinstance(x, dict) and isinstance(y, dict):
-            out += _differing(x, y, f"{prefix}{name}.")
+            out += differing(x, y, f"{prefix}{name}.")
         elif x != y:
             out.append(f"{prefix}{name}")
     return out
@@ -188,3 +188,33 @@ def scope(record: dict) -> dict:
                 dataset=Path(str(record["dataset"])).stem, hardware=record["hardware"], pricing=pricing(record),
                 dispatch_us=((cfg.get("hardware_profile") or {}).get("host") or {}).get("dispatch_us"),
                 simulated=record["simulated"])
+
+
+def one_record_a_prompt(df: pd.DataFrame) -> None:
+    """Refuse two records of one run's prompt and repeat in a table of statistics (they would count it twice): equal
+    in every setting the frame holds, a run at the default K being the run at that K, wherever each was written."""
+    key = df.drop(columns=[c for c in (*METRICS, *COUNTS) if c in df]).astype(str)
+    key["k_setting"] = [s if s else "" if pd.isna(k) else str(int(k)) for s, k in zip(key["k_setting"], df["k"])]
+    twice = key.duplicated(keep=False)
+    if twice.any():
+        r = df[twice].iloc[0]
+        raise SpecterError(f"two records of one run: {r['system']} on {r['model']} ({r['dataset']}, {r['hardware']}), "
+                           f"prompt {r['prompt_index']}, at the same settings (one run written to two files, or run "
+                           "twice): a table would count that prompt twice; give each run's records once")
+
+
+def one_run_a_row(df: pd.DataFrame, keys: list[str], records: list[dict]) -> None:
+    """Refuse a table row that would average two runs (its records differ in a setting the table has no column for:
+    `--expert-bits`, a system option, a budget given two ways): its n would count each prompt twice. `_run` is each
+    row's record, by its place in `records`."""
+    from specter.records import run_key
+
+    for _, group in df.groupby(keys, dropna=False, sort=False):
+        runs = {run_key(records[i]): i for i in group["_run"]}
+        if len(runs) > 1:
+            first, other = (records[i] for i in list(runs.values())[:2])
+            differ = differing(first["config"] or {}, other["config"] or {})
+            raise SpecterError(f"one row of the table ({first['system']} on {first['model']}, {first['dataset']}) "
+                               f"would average {len(runs)} runs that differ in config "
+                               f"{', '.join(differ[:3]) or 'settings'}, which the table has no column for; aggregate "
+                               "them apart (one file each) or give the experiment that setting as an axis")

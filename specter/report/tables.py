@@ -15,6 +15,7 @@ import pandas as pd
 
 from specter import experiments
 from specter.errors import SpecterError
+from specter.report import frames
 from specter.report.frames import COUNTS, METRICS, read_records, records_frame, scope
 
 #: the table kinds an experiment's registry entry can name
@@ -48,21 +49,6 @@ def _stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         0.99)
     out["tpot_ms_min"], out["tpot_ms_max"] = tpot.min(), tpot.max()
     return out.reset_index()
-
-
-def _one_record_a_prompt(df: pd.DataFrame) -> None:
-    """Refuse two records of one run's prompt and repeat in a table of statistics (they would count it twice): equal
-    in every setting the frame holds, a run at the default K being the run at that K, wherever each was written."""
-    from specter.report.frames import COUNTS, METRICS
-
-    key = df.drop(columns=[c for c in (*METRICS, *COUNTS) if c in df]).astype(str)
-    key["k_setting"] = [s if s else "" if pd.isna(k) else str(int(k)) for s, k in zip(key["k_setting"], df["k"])]
-    twice = key.duplicated(keep=False)
-    if twice.any():
-        r = df[twice].iloc[0]
-        raise SpecterError(f"two records of one run: {r['system']} on {r['model']} ({r['dataset']}, {r['hardware']}), "
-                           f"prompt {r['prompt_index']}, at the same settings (one run written to two files, or run "
-                           "twice): a table would count that prompt twice; give each run's records once")
 
 
 def _speedups(table: pd.DataFrame, scope: list[str], of: str = "specter") -> pd.DataFrame:
@@ -182,10 +168,11 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records)
-    _one_record_a_prompt(df)
-    df = derive(spec.derive, df)
+    frames.one_record_a_prompt(df)
+    df = derive(spec.derive, df.assign(_run=range(len(df))))
     scope = list(experiments.SCOPE)
-    table = _stats(df, scope + list(spec.keys))
+    frames.one_run_a_row(df, scope + list(spec.keys), records)
+    table = _stats(df.drop(columns="_run"), scope + list(spec.keys))
     if spec.speedups is not None:
         table = _speedups(table, scope + list(spec.speedups))
     return table[list(spec.columns)] if spec.columns else table
