@@ -290,9 +290,9 @@ def _consistency_problem(record: dict) -> str | None:
     timed = (extra.get("repeats") or {}).get("timed") if isinstance(extra.get("repeats"), dict) else None
     if isinstance(extra.get("repeat"), int) and isinstance(timed, int) and not extra["repeat"] < timed:
         return f"extra.repeat is {extra['repeat']}, and its run timed {timed} repeats (0 to {timed - 1})"
-    from specter.record_sums import arithmetic_problem
+    from specter.record_sums import arithmetic_problem, placement_problem
 
-    return arithmetic_problem(record, extra, config)
+    return placement_problem(record, extra, config) or arithmetic_problem(record, extra, config)
 
 
 def _prediction_problem(record: dict, prediction: list[dict]) -> str | None:

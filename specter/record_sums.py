@@ -10,6 +10,39 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
 
 
+def placement_problem(record: dict, extra: dict, config: dict) -> str | None:
+    """A run of a system placing whole layers' experts (`extra.host_layers`: KTransformers, llama.cpp's CPU experts)
+    held to its placement: its host layers distinct, ascending and within its MoE layers; the device's experts those
+    of the other layers (`config.memory.placed_slot_bytes`); nothing copied in or back but activations, which cross
+    where a layer's experts are on the host; no hit where no expert is on the device."""
+    host = extra.get("host_layers")
+    if host is None:
+        return None
+    memory = config.get("memory") if isinstance(config.get("memory"), dict) else {}
+    layers, placed = memory.get("moe_layers"), memory.get("placed_slot_bytes")
+    if not (isinstance(host, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in host)
+            and host == sorted(set(host)) and (not isinstance(layers, int) or len(host) <= layers)):
+        return f"extra.host_layers is {host!r:.80}, not distinct MoE layers in order, as many as the model has at most"
+    each = (config.get("expert_storage") or {}).get("expert_bytes") if isinstance(config.get("expert_storage"),
+                                                                                   dict) else None
+    if all(isinstance(v, int) for v in (layers, placed, each, record.get("experts_per_layer"))) and \
+            placed != (layers - len(host)) * record["experts_per_layer"] * each:
+        return (f"config.memory.placed_slot_bytes is {placed}, and the {layers - len(host)} MoE layers not on the "
+                f"host hold {(layers - len(host)) * record['experts_per_layer'] * each} bytes of experts")
+    for name, value in (("h2d_bytes_demand", record.get("h2d_bytes_demand")),
+                        ("h2d_bytes_prefetch", record.get("h2d_bytes_prefetch")),
+                        ("extra.d2h_bytes_writeback", extra.get("d2h_bytes_writeback")),
+                        ("extra.h2d_bytes_prefill", extra.get("h2d_bytes_prefill"))):
+        if value:
+            return f"{name} is {value!r}, and a run that places whole layers' experts copies no expert"
+    if ((extra.get("link_bytes_activations") or 0) > 0) != (len(host) > 0):
+        return (f"extra.link_bytes_activations is {extra.get('link_bytes_activations')!r}, and {len(host)} layers' "
+                "experts are on the host (activations cross exactly where some are)")
+    if isinstance(layers, int) and len(host) == layers and record.get("demand_hits"):
+        return f"demand_hits is {record['demand_hits']!r}, and every MoE layer's experts are on the host"
+    return None
+
+
 def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     """Where a record's sums and counts contradict each other: its time's parts and its TPOT, its twin's parts and
     the twin's TPOT, its lower bound and the bound it names, its memory plan's parts and their total, its window

@@ -13,6 +13,7 @@ import gc
 import gzip
 import json
 import os
+import re
 import shutil
 import textwrap
 from functools import partial
@@ -1203,6 +1204,9 @@ CASES = [
                                         "--out", "{out}.png"], "t.csv"),
     ("plot_table_wrong_columns", lambda w, r: ["plot", "main", "--table", _table_file(w, "t.csv", "a,b\n1,2\n"),
                                                "--out", "{out}.png"], "the table is not a main table (it lacks"),
+    ("plot_table_two_rows_for_one_setting", lambda w, r: ["plot", "main", "--table", _resealed(_table_copy(
+        w, r, _second_row(hit_rate="0.5"), checksum=False)), "--out", "{out}.png"],
+     "are two rows for one setting"),
     ("plot_another_experiments_table", lambda w, r: ["plot", "budget", "--table", str(r["table"]), "--out",
                                                      "{out}.png"], "the table is not a budget table (it holds memory"),
     ("plot_table_header_only", lambda w, r: ["plot", "main", "--table", _table_file(
@@ -1838,6 +1842,48 @@ def test_bytecode_flagged_as_never_checked_against_its_source_is_compiled_again(
     (src / "mod_a.py").write_text("NAME = 'new'\n")
     out = python()
     assert out.returncode == 0 and out.stdout.strip() == "new" and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def hybrid_records(tiny_dirs, tmp_path_factory):
+    """One record each of the hybrids on the tiny Mixtral (4 of 8 slots: llama.cpp keeps layer 0's experts on the
+    host, KTransformers both layers')."""
+    root = tmp_path_factory.mktemp("hybrid")
+    out = {}
+    for system in ("ktransformers", "llama-cpp-cpu-moe"):
+        path = root / f"{system}.jsonl"
+        assert main(["run", "--system", system, "--model", tiny_dirs["mixtral"], "--dataset", "code", "--hardware",
+                     "t4-pcie3", "--num-prompts", "1", "--max-new-tokens", "4", "--resident-per-layer", "4",
+                     "--out", str(path), "-q"]) == 0
+        out[system] = json.loads(path.read_text().splitlines()[0])
+    return out
+
+
+@pytest.mark.parametrize("system, edit, said", [
+    ("ktransformers", lambda r: r["extra"].update(host_layers=[0, 0]), "not distinct MoE layers in order"),
+    ("ktransformers", lambda r: r["extra"].update(host_layers=[0, 5, 9]), "as many as the model has at most"),
+    ("ktransformers", lambda r: r["extra"].update(host_layers=[0]), "placed_slot_bytes is 0, and the 1 MoE layers"),
+    ("ktransformers", lambda r: r.update(h2d_bytes_demand=24576), "copies no expert"),
+    ("ktransformers", lambda r: r["extra"].update(h2d_bytes_prefill=24576), "copies no expert"),
+    ("ktransformers", lambda r: r["extra"].update(link_bytes_activations=0), "activations cross exactly where"),
+    ("ktransformers", lambda r: r.update(demand_hits=1, hit_rate=1 / (1 + r["demand_misses"])),
+     "every MoE layer's experts are on the host"),
+    ("llama-cpp-cpu-moe", lambda r: r["extra"].update(host_layers=[]), "placed_slot_bytes is 98304, and the 2"),
+    ("llama-cpp-cpu-moe", lambda r: r["extra"].update(d2h_bytes_writeback=12288), "copies no expert"),
+], ids=["layer_twice", "layers_past_the_model", "layers_and_placement_disagree", "demand_bytes", "prefill_bytes",
+        "no_activations", "hits_with_nothing_resident", "no_host_layer", "write_back"])
+def test_a_hybrid_record_edited_against_its_placement_is_refused(hybrid_records, system, edit, said, tmp_path):
+    """A record of a system placing whole layers' experts is held to its placement (`record_sums.placement_problem`):
+    its host layers, the experts the device keeps, no expert copied, activations exactly where experts are on the
+    host, no hit where none is on the device."""
+    from specter.errors import SpecterError
+    from specter.records import read_jsonl
+
+    record = json.loads(json.dumps(hybrid_records[system]))
+    read_jsonl(_write(tmp_path, "whole.jsonl", json.dumps(record) + "\n"))  # as written: whole
+    edit(record)
+    with pytest.raises(SpecterError, match=re.escape(said)):
+        read_jsonl(_write(tmp_path, "edited.jsonl", json.dumps(record) + "\n"))
 
 
 def test_a_pipe_where_a_hashed_file_should_be_is_one_line_not_a_hang(tmp_path):

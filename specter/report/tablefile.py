@@ -367,6 +367,13 @@ def its_own_table(name: str, spec, table: pd.DataFrame) -> None:
                                                           "tpot_ms_p90", "tpot_ms_p99", "tpot_ms_min", "tpot_ms_max",
                                                           "speedup_of_specter"}
         extra = [c for c in table.columns if c not in allowed]
+    keys = [c for c in (*SCOPE, *spec.keys) if c in table.columns]
+    twice = table[keys].astype(str).duplicated(keep=False) if spec.kind == "stats" and not lacking else None
+    if twice is not None and twice.any():
+        lines = [i + 2 for i in table.index[twice]][:2]
+        raise SpecterError(f"the table's lines {lines[0]} and {lines[1]} are two rows for one setting (the same "
+                           f"{', '.join(keys)}), which no {name} table holds: the table was edited; give the table "
+                           f"`specter aggregate {name}` wrote (results/tables/{name}.csv)")
     if lacking or extra:
         said = "; ".join(part for part in (f"it lacks {', '.join(lacking)}" if lacking else "",
                                            f"it holds {', '.join(extra)}" if extra else "") if part)
