@@ -756,6 +756,11 @@ CASES = [
         r, "--same-memory-as", "2", system="on-demand", draft=_draft_copy(w, r, lambda d: _edit_json(
             d / "meta.json", quantized_bytes_per_expert=1))), "--resident-per-layer"),
      "quantized_bytes_per_expert is 1"),
+    ("draft_meta_method_relabelled", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", method="gptq", calibration={"corpus": "x", "num_sequences": 1, "seq_len": 1}))),
+     "method is 'gptq', and its experts were written as 'rtn'"),
+    ("draft_meta_sym_flipped", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
+        d / "meta.json", sym=False))), "sym is False, and its experts were written as True"),
     ("draft_meta_key_twice", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: (d / "meta.json").write_text(
         (d / "meta.json").read_text().rstrip().rstrip("}") + ', "bits": 4}'))), "the key 'bits' is given twice"),
     ("draft_meta_bits_out_of_range", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(

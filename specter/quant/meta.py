@@ -39,6 +39,10 @@ def versions() -> dict[str, str]:
 
 #: the most a sidecar holds (a few hundred bytes are written)
 MAX_META_BYTES = 1 << 20
+#: the key of experts.safetensors' metadata holding the sidecar's fields that say what the experts are
+#: (`DraftMeta.bound`), so that the experts' checksum covers them too
+BOUND_KEY = "specter.draft"
+BOUND_FIELDS = ("method", "bits", "group_size", "sym", "source_hash", "calibration")
 
 
 def _calibration_ok(calibration) -> bool:
@@ -98,14 +102,30 @@ class DraftMeta:
                                "with biases); quantize the draft again")
         return self.quantized_bytes_per_expert
 
+    def bound(self) -> str:
+        """The fields that say what the experts are, as experts.safetensors keeps them (`BOUND_KEY`)."""
+        return json.dumps({name: getattr(self, name) for name in BOUND_FIELDS}, sort_keys=True)
+
     def check_experts(self, draft_dir) -> None:
         """The draft's experts.safetensors the one this sidecar was written with (another draft's experts of the same
-        shapes, swapped in, load without a word otherwise)."""
+        shapes, swapped in, load without a word otherwise), and the sidecar's fields that say what they are the ones
+        the experts were written with (an edited method, bits or calibration would label other experts)."""
+        from safetensors import safe_open
+
         from specter.io import files_sha256
 
-        if files_sha256([Path(draft_dir) / "experts.safetensors"]) != self.experts_sha256:
-            raise SpecterError(f"{Path(draft_dir) / 'experts.safetensors'} is not the file its {META_FILE} was written "
-                               "with (another draft's experts, or edited); quantize the draft again")
+        path = Path(draft_dir) / "experts.safetensors"
+        if files_sha256([path]) != self.experts_sha256:
+            raise SpecterError(f"{path} is not the file its {META_FILE} was written with (another draft's experts, or "
+                               "edited); quantize the draft again")
+        with safe_open(str(path), "pt") as f:
+            kept = (f.metadata() or {}).get(BOUND_KEY)
+        if kept is not None and kept != self.bound():  # a draft of a version before the binding keeps none
+            written = json.loads(kept)
+            field = next((n for n in BOUND_FIELDS if written.get(n) != getattr(self, n)), "a field")
+            raise SpecterError(f"{Path(draft_dir) / META_FILE}: {field} is {getattr(self, field, None)!r}, and its "
+                               f"experts were written as {written.get(field)!r}: the sidecar was edited; quantize "
+                               "the draft again")
 
     def check(self, path) -> None:
         """Every field of a sidecar in range (an edited meta.json is refused, not trusted)."""

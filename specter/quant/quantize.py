@@ -29,7 +29,7 @@ from specter.errors import SpecterError
 from specter.io import atomic_dir, files_sha256, publish, temporary
 from specter.models.integrity import check_card, model_hash
 from specter.models.loading import load_moe_model, read_model_config
-from specter.quant.meta import METHODS, DraftMeta, versions
+from specter.quant.meta import BOUND_KEY, METHODS, DraftMeta, versions
 from specter.quant.packing import SUPPORTED_BITS, PackedLinear, pack
 from specter.runspec import check_positions
 
@@ -143,7 +143,7 @@ def quantize_draft(model_dir: str | Path, out_dir: str | Path, method: str = "gp
         numerics={**determinism.settings(), **calibration_numerics},
     )
     with atomic_dir(out) as tmp:  # a killed quantize leaves nothing that looks like a draft
-        save_file(tensors, str(tmp / "experts.safetensors"))
+        save_file(tensors, str(tmp / "experts.safetensors"), metadata={BOUND_KEY: meta.bound()})
         meta = replace(meta, experts_sha256=files_sha256([tmp / "experts.safetensors"]))
         meta.write(tmp)
     return meta
