@@ -641,6 +641,9 @@ CASES = [
     ("sweep_one_preset_by_its_name_and_its_file", lambda w, r: _sweep(
         r, "--hardware", f"t4-pcie3,{Path(__file__).parents[1] / 'specter/presets/hardware/t4-pcie3.yaml'}"),
      "are one profile (t4-pcie3, the same numbers)"),
+    ("sweep_dispatch_of_the_profile_and_profile", lambda w, r: _sweep(
+        r, "--hardware", "a100-40gb-pcie4", "--dispatch-us", "10,profile"),
+     "--dispatch-us 10 and profile are one profile (a100-40gb-pcie4"),
     ("arm_without_a_name", lambda w, r: _sweep(r, "--arm", "prefetch=none"), "has no name"),
     ("arm_bad_option_value", lambda w, r: _sweep(r, "--arm", "x:draft-kv=bogus"), "draft-kv='bogus'"),
     ("unknown_cost_as", lambda w, r: _run(r, "--cost-as", "gpt-17"), "gpt-17"),
@@ -1889,6 +1892,19 @@ def test_a_hybrid_record_edited_against_its_placement_is_refused(hybrid_records,
     edit(record)
     with pytest.raises(SpecterError, match=re.escape(said)):
         read_jsonl(_write(tmp_path, "edited.jsonl", json.dumps(record) + "\n"))
+
+
+def test_a_main_figure_of_a_system_at_two_budgets_says_so_in_one_line(real, tmp_path, capsys):
+    """The main figure draws one bar a system and comparison: a table of one system at two budgets (a valid table) is
+    refused by the figure in one line naming why, not as a damaged cell."""
+    records, table = tmp_path / "r.jsonl", tmp_path / "main.csv"
+    assert main(["sweep", "--systems", "on-demand", "--model", real["model"], "--dataset", "code", "--hardware",
+                 "t4-pcie3", "--num-prompts", "1", "--prefix-tokens", "8", "--max-new-tokens", "4",
+                 "--resident-per-layer", "1,2", "--out", str(records), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["aggregate", "main", str(records), "--out", str(table), "--figure", str(tmp_path / "f.png")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "holds 2 rows of on-demand" in errors[0], errors
 
 
 def test_a_pipe_where_a_hashed_file_should_be_is_one_line_not_a_hang(tmp_path):

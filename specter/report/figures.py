@@ -165,6 +165,12 @@ def _plot_system_bars(figure, table: pd.DataFrame, out, timing: str) -> None:
         width = 0.8 / len(modes)
         for i, mode in enumerate(modes):
             part = (sub if mode is None else sub[sub["memory"] == mode]).set_index("system")
+            if not part.index.is_unique:  # several budgets (or K) a system: bars a system cannot show them
+                many = part.index[part.index.duplicated()][0]
+                raise SpecterError(f"the figure draws one bar a system and comparison, and the table holds "
+                                   f"{int((part.index == many).sum())} rows of {many} in {title or 'one panel'} (runs "
+                                   "at several budgets or K): aggregate one budget and K per file, or draw the "
+                                   "budget experiment's figure (`specter plot budget`)")
             xs = [j - 0.4 + width * (i + 0.5) for j, s in enumerate(order) if s in part.index]
             names = [s for s in order if s in part.index]
             tpot = [float(part.loc[s, "tpot_ms"]) for s in names]

@@ -110,17 +110,21 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
 
 
 def _one_run_a_profile(resolved: list) -> None:
-    """Two specs alike but for `--hardware`'s text, naming one profile (a preset by its name and by its file), would
-    run twice and write one profile's records twice: refused before anything runs."""
+    """Two specs alike but for `--hardware`'s or `--dispatch-us`'s text, naming one profile (a preset by its name and
+    by its file; a dispatch time and `profile` where the profile's is that time), would run twice and write one
+    profile's records twice: refused before anything runs."""
     from specter.timing.hardware import profile_digest
 
     seen: dict = {}
     for r in resolved:
-        key = (replace(r.spec, hardware=""), profile_digest(r.profile.to_yaml_dict()))
-        if key in seen and seen[key] != r.spec.hardware:
-            raise SpecterError(f"--hardware {seen[key]} and {r.spec.hardware} are one profile "
-                               f"({r.profile.name}, the same numbers); give it once")
-        seen.setdefault(key, r.spec.hardware)
+        key = (replace(r.spec, hardware="", dispatch_us=None), profile_digest(r.profile.to_yaml_dict()))
+        said = (r.spec.hardware, "profile" if r.spec.dispatch_us is None else f"{r.spec.dispatch_us:g}")
+        if key in seen and seen[key] != said:
+            flag, (a, b) = ("--hardware", (seen[key][0], said[0])) if seen[key][0] != said[0] else \
+                ("--dispatch-us", (seen[key][1], said[1]))
+            raise SpecterError(f"{flag} {a} and {b} are one profile ({r.profile.name}, the same numbers), so one "
+                               "run twice; give it once")
+        seen.setdefault(key, said)
 
 
 def compare(base: RunSpec, systems: list[str], out_dir: str | Path, session: Session | None = None,

@@ -239,7 +239,7 @@ def _number(value: object, where: str, low: float, high: float, origin: str) -> 
         bound = f"positive (at least {low:g})" if low > 0 else "non-negative"
         raise SpecterError(f"hardware profile {origin}: {where} must be {bound} and at most {high:g}, got "
                            f"{value!r:.80}")
-    return float(value)
+    return float(value) + 0.0  # -0.0 as 0.0: a profile and its record say 0
 
 
 _MISSING_HINTS = {
