@@ -13,7 +13,14 @@ import re
 from pathlib import Path
 
 from specter.config_document import ConfigError, check_numbers
-from specter.workflow_entries import check_arms, check_governors, check_live_systems, check_measured, check_options
+from specter.workflow_entries import (
+    check_arms,
+    check_governors,
+    check_live_settings,
+    check_live_systems,
+    check_measured,
+    check_options,
+)
 
 #: names that become path components: letters, digits, `._-`, no leading dot or dash, no `..` (matched whole: `$`
 #: alone would let a name end in a newline)
@@ -304,6 +311,7 @@ def check_config(config: dict) -> None:
               and "hardware" not in (entry.get("axes") or {})
               and any(not config["cases"][case].get("cost_as") for case in cases_of(config, name))):
             check_live_systems(name, entry)  # its runs decode live where a case is at the model's own shapes
+            check_live_settings(name, entry)
         axes = (entry.get("axes") or {}).get("hardware") or []
         named = [("hardware.main", config["hardware"]["main"]),
                  *((f"cases.{c}.hardware", config["cases"][c]["hardware"]) for c in config["cases"]

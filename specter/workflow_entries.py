@@ -74,6 +74,26 @@ def check_measured(name: str, entry: dict, config: dict) -> None:
                               f"{config['cases'][case]['cost_as']}'s shapes, and {name} decodes the model itself "
                               "live; list a case without cost_as in its cases")
     check_live_systems(name, entry)
+    check_live_settings(name, entry)
+
+
+#: run settings the live engine refuses (`specter.runs.checks`), and the values it takes
+LIVE_ONLY = {"expert_bits": (16,), "pricing": ("fused", "counted")}
+
+
+def check_live_settings(name: str, entry: dict) -> None:
+    """The axes and arms of an experiment whose runs decode live at values the live engine takes: FP experts, greedy
+    decoding, a twin priced counted or fused (else the workflow would fail at that job, after the builds)."""
+    axes = entry.get("axes") or {}
+    given = [(f"axes.{key}", value) for key, values in axes.items() for value in values]
+    given += [(f"arms.{arm}.{key}", value) for arm, settings in (entry.get("arms") or {}).items()
+              for key, value in (settings or {}).items()]
+    for where, value in given:
+        key = where.rsplit(".", 1)[-1]
+        if (key in LIVE_ONLY and value not in LIVE_ONLY[key]) or (key == "temperature" and value != 0):
+            takes = "0 (greedy)" if key == "temperature" else ", ".join(map(str, LIVE_ONLY[key]))
+            raise ConfigError(f"config experiments.{name}.{where}: {value!r}, and {name}'s runs decode live, which "
+                              f"takes {takes} there; leave it out of this experiment")
 
 
 def check_live_systems(name: str, entry: dict) -> None:

@@ -405,6 +405,8 @@ def _edited(edit, base=".test/config.yaml") -> dict:
      "decodes the model itself live"),
     (lambda c: c["experiments"]["sim_vs_measured"].update(systems=["mixtral-offloading"], options={"depth": [0, 1]}),
      "experiments.sim_vs_measured.options.depth", "the live engine cannot run 'mixtral-offloading' (depth=1"),
+    (lambda c: c["experiments"]["sim_vs_measured"].update(axes={"expert_bits": ["q4_k_m"]}),
+     "experiments.sim_vs_measured.axes.expert_bits", "decode live, which takes 16 there"),
     (lambda c: c["experiments"]["hit_rate"]["axes"].update(resident_per_layer=[1, 99]),
      "experiments.hit_rate.axes.resident_per_layer", "99 must be between 1 and"),
     (lambda c: c["datasets"].update(humaneval={"path": "prompts.jsonl"}), "datasets.humaneval",
@@ -422,7 +424,7 @@ def _edited(edit, base=".test/config.yaml") -> dict:
         "seed_negative", "repeats_huge", "prefix_axis_beyond_positions", "fidelity_new_tokens_beyond_positions",
         "fidelity_stride_huge", "calibration_beyond_positions", "calibration_sequences_huge", "case_k_huge",
         "k_axis_huge", "temperature_nan", "resident_fraction_nan", "device_memory_inf", "live_in_a_priced_case",
-        "live_system_it_cannot_run", "slots_axis_past_the_experts", "a_file_under_a_shipped_sets_name",
+        "live_system_it_cannot_run", "live_expert_bits_it_cannot_run", "slots_axis_past_the_experts", "a_file_under_a_shipped_sets_name",
         "axis_value_twice", "system_twice", "option_value_spelled_twice"])
 def test_every_config_value_is_checked_naming_its_key(edit, key, message):
     """What the schema lets through (a name ending in a newline, NaN, infinity, numbers past the flag they become or
