@@ -2025,20 +2025,32 @@ def test_a_prompt_set_too_small_for_the_protocol_is_refused_with_the_config(edit
 
 
 def test_a_live_workflow_refuses_the_settings_the_live_engine_cannot_run_before_any_job():
-    """With `hardware.engine: live`, every sweep at the model's own shapes decodes live: an arm or option the live
-    engine refuses (the ablation's copied KV, the hit_rate experiment's Belady) is refused with the config, not met by
-    its job after the builds."""
+    """With `hardware.engine: live`, every sweep at the model's own shapes decodes live: an axis, arm or option the
+    live engine refuses (main's and dispatch's upstream pricing, the ablation's copied KV, sensitivity's sampling,
+    the hit_rate experiment's Belady) is refused with the config, not met by its job after the builds."""
     from specter.workflow_checks import ConfigError, check_config
 
     config = yaml.safe_load((Path(__file__).parents[1] / ".test" / "config.yaml").read_text())
     config["hardware"]["engine"] = "live"
-    with pytest.raises(ConfigError, match=r"experiments.ablation.arms.\+ copied KV: the live engine cannot run"):
-        check_config(config)
-    del config["experiments"]["ablation"]
-    with pytest.raises(ConfigError, match="experiments.hit_rate.options.replacement: the live engine cannot run "
-                                          "'on-demand' .replacement=belady"):
-        check_config(config)
-    config["experiments"]["hit_rate"]["options"]["replacement"] = ["lru", "lfu", "least-stale"]
+    expected = {}
+    for refused, fix in (
+            ("experiments.main.axes.pricing: 'upstream', and main's runs decode live",
+             lambda: config["experiments"]["main"]["axes"].update(pricing=["fused"])),
+            (r"experiments.ablation.arms.\+ copied KV: the live engine cannot run",
+             lambda: config["experiments"].pop("ablation")),
+            ("experiments.dispatch.axes.pricing: 'upstream', and dispatch's runs decode live",
+             lambda: config["experiments"].pop("dispatch")),
+            ("experiments.sensitivity.axes.temperature: 1.0, and sensitivity's runs decode live",
+             lambda: config["experiments"]["sensitivity"]["axes"].update(temperature=[0.0])),
+            ("experiments.hit_rate.options.replacement: the live engine cannot run 'on-demand' .replacement=belady",
+             lambda: config["experiments"]["hit_rate"]["options"].update(replacement=["lru", "lfu", "least-stale"]))):
+        expected[refused] = fix
+    while expected:  # each refused in the config's order, one at a time
+        with pytest.raises(ConfigError) as err:
+            check_config(config)
+        refused = next((pattern for pattern in expected if re.search(pattern, str(err.value))), None)
+        assert refused is not None, str(err.value)
+        expected.pop(refused)()
     check_config(config)
 
 

@@ -122,7 +122,7 @@ def test_a_row_of_two_runs_is_refused_naming_the_setting_between_them(records):
     (here main's rows over the fixture's arms, temperatures and options) are refused, naming the setting."""
     from specter.errors import SpecterError
 
-    with pytest.raises(SpecterError, match=r"would average \d+ runs that differ in config (arm|temperature|system_opt)"):
+    with pytest.raises(SpecterError, match=r"would average \d+ runs that differ in config (arm|temperature|system)"):
         experiment_table("main", records)
 
 

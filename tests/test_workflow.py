@@ -424,7 +424,8 @@ def _edited(edit, base=".test/config.yaml") -> dict:
         "seed_negative", "repeats_huge", "prefix_axis_beyond_positions", "fidelity_new_tokens_beyond_positions",
         "fidelity_stride_huge", "calibration_beyond_positions", "calibration_sequences_huge", "case_k_huge",
         "k_axis_huge", "temperature_nan", "resident_fraction_nan", "device_memory_inf", "live_in_a_priced_case",
-        "live_system_it_cannot_run", "live_expert_bits_it_cannot_run", "slots_axis_past_the_experts", "a_file_under_a_shipped_sets_name",
+        "live_system_it_cannot_run", "live_expert_bits_it_cannot_run",
+        "slots_axis_past_the_experts", "a_file_under_a_shipped_sets_name",
         "axis_value_twice", "system_twice", "option_value_spelled_twice"])
 def test_every_config_value_is_checked_naming_its_key(edit, key, message):
     """What the schema lets through (a name ending in a newline, NaN, infinity, numbers past the flag they become or
