@@ -193,7 +193,7 @@ def test_a_run_priced_counted_takes_the_kernels_of_the_priced_architecture_s_own
     assert priced["kernels"]["attention"] == ops.attention and priced["kernels"]["expert"] == ops.expert
     assert "tiny instance of mixtral-8x7b's transformers class" in priced["kernels_source"]
     assert fused.config["priced_ops"]["kernels"] == {"attention": 8, "expert": 3, "head": 2, "draft_experts": 1,
-                                                     "host_reads": None}
+                                                     "host_reads": None, "dispatch": "eager"}
     assert counted.output_token_ids == fused.output_token_ids
     assert counted.tpot_ms > fused.tpot_ms and counted.tpot_ms >= counted.lower_bound_tpot_ms
 
