@@ -18,9 +18,9 @@ synchronization); `prefetch_log` keeps every prefetch copy's label beside its fo
 timeline for every system that prefetches.
 
 A copy can also run in the compute stream's order (`copy_in_compute_order`: after the compute issued before it, and
-before the compute issued after it), as accelerate's and Mixtral-Offloading's copies on the current stream do; a write-
-back (`write_back`: an evicted expert copied device to host, as Mixtral-Offloading's swap does) crosses the same link
-and is priced by the same copy cost.
+before the compute issued after it), as accelerate's and Mixtral-Offloading's copies on the current stream do; a
+write-back (`write_back`: an evicted expert copied device to host, as Mixtral-Offloading's swap does) crosses the same
+link and is priced by the same copy cost.
 
 Systems act inside a pass through `PassHooks` (`specter.offload.hooks`: declared methods, no-ops by default, beside the
 forecasts and the transfer statistics a pass keeps) that they add to `hooks`: `on_route` once the host knows a target

@@ -4,9 +4,9 @@ Two kinds of clock, as on a GPU with its host:
 - **The host thread.** Launching an op costs it the profile's dispatch time for every kernel the op stands for
   (`host.dispatch_us`: the framework's work per op, the same for every system that dispatches eagerly; a system whose
   upstream runtime is compiled pays the launch call alone, one that replays a captured graph nothing per kernel:
-  `runtime_dispatch`); a host read of a device result waits
-  for the device and then costs `host_sync`; the runtime's own work at each target MoE layer (`policy`: choosing
-  copies, updating the cache) costs `host.policy_us`. The host runs ahead of the device until it must read something.
+  `runtime_dispatch`); a host read of a device result waits for the device and then costs `host_sync`; the runtime's own
+  work at each target MoE layer (`policy`: choosing copies, updating the cache) costs `host.policy_us`. The host runs
+  ahead of the device until it must read something.
 - **Each stream.** An op starts no earlier than its stream's last op ends and its first kernel is launched, and ends no
   earlier than its own time after that, nor before its last kernel could run after its launch. A chain of tiny kernels
   thus comes out launch-bound (its time grows with dispatch), one large kernel device-bound, and a copy overlaps the
