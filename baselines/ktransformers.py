@@ -61,19 +61,29 @@ class HostExpertsExecutor(Executor):
 
     def target_pass(self, routes, context: int, tag: str, inputs=None):
         n = len(inputs) if routes is None else len(routes)  # the embedding, looked up on the host, copied in
-        self.engine.launch(H2D, self._with(Op(f"{tag}.embedding-in", bytes_copied=n * self.work.hidden * HIDDEN),
+        self.engine.launch(H2D, self._with(Op(f"{tag}.embedding-in", bytes_copied=n * self.embedding_bytes()),
                                            "activations_to_device", n))
         self.engine.wait(COMPUTE, self.engine.record(H2D))
-        self.stats.link_bytes_activations += n * self.work.hidden * HIDDEN
+        self.stats.link_bytes_activations += n * self.embedding_bytes()
         return super().target_pass(routes, context, tag, inputs)
+
+    def embedding_bytes(self) -> int:
+        """Bytes of a token's embedding, looked up on the host and copied in."""
+        return self.work.hidden * HIDDEN
+
+    def crossing(self) -> tuple[int, int]:
+        """Bytes a token's activations cross at a MoE layer: to the host (its hidden state, expert ids and weights),
+        back (its experts' weighted sum)."""
+        w = self.work
+        return w.hidden * HIDDEN + w.top_k * (IDS + WEIGHTS), w.hidden * HIDDEN
 
     def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
         tokens_per_expert = tokens_of(routes)
         experts = sorted(tokens_per_expert)
-        n, k, w = max(1, len(routes)), self.work.top_k, self.work
+        n, w = max(1, len(routes)), self.work
         self.stats.demand.miss(layer, len(experts))
         self.stats.demand.token_misses += sum(tokens_per_expert.values())
-        out, back = n * (w.hidden * HIDDEN + k * (IDS + WEIGHTS)), n * w.hidden * HIDDEN
+        out, back = (n * b for b in self.crossing())
         self.stats.link_bytes_activations += out + back
         shared = self._with(w.shared_op(layer, n, f"{tag}.L{layer}.shared"), "shared_experts", layer, n) \
             if w.shared_params.get(layer) else None
@@ -124,6 +134,7 @@ class KTransformers(System):
     order, colour = 74, "#4c4c4c"
     upstream = UPSTREAM
     host_compute = True
+    host_layers_rule = "every"
     options = {"cuda-graph": (bool, True, "the decode step as one CUDA graph (the code's default); false: eager, "
                                           "the host waiting for the host experts at each MoE layer")}
 
@@ -142,5 +153,7 @@ class KTransformers(System):
 
     def run(self, ctx: PromptContext) -> PromptResult:
         ctx.executor.place(dict.fromkeys(ctx.work.moe_layers, []))
-        ctx.extra["host_layers"] = list(ctx.work.moe_layers)
+        ctx.extra["host_layers"], ctx.extra["moe_layers"] = list(ctx.work.moe_layers), list(ctx.work.moe_layers)
+        ctx.extra["activation_bytes"] = {"token": ctx.executor.embedding_bytes(),
+                                         "token_host_layer": sum(ctx.executor.crossing())}
         return decode_one_by_one(ctx, self.prefill(ctx))

@@ -76,6 +76,12 @@ class CpuMoeExecutor(Executor):
         self.host_reads_routes = False  # the routing stays with the device's MUL_MAT_ID or crosses as a split input
         self.host_policy = False  # a static placement: nothing to choose per layer
 
+    def crossing(self) -> tuple[int, int]:
+        """Bytes a token's activations cross at a host layer: to the host (its hidden state and expert ids), back (its
+        experts' k outputs)."""
+        w = self.work
+        return w.hidden * F32 + w.top_k * I32, w.top_k * w.hidden * F32
+
     def run_experts(self, layer: int, routes: list[tuple[int, ...]], tag: str) -> None:
         tokens_per_expert = tokens_of(routes)
         experts = sorted(tokens_per_expert)
@@ -97,7 +103,7 @@ class CpuMoeExecutor(Executor):
             return
         self.stats.demand.miss(layer, len(experts))
         self.stats.demand.token_misses += sum(tokens_per_expert.values())
-        to_host, to_device = n * (w.hidden * F32 + k * I32), n * k * w.hidden * F32
+        to_host, to_device = (n * b for b in self.crossing())
         self.stats.link_bytes_activations += to_host + to_device
         # the split's inputs: the host waits for the device, then copies them (a blocking copy)
         self.engine.wait(H2D, self.engine.record(COMPUTE))
@@ -137,6 +143,7 @@ class LlamaCppCpuMoe(System):
     order, colour = 75, "#8c613c"
     upstream = UPSTREAM
     host_compute = True
+    host_layers_rule = "leading"
     options = {
         "n-cpu-moe": (int, -1, "the first N blocks keep their routed experts on the host (-1: the fewest that leave "
                                "the other layers' experts within the device budget)", (-1, 100_000)),
@@ -162,4 +169,6 @@ class LlamaCppCpuMoe(System):
         ctx.executor.place({layer: list(range(ctx.work.experts_per_layer)) if n else []
                             for layer, n in ctx.cache.capacity.items()})
         ctx.extra["host_layers"] = sorted(ctx.executor.host_layers)
+        ctx.extra["moe_layers"] = list(ctx.work.moe_layers)
+        ctx.extra["activation_bytes"] = {"token": 0, "token_host_layer": sum(ctx.executor.crossing())}
         return decode_one_by_one(ctx, self.prefill(ctx))

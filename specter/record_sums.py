@@ -15,14 +15,20 @@ def placement_problem(record: dict, extra: dict, config: dict) -> str | None:
     held to its placement: its host layers distinct, ascending and within its MoE layers; the device's experts those
     of the other layers (`config.memory.placed_slot_bytes`); nothing copied in or back but activations, which cross
     where a layer's experts are on the host; no hit where no expert is on the device."""
-    host = extra.get("host_layers")
-    if host is None:
+    from specter.system_names import host_layers_rule
+
+    host, rule = extra.get("host_layers"), host_layers_rule(str(record.get("system")))
+    if host is None and rule is None:
         return None
+    if rule is None:
+        return f"extra.host_layers is {host!r:.80}, and {record.get('system')} places no whole layer on the host"
     memory = config.get("memory") if isinstance(config.get("memory"), dict) else {}
     layers, placed = memory.get("moe_layers"), memory.get("placed_slot_bytes")
-    if not (isinstance(host, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in host)
-            and host == sorted(set(host)) and (not isinstance(layers, int) or len(host) <= layers)):
+    if not _layer_list(host) or (isinstance(layers, int) and len(host) > layers):
         return f"extra.host_layers is {host!r:.80}, not distinct MoE layers in order, as many as the model has at most"
+    problem = _rule_problem(record, extra, config, host, rule)
+    if problem:
+        return problem
     each = (config.get("expert_storage") or {}).get("expert_bytes") if isinstance(config.get("expert_storage"),
                                                                                    dict) else None
     if all(isinstance(v, int) for v in (layers, placed, each, record.get("experts_per_layer"))) and \
@@ -40,6 +46,48 @@ def placement_problem(record: dict, extra: dict, config: dict) -> str | None:
                 "experts are on the host (activations cross exactly where some are)")
     if isinstance(layers, int) and len(host) == layers and record.get("demand_hits"):
         return f"demand_hits is {record['demand_hits']!r}, and every MoE layer's experts are on the host"
+    return None
+
+
+def _layer_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value) \
+        and value == sorted(set(value))
+
+
+def _rule_problem(record: dict, extra: dict, config: dict, host: list, rule: str) -> str | None:
+    """The host layers as the system places them (`System.host_layers_rule`) among the model's MoE layers
+    (`extra.moe_layers`): every one, or the leading ones, as many as its `n-cpu-moe` keeps there (-1: the fewest that
+    leave the others' experts within the budget's slots); the activations crossing the link those layers' and the
+    tokens' (`extra.activation_bytes`, a token's bytes and a token's at each host layer) over every token the
+    target's passes read, the prompt's and each decode step's."""
+    moe, system = extra.get("moe_layers"), record.get("system")
+    layers = (config.get("memory") or {}).get("moe_layers") if isinstance(config.get("memory"), dict) else None
+    if not _layer_list(moe) or not moe or (isinstance(layers, int) and len(moe) != layers):
+        return f"extra.moe_layers is {moe!r:.80}, not the model's MoE layers in order (a run of {system} says them)"
+    if rule == "every" and host != moe:
+        return f"extra.host_layers is {host!r:.80}, and {system} keeps every MoE layer's experts on the host ({moe})"
+    if rule == "leading":
+        if host != moe[: len(host)]:
+            return f"extra.host_layers is {host!r:.80}, and {system} keeps the leading MoE layers' experts there"
+        n, slots = (config.get("system_settings") or {}).get("n-cpu-moe"), record.get("slots_per_layer")
+        experts = record.get("experts_per_layer")
+        if isinstance(n, int) and n >= 0:
+            want = [layer for layer in moe if layer < n]
+        elif isinstance(n, int) and all(isinstance(v, int) for v in (slots, experts)):
+            want = moe[: next(j for j in range(len(moe) + 1) if (len(moe) - j) * experts <= slots * len(moe))]
+        else:
+            return f"config.system_settings.n-cpu-moe is {n!r}, not a number of blocks"
+        if host != want:
+            return f"extra.host_layers is {host!r:.80}, and n-cpu-moe={n} keeps MoE layers {want} on the host"
+    each, link = extra.get("activation_bytes"), extra.get("link_bytes_activations")
+    if not (isinstance(each, dict) and all(isinstance(each.get(k), int) and not isinstance(each.get(k), bool)
+                                           and each[k] >= 0 for k in ("token", "token_host_layer"))):
+        return f"extra.activation_bytes is {each!r:.80}, not a token's bytes and a token's at each host layer"
+    tokens = len(record.get("prompt_token_ids") or []) + max(len(record.get("output_token_ids") or []) - 1, 0)
+    want = tokens * (each["token"] + len(host) * each["token_host_layer"])
+    if link != want:
+        return (f"extra.link_bytes_activations is {link!r}, and {tokens} tokens through {len(host)} host layers "
+                f"cross {want} bytes (extra.activation_bytes)")
     return None
 
 

@@ -101,6 +101,11 @@ def host_compute_names() -> frozenset[str]:
     return frozenset(name for name, facts in _declared().items() if facts.get("host_compute") is True)
 
 
+def host_layers_rule(name: str) -> str | None:
+    """Which MoE layers system `name` keeps on the host for a whole run (`System.host_layers_rule`), or None."""
+    return (_declared().get(name) or {}).get("host_layers_rule")
+
+
 def speculative_names() -> frozenset[str]:
     """The systems among `system_names` whose class (or a System class it subclasses) sets `speculative = True`: the
     ones whose runs draft a window, and so have a K."""

@@ -20,6 +20,7 @@ from specter.workflow_entries import (
     check_live_systems,
     check_measured,
     check_options,
+    check_profiles,
 )
 
 #: names that become path components: letters, digits, `._-`, no leading dot or dash, no `..` (matched whole: `$`
@@ -324,4 +325,5 @@ def check_config(config: dict) -> None:
                 load_profile(profile)
             except SpecterError as err:
                 raise ConfigError(f"config {key}: {err}") from None
+        check_profiles(name, entry, config)
     _check_same_memory(config)

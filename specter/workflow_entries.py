@@ -118,3 +118,32 @@ def check_live_systems(name: str, entry: dict) -> None:
             if reason:
                 raise ConfigError(f"config experiments.{name}.{where}: the live engine cannot run {system!r} "
                                   f"({reason}); leave it out")
+
+
+def check_profiles(name: str, entry: dict, config: dict) -> None:
+    """Each profile an experiment's runs take named once: a preset given by its name and by its file, or a dispatch
+    time of the `dispatch_us` axis equal to `profile` on a profile the experiment runs on, is one run twice (`specter
+    sweep` refuses it, after the builds)."""
+    from specter.experiments import cases_of
+    from specter.timing import load_profile
+    from specter.timing.hardware import profile_digest
+
+    axes = entry.get("axes") or {}
+    seen: dict[str, str] = {}
+    for value in axes.get("hardware") or []:
+        digest = profile_digest(load_profile(value).to_yaml_dict())
+        if digest in seen:
+            raise ConfigError(f"config experiments.{name}.axes.hardware: {seen[digest]!r} and {value!r} are one "
+                              "profile (the same numbers), so one run twice; give it once")
+        seen[digest] = value
+    times = [t for t in axes.get("dispatch_us") or [] if t != "profile"]
+    if not times or "profile" not in (axes.get("dispatch_us") or []):
+        return
+    cases = [config["cases"][c].get("hardware") or config["hardware"]["main"] for c in cases_of(config, name)]
+    arms = [(settings or {}).get("hardware") for settings in (entry.get("arms") or {}).values()]
+    hardware = list(axes.get("hardware") or []) or [h for arm in arms or [None] for h in ([arm] if arm else cases)]
+    for profile in dict.fromkeys(hardware):
+        us = load_profile(profile).to_yaml_dict()["host"]["dispatch_us"]
+        if any(float(t) == us for t in times):
+            raise ConfigError(f"config experiments.{name}.axes.dispatch_us: {us:g} and profile are one time on "
+                              f"{profile} (its host.dispatch_us), so one run twice; give it once")

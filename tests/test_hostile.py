@@ -646,6 +646,9 @@ CASES = [
     ("sweep_dispatch_of_the_profile_and_profile", lambda w, r: _sweep(
         r, "--hardware", "a100-40gb-pcie4", "--dispatch-us", "10,profile"),
      "--dispatch-us 10 and profile are one profile (a100-40gb-pcie4"),
+    ("sweep_one_option_setting_written_two_ways", lambda w, r: _sweep(
+        r, "--systems", "ktransformers", "--system-option", "cuda-graph=1,true"),
+     "--system-option cuda-graph=1 and cuda-graph=true are one setting of ktransformers"),
     ("arm_without_a_name", lambda w, r: _sweep(r, "--arm", "prefetch=none"), "has no name"),
     ("arm_bad_option_value", lambda w, r: _sweep(r, "--arm", "x:draft-kv=bogus"), "draft-kv='bogus'"),
     ("unknown_cost_as", lambda w, r: _run(r, "--cost-as", "gpt-17"), "gpt-17"),
@@ -1869,19 +1872,40 @@ def hybrid_records(tiny_dirs, tmp_path_factory):
     return out
 
 
+def _relabel(record: dict, system: str) -> None:
+    """A record given another system's name, in both places it says it."""
+    record["system"] = record["config"]["system"] = system
+
+
 @pytest.mark.parametrize("system, edit, said", [
     ("ktransformers", lambda r: r["extra"].update(host_layers=[0, 0]), "not distinct MoE layers in order"),
     ("ktransformers", lambda r: r["extra"].update(host_layers=[0, 5, 9]), "as many as the model has at most"),
-    ("ktransformers", lambda r: r["extra"].update(host_layers=[0]), "placed_slot_bytes is 0, and the 1 MoE layers"),
+    ("ktransformers", lambda r: r["extra"].update(host_layers=[0]),
+     "and ktransformers keeps every MoE layer's experts on the host ([0, 1])"),
+    ("ktransformers", lambda r: r["config"]["memory"].update(placed_slot_bytes=12288 * 8, expert_slot_bytes=12288 * 8),
+     "placed_slot_bytes is 98304, and the 0 MoE layers"),
     ("ktransformers", lambda r: r.update(h2d_bytes_demand=24576), "copies no expert"),
     ("ktransformers", lambda r: r["extra"].update(h2d_bytes_prefill=24576), "copies no expert"),
-    ("ktransformers", lambda r: r["extra"].update(link_bytes_activations=0), "activations cross exactly where"),
+    ("ktransformers", lambda r: r["extra"].update(link_bytes_activations=0), "extra.link_bytes_activations is 0, and"),
+    ("ktransformers", lambda r: r["extra"].update(link_bytes_activations=3 * r["extra"]["link_bytes_activations"]),
+     "tokens through 2 host layers cross"),
+    ("ktransformers", lambda r: r["extra"].pop("host_layers"), "extra.host_layers is None, not distinct MoE layers"),
+    ("ktransformers", lambda r: r["extra"].pop("activation_bytes"), "extra.activation_bytes is None"),
     ("ktransformers", lambda r: r.update(demand_hits=1, hit_rate=1 / (1 + r["demand_misses"])),
      "every MoE layer's experts are on the host"),
-    ("llama-cpp-cpu-moe", lambda r: r["extra"].update(host_layers=[]), "placed_slot_bytes is 98304, and the 2"),
+    ("llama-cpp-cpu-moe", lambda r: r["extra"].update(host_layers=[]), "n-cpu-moe=-1 keeps MoE layers [0] on the host"),
+    ("llama-cpp-cpu-moe", lambda r: r["extra"].update(host_layers=[1]), "keeps the leading MoE layers' experts there"),
+    ("llama-cpp-cpu-moe", lambda r: r["config"]["system_settings"].update({"n-cpu-moe": 2}),
+     "n-cpu-moe=2 keeps MoE layers [0, 1] on the host"),
+    ("llama-cpp-cpu-moe", lambda r: r["extra"].update(link_bytes_activations=1), "extra.link_bytes_activations is 1"),
+    ("llama-cpp-cpu-moe", lambda r: r["extra"].pop("moe_layers"), "extra.moe_layers is None"),
+    ("llama-cpp-cpu-moe", lambda r: _relabel(r, "ktransformers"), "ktransformers keeps every MoE layer's"),
+    ("llama-cpp-cpu-moe", lambda r: _relabel(r, "fiddler"), "and fiddler places no whole layer on the host"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].update(d2h_bytes_writeback=12288), "copies no expert"),
-], ids=["layer_twice", "layers_past_the_model", "layers_and_placement_disagree", "demand_bytes", "prefill_bytes",
-        "no_activations", "hits_with_nothing_resident", "no_host_layer", "write_back"])
+], ids=["layer_twice", "layers_past_the_model", "not_every_layer", "layers_and_placement_disagree", "demand_bytes",
+        "prefill_bytes", "no_activations", "activations_thrice", "no_host_layers", "no_activation_bytes",
+        "hits_with_nothing_resident", "no_host_layer", "not_leading", "not_its_n_cpu_moe", "activations_one_byte",
+        "no_moe_layers", "relabelled_ktransformers", "relabelled_fiddler", "write_back"])
 def test_a_hybrid_record_edited_against_its_placement_is_refused(hybrid_records, system, edit, said, tmp_path):
     """A record of a system placing whole layers' experts is held to its placement (`record_sums.placement_problem`):
     its host layers, the experts the device keeps, no expert copied, activations exactly where experts are on the
@@ -2471,6 +2495,18 @@ def test_diff_of_two_trees_both_damaged_alike_names_the_damage(real, tmp_path, c
     (tmp_path / "b" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
     (tmp_path / "a" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+
+
+def test_diff_of_records_in_another_order_says_so_in_one_line(hybrid_records, tmp_path, capsys):
+    """Records written in another order are compared run by run and prompt by prompt: one line says they moved, and
+    no field is called different because a record was set beside another's."""
+    lines = [json.dumps(record) for record in hybrid_records.values()]
+    for side, order in (("a", lines), ("b", lines[::-1])):
+        (tmp_path / side / "runs").mkdir(parents=True)
+        (tmp_path / side / "runs" / "x.jsonl").write_text("\n".join(order) + "\n")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "x.jsonl: the same runs' records in another order" in out and "differs in" not in out, out
 
 
 def test_a_bar_in_a_cell_stays_in_its_cell_and_diff_names_the_side_that_holds_a_file(tmp_path):

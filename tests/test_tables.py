@@ -12,6 +12,7 @@ import pytest
 
 from conftest import spec
 from specter import experiments, metrics
+from specter.errors import SpecterError
 from specter.quant.quantize import quantize_draft
 from specter.report.frames import records_frame
 from specter.report.tables import derive, experiment_table
@@ -126,6 +127,25 @@ def test_a_row_of_two_runs_is_refused_naming_the_setting_between_them(records):
         experiment_table("main", records)
 
 
+def test_every_table_of_records_refuses_a_row_of_two_runs(records):
+    """The memory and breakdown tables too keep one run a row; and two runs alike in every column of a stats table
+    (here only their seed differs) are named as two runs, not as one run written twice."""
+    import copy
+
+    from specter.report.tables import memory_table
+
+    with pytest.raises(SpecterError, match=r"would average \d+ runs that differ in config (arm|draft-kv|system)"):
+        memory_table(records)
+    from specter.records import run_key
+
+    one = [r for r in records if run_key(r) == run_key(records[0])]
+    other = copy.deepcopy(one)
+    for r in other:
+        r["config"]["seed"] = r["seed"] = r["seed"] + 1
+    with pytest.raises(SpecterError, match="would average 2 runs that differ in config seed"):
+        experiment_table("main", one + other)
+
+
 def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -142,7 +162,11 @@ def test_breakdown_parts_sum_to_each_systems_time(records):
         parts = r["extra"]["breakdown_ms"]
         commits = r["extra"]["commit_ms"]
         assert math.isclose(sum(parts[p] for p in BREAKDOWN), commits[-1] - commits[0], rel_tol=1e-9, abs_tol=1e-9)
-    table = breakdown_table(records)
+    with pytest.raises(SpecterError, match="would average 4 runs that differ in config arm"):
+        breakdown_table(records)  # the fixture's arms, temperatures and options: runs the table has no column for
+    one_each = [r for r in records if r["config"]["arm"] == "full" and r["config"]["temperature"] == 0
+                and r["config"]["system_settings"].get("noise", 0.0) == 0.0]
+    table = breakdown_table(one_each)
     assert set(table["system"]) == {"on-demand", "specter", "specter-oracle"}
     for _, row in table.iterrows():
         assert math.isclose(sum(row[p] for p in BREAKDOWN), row["tpot_ms"], rel_tol=1e-9)

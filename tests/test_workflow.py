@@ -417,6 +417,11 @@ def _edited(edit, base=".test/config.yaml") -> dict:
      "has non-unique elements"),
     (lambda c: c["experiments"]["oracle"].update(options={"noise": [0.0, 0, 0.5]}), "experiments.oracle.options.noise",
      "0.0 and 0 are one value"),
+    (lambda c: c["experiments"]["hardware"]["axes"].update(
+        hardware=["t4-pcie3", str(ROOT / "specter/presets/hardware/t4-pcie3.yaml")]),
+     "experiments.hardware.axes.hardware", "are one profile (the same numbers)"),
+    (lambda c: c["experiments"]["dispatch"]["axes"].update(dispatch_us=[10, "profile"]),
+     "experiments.dispatch.axes.dispatch_us", "10 and profile are one time on a100-40gb-pcie4"),
 ], ids=["model_name_trailing_newline", "dataset_name_trailing_newline", "fidelity_dataset_climbs_out",
         "fidelity_dataset_not_a_prompt_file", "fidelity_dataset_missing", "dataset_path_climbs_out",
         "dataset_path_two_lines", "model_path_climbs_out", "hardware_path_climbs_out", "option_not_a_number",
@@ -426,7 +431,8 @@ def _edited(edit, base=".test/config.yaml") -> dict:
         "k_axis_huge", "temperature_nan", "resident_fraction_nan", "device_memory_inf", "live_in_a_priced_case",
         "live_system_it_cannot_run", "live_expert_bits_it_cannot_run",
         "slots_axis_past_the_experts", "a_file_under_a_shipped_sets_name",
-        "axis_value_twice", "system_twice", "option_value_spelled_twice"])
+        "axis_value_twice", "system_twice", "option_value_spelled_twice", "preset_by_name_and_by_file",
+        "dispatch_time_of_the_profile_and_profile"])
 def test_every_config_value_is_checked_naming_its_key(edit, key, message):
     """What the schema lets through (a name ending in a newline, NaN, infinity, numbers past the flag they become or
     the model's positions, a path that climbs out, a non-number option) is refused with the config, naming the key."""

@@ -58,6 +58,28 @@ def _one_side(name: str, pa: Path, pb: Path, a: Path, b: Path) -> str:
     return f"{name}: not a file in either"
 
 
+def _identity(record: dict, ignored: set[str]) -> str:
+    """What tells a record apart from the others of its file, without the fields the diff leaves out: its run's
+    config, system, model, prompt set, engine and hardware, its prompt and its repeat."""
+    config = json.loads(json.dumps(record.get("config") or {}, default=str))
+    for path in ignored:
+        if path.startswith("config."):
+            config.pop(path.removeprefix("config."), None)
+    return json.dumps([config, record.get("system"), record.get("model"), record.get("dataset"), record.get("engine"),
+                       record.get("hardware"), record.get("prompt_index"), (record.get("extra") or {}).get("repeat")],
+                      sort_keys=True, default=str)
+
+
+def _paired(ra: list[dict], rb: list[dict], ignored: set[str]) -> tuple[list[dict], int]:
+    """`rb` in `ra`'s order where both hold the same records by identity (each once), and how many moved; else `rb`
+    as it is (compared place by place)."""
+    ka, kb = [_identity(r, ignored) for r in ra], [_identity(r, ignored) for r in rb]
+    if len(set(ka)) != len(ka) or sorted(ka) != sorted(kb):
+        return rb, 0
+    place = {k: i for i, k in enumerate(kb)}
+    return [rb[place[k]] for k in ka], sum(place[k] != i for i, k in enumerate(ka))
+
+
 def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT_IGNORED) -> Diff:
     a, b = Path(a), Path(b)
     for root in (a, b):
@@ -78,6 +100,10 @@ def diff_results(a: str | Path, b: str | Path, ignore: tuple[str, ...] = DEFAULT
             if len(ra) != len(rb):
                 out.differences.append(f"{name}: {len(ra)} records against {len(rb)}")
                 continue
+            rb, moved = _paired(ra, rb, ignored)
+            if moved:
+                out.differences.append(f"{name}: the same runs' records in another order ({moved} of {len(ra)} "
+                                       "moved); compared run by run and prompt by prompt")
             paths: dict[str, int] = {}
             for i, (x, y) in enumerate(zip(ra, rb), 1):
                 out.impossible += [f"{root / name} record {i}: {problem}" for root, record in ((a, x), (b, y))

@@ -190,14 +190,20 @@ def scope(record: dict) -> dict:
                 simulated=record["simulated"])
 
 
-def one_record_a_prompt(df: pd.DataFrame) -> None:
+def one_record_a_prompt(df: pd.DataFrame, records: list[dict] | None = None) -> None:
     """Refuse two records of one run's prompt and repeat in a table of statistics (they would count it twice): equal
-    in every setting the frame holds, a run at the default K being the run at that K, wherever each was written."""
-    key = df.drop(columns=[c for c in (*METRICS, *COUNTS) if c in df]).astype(str)
+    in every setting the frame holds, a run at the default K being the run at that K, wherever each was written. Two
+    such records of runs that differ in a setting the frame has no column for (`_run`: each row's place in
+    `records`) are refused as two runs in one row."""
+    key = df.drop(columns=[c for c in (*METRICS, *COUNTS, "_run") if c in df]).astype(str)
     key["k_setting"] = [s if s else "" if pd.isna(k) else str(int(k)) for s, k in zip(key["k_setting"], df["k"])]
     twice = key.duplicated(keep=False)
     if twice.any():
         r = df[twice].iloc[0]
+        if records is not None and "_run" in df:
+            rows = pd.util.hash_pandas_object(key, index=False)  # equal where `duplicated` finds them equal
+            same = df[rows == rows[twice].iloc[0]]
+            _one_run(records, list(same["_run"]), ("out", "k", "k_source"))  # their K the same: the frame's
         raise SpecterError(f"two records of one run: {r['system']} on {r['model']} ({r['dataset']}, {r['hardware']}), "
                            f"prompt {r['prompt_index']}, at the same settings (one run written to two files, or run "
                            "twice): a table would count that prompt twice; give each run's records once")
@@ -207,14 +213,22 @@ def one_run_a_row(df: pd.DataFrame, keys: list[str], records: list[dict]) -> Non
     """Refuse a table row that would average two runs (its records differ in a setting the table has no column for:
     `--expert-bits`, a system option, a budget given two ways): its n would count each prompt twice. `_run` is each
     row's record, by its place in `records`."""
+    for _, group in df.groupby(keys, dropna=False, sort=False):
+        _one_run(records, list(group["_run"]))
+
+
+def _one_run(records: list[dict], rows: list[int], alike: tuple[str, ...] = ("out",)) -> None:
+    """Refuse the records at `rows` (one row of a table) where they are of two runs, naming what differs (where only
+    the config keys `alike` do, one run written twice, which the caller says)."""
     from specter.records import run_key
 
-    for _, group in df.groupby(keys, dropna=False, sort=False):
-        runs = {run_key(records[i]): i for i in group["_run"]}
-        if len(runs) > 1:
-            first, other = (records[i] for i in list(runs.values())[:2])
-            differ = differing(first["config"] or {}, other["config"] or {})
-            raise SpecterError(f"one row of the table ({first['system']} on {first['model']}, {first['dataset']}) "
-                               f"would average {len(runs)} runs that differ in config "
-                               f"{', '.join(differ[:3]) or 'settings'}, which the table has no column for; aggregate "
-                               "them apart (one file each) or give the experiment that setting as an axis")
+    runs = {run_key(records[i]): i for i in rows}
+    if len(runs) > 1:
+        first, other = (records[i] for i in list(runs.values())[:2])
+        differ = differing(first["config"] or {}, other["config"] or {})
+        if set(differ) <= set(alike):  # one run written twice (two paths; K by default and given): its caller says
+            return
+        raise SpecterError(f"one row of the table ({first['system']} on {first['model']}, {first['dataset']}) "
+                           f"would average {len(runs)} runs that differ in config "
+                           f"{', '.join(differ[:3]) or 'settings'}, which the table has no column for; aggregate "
+                           "them apart (one file each) or give the experiment that setting as an axis")

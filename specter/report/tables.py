@@ -167,9 +167,9 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
         return sim_vs_measured_table(records)
     if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
-    df = records_frame(records)
-    frames.one_record_a_prompt(df)
-    df = derive(spec.derive, df.assign(_run=range(len(df))))
+    df = records_frame(records).assign(_run=range(len(records)))
+    frames.one_record_a_prompt(df, records)
+    df = derive(spec.derive, df)
     scope = list(experiments.SCOPE)
     frames.one_run_a_row(df, scope + list(spec.keys), records)
     table = _stats(df.drop(columns="_run"), scope + list(spec.keys))
@@ -207,14 +207,14 @@ def breakdown_table(records: list[dict]) -> pd.DataFrame:
     from specter.metrics import BREAKDOWN
 
     rows = []
-    for r in records:
+    for i, r in enumerate(records):
         parts = (r.get("extra") or {}).get("breakdown_ms")
         tokens = len(r.get("output_token_ids") or [])
         if not isinstance(parts, dict) or tokens < 2:
             continue
         cfg = r["config"]
         rows.append(dict(**scope(r), memory="same memory" if cfg.get("same_memory_as") is not None else "same slots",
-                         system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"],
+                         system=experiments.governed_label(r["system"], str(cfg.get("k"))), k=r["k"], _run=i,
                          slots_per_layer=r["slots_per_layer"], tpot_ms=r["tpot_ms"],
                          **{p: float(parts.get(p, 0.0)) / (tokens - 1) for p in BREAKDOWN}))
     if not rows:
@@ -222,7 +222,8 @@ def breakdown_table(records: list[dict]) -> pd.DataFrame:
                            "version); run the experiment again")
     df = pd.DataFrame(rows)
     keys = [*experiments.SCOPE, "memory", "system", "k", "slots_per_layer"]
-    out = df.groupby(keys, dropna=False, sort=True).agg(
+    frames.one_run_a_row(df, keys, records)
+    out = df.drop(columns="_run").groupby(keys, dropna=False, sort=True).agg(
         {"tpot_ms": "mean", **dict.fromkeys(BREAKDOWN, "mean"), "system": "size"})
     return out.rename(columns={"system": "n"}).reset_index()
 
@@ -284,7 +285,7 @@ def memory_table(records: list[dict]) -> pd.DataFrame:
     experts keeps there); their sum, the budget and the device. Every prompt of a run has the same plan: one row per
     run. A system with fixed slots (resident: every expert) keeps no plan and has no row."""
     rows = []
-    for r in records:
+    for i, r in enumerate(records):
         cfg = r["config"]
         plan = cfg.get("memory")
         if not isinstance(plan, dict):
@@ -298,12 +299,14 @@ def memory_table(records: list[dict]) -> pd.DataFrame:
                          total_gb=(plan["resident_bytes"] + plan["expert_slot_bytes"]) / 1e9,
                          budget_gb=plan["budget_bytes"] / 1e9 if plan.get("budget_bytes") is not None else None,
                          device_gb=plan["device_bytes"] / 1e9 if plan.get("device_bytes") is not None else None,
-                         fits_device=plan.get("fits_device")))
+                         fits_device=plan.get("fits_device"), _run=i))
     if not rows:
         raise SpecterError("the memory table needs run records with config.memory (records of this suite's version, "
                            "from systems that plan their memory); run the experiment again")
     keys = [*experiments.SCOPE, "memory", "system", "k", "slots_per_layer"]
-    return pd.DataFrame(rows).drop_duplicates(keys).sort_values(keys).reset_index(drop=True)
+    df = pd.DataFrame(rows)
+    frames.one_run_a_row(df, keys, records)
+    return df.drop(columns="_run").drop_duplicates(keys).sort_values(keys).reset_index(drop=True)
 
 
 def _memo_scope(path: Path) -> tuple[str, str]:

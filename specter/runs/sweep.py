@@ -4,6 +4,7 @@ side by side (`compare`). Every spec is resolved (checked) once, before anything
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -110,20 +111,24 @@ def sweep(specs: list[RunSpec], out: str | Path | None, memo_out: str | Path | N
 
 
 def _one_run_a_profile(resolved: list) -> None:
-    """Two specs alike but for `--hardware`'s or `--dispatch-us`'s text, naming one profile (a preset by its name and
-    by its file; a dispatch time and `profile` where the profile's is that time), would run twice and write one
-    profile's records twice: refused before anything runs."""
+    """Two specs alike but for the text naming their profile or their system's options, naming one profile (a preset
+    by its name and by its file; a dispatch time and `profile` where the profile's is that time) and one setting of
+    the system (`cuda-graph=1` and `cuda-graph=true`), would run twice and write one run's records twice: refused
+    before anything runs."""
     from specter.timing.hardware import profile_digest
 
     seen: dict = {}
     for r in resolved:
-        key = (replace(r.spec, hardware="", dispatch_us=None), profile_digest(r.profile.to_yaml_dict()))
-        said = (r.spec.hardware, "profile" if r.spec.dispatch_us is None else f"{r.spec.dispatch_us:g}")
+        key = (replace(r.spec, hardware="", dispatch_us=None, system_options=()),
+               profile_digest(r.profile.to_yaml_dict()), json.dumps(r.system.settings(), sort_keys=True, default=str))
+        said = (r.spec.hardware, "profile" if r.spec.dispatch_us is None else f"{r.spec.dispatch_us:g}",
+                ",".join(f"{a}={b}" for a, b in r.spec.system_options) or "the defaults")
         if key in seen and seen[key] != said:
-            flag, (a, b) = ("--hardware", (seen[key][0], said[0])) if seen[key][0] != said[0] else \
-                ("--dispatch-us", (seen[key][1], said[1]))
-            raise SpecterError(f"{flag} {a} and {b} are one profile ({r.profile.name}, the same numbers), so one "
-                               "run twice; give it once")
+            flag, (a, b) = next((f, (x, y)) for f, x, y in zip(("--hardware", "--dispatch-us", "--system-option"),
+                                                                 seen[key], said) if x != y)
+            what = "one setting of " + r.spec.system if flag == "--system-option" else \
+                f"one profile ({r.profile.name}, the same numbers)"
+            raise SpecterError(f"{flag} {a} and {b} are {what}, so one run twice; give it once")
         seen.setdefault(key, said)
 
 

@@ -164,6 +164,9 @@ class System:
     separate_draft: bool = False
     #: computes missing experts on the host: the lower bound's link term accounts for that alternative
     host_compute: bool = False
+    #: which MoE layers keep their experts on the host for the whole run (records say in `extra.host_layers`): every
+    #: one ("every"), the leading ones ("leading"), or None (a system that places no whole layer there)
+    host_layers_rule: str | None = None
     #: slots per layer this system keeps regardless of the budget (the resident upper bound), else None
     fixed_slots: Callable[[ModelWork], int] | None = None
     #: extra numerics of the target's decode this system reads from `ctx.trace.extras`
