@@ -23,13 +23,18 @@ def check_options(name: str, entry: dict, systems: dict) -> None:
                               "`specter systems`")
         if (twice := same_value(values)) is not None:
             raise ConfigError(f"{where}: {twice[0]!r} and {twice[1]!r} are one value; give each value once")
-        for value in values:
-            text = str(value).lower() if isinstance(value, bool) else str(value)
-            for system in having:
+        for system in having:
+            parsed: dict[str, object] = {}
+            for value in values:
+                text = str(value).lower() if isinstance(value, bool) else str(value)
                 try:
-                    get_system(system, {option: text})
+                    setting = repr(get_system(system, {option: text}).settings()[option])
                 except SpecterError as err:
                     raise ConfigError(f"{where}: {err}") from None
+                if setting in parsed:  # `specter sweep` would refuse it: one setting of the system, run twice
+                    raise ConfigError(f"{where}: {parsed[setting]!r} and {value!r} are one setting of {system}; give "
+                                      "each value once")
+                parsed[setting] = value
 
 
 def check_arms(name: str, entry: dict, systems: dict) -> None:
