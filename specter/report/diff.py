@@ -1,6 +1,7 @@
 """`specter diff A B`: whether two results trees hold the same results, and where they differ.
 
-Compares every run-record file (`*.jsonl` under `runs/` and `experiments/`) record by record and field by field, and
+Compares every run-record file (`*.jsonl` under `runs/` and `experiments/`) record by record (paired by run, prompt
+and repeat; the same records in another order are one difference, saying so) and field by field, and
 every table (`tables/*.csv`) and its checksum file byte for byte. Fields that legitimately differ between identical
 runs are left out: wall-clock time, package versions and the git commit by default (`--ignore` names more, as dotted
 paths such as `config.memo`). The answer names each differing file and field, so "identical" is something one can
