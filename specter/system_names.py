@@ -50,25 +50,36 @@ def _constants(statement: ast.stmt) -> list[tuple[str, object]]:
 @functools.cache
 def _declared() -> dict[str, dict]:
     """{system name: the constants its class body and the bodies of the System classes it subclasses set, the
-    nearest first; `OWN_ONLY` from its own body only}, read from `system_modules`' source: each class that subclasses
-    `System`, directly or through another such class, and sets `name` to a string."""
-    classes = {}
-    for _, source in sorted(system_modules().items()):
-        for node in ast.walk(ast.parse(source.read_text("utf-8"))):
+    nearest first; `OWN_ONLY` from its own body only; `options`: {option: its type's name}, or None where the source
+    does not say them plainly}, read from `system_modules`' source: each class that subclasses `System`, directly or
+    through another such class, and sets `name` to a string."""
+    classes, option_exprs = {}, {}
+    for module, source in sorted(system_modules().items()):
+        tree = ast.parse(source.read_text("utf-8"))
+        for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else None
                          for b in node.bases]
                 classes[node.name] = (bases, dict(pair for s in node.body for pair in _constants(s)))
+                option_exprs[node.name] = next(((st.value, module, tree) for st in node.body
+                                                if isinstance(st, ast.Assign) and any(
+                                                    isinstance(t, ast.Name) and t.id == "options" for t in st.targets)),
+                                               None)
 
     def constants(name: str, seen: frozenset = frozenset()) -> dict | None:  # None: not a System
         if name == "System":
-            return {}
+            return {"options": {}}
         if name not in classes or name in seen:
             return None
         bases, own = classes[name]
         inherited = [c for c in (constants(b, seen | {name}) for b in reversed(bases) if b) if c is not None]
         merged = {k: v for c in inherited for k, v in c.items() if k not in OWN_ONLY}
-        return None if not inherited else merged | own
+        if not inherited:
+            return None
+        if option_exprs.get(name) is not None:
+            expr, module, tree = option_exprs[name]
+            own = {**own, "options": _options(expr, module, tree, lambda c: (constants(c) or {}).get("options"))}
+        return merged | own
 
     out = {}
     for name in classes:
@@ -76,6 +87,63 @@ def _declared() -> dict[str, dict]:
         if facts is not None and isinstance(facts.get("name"), str) and facts["name"]:
             out[facts["name"]] = facts
     return out
+
+
+_KINDS = ("bool", "int", "float", "str")
+
+
+def _options(expr: ast.expr, module: str, tree: ast.Module, of_class, depth: int = 0) -> dict[str, str] | None:
+    """{option: its type's name} of a class's `options = ...`, as its source writes it: a dict of `name: (type, ...)`
+    entries and `**` spreads of another class's options or of a module-level dict (this module's, or one imported
+    from another module of the suite); None where it is written otherwise."""
+    if depth > 4:
+        return None
+    if isinstance(expr, ast.Dict):
+        out: dict[str, str] = {}
+        for key, value in zip(expr.keys, expr.values):
+            if key is None:
+                spread = _options(value, module, tree, of_class, depth + 1)
+                if spread is None:
+                    return None
+                out.update(spread)
+            elif isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Tuple) \
+                    and value.elts and isinstance(value.elts[0], ast.Name) and value.elts[0].id in _KINDS:
+                out[key.value] = value.elts[0].id
+            else:
+                return None
+        return out
+    if isinstance(expr, ast.Attribute) and expr.attr == "options" and isinstance(expr.value, ast.Name):
+        return of_class(expr.value.id)
+    if isinstance(expr, ast.Name):
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == expr.id for t in node.targets):
+                return _options(node.value, module, tree, of_class, depth + 1)
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    if (alias.asname or alias.name) == expr.id:
+                        source = _module_source(node.module)
+                        if source is None:
+                            return None
+                        other = ast.parse(source.read_text("utf-8"))
+                        return _options(ast.Name(id=alias.name), node.module, other, of_class, depth + 1)
+    return None
+
+
+def _module_source(module: str) -> Path | None:
+    """The source file of one of the suite's own modules (`specter.x.y`), found without importing it."""
+    if not module.startswith("specter."):
+        return None
+    base = Path(__file__).resolve().parent.joinpath(*module.split(".")[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def option_kinds(name: str) -> dict[str, str] | None:
+    """{option: its type's name} of system `name` (`System.options`), read from its source, or None where the source
+    does not say them plainly (a record's settings are then not held to them)."""
+    return (_declared().get(name) or {}).get("options")
 
 
 def system_names() -> frozenset[str]:

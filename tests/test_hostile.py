@@ -764,6 +764,9 @@ CASES = [
         r, "--same-memory-as", "2", system="on-demand", draft=_draft_copy(w, r, lambda d: _edit_json(
             d / "meta.json", quantized_bytes_per_expert=1))), "--resident-per-layer"),
      "quantized_bytes_per_expert is 1"),
+    ("draft_of_another_model_pricing_same_memory", lambda w, r: _without(_run(
+        r, "--same-memory-as", "2", system="on-demand", draft=str(r["other_same_shapes"])), "--resident-per-layer"),
+     "--same-memory-as prices Specter's memory with draft"),
     ("draft_meta_method_relabelled", lambda w, r: _run(r, draft=_draft_copy(w, r, lambda d: _edit_json(
         d / "meta.json", method="gptq", calibration={"corpus": "x", "num_sequences": 1, "seq_len": 1}))),
      "method is 'gptq', and its experts were written as 'rtn'"),
@@ -1872,9 +1875,12 @@ def hybrid_records(tiny_dirs, tmp_path_factory):
     return out
 
 
-def _relabel(record: dict, system: str) -> None:
-    """A record given another system's name, in both places it says it."""
+def _relabel(record: dict, system: str, settings: dict | None = None) -> None:
+    """A record given another system's name, in both places it says it, and `settings` as its options' (where given:
+    the other system's defaults)."""
     record["system"] = record["config"]["system"] = system
+    if settings is not None:
+        record["config"]["system_settings"] = settings
 
 
 @pytest.mark.parametrize("system, edit, said", [
@@ -1899,13 +1905,24 @@ def _relabel(record: dict, system: str) -> None:
      "n-cpu-moe=2 keeps MoE layers [0, 1] on the host"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].update(link_bytes_activations=1), "extra.link_bytes_activations is 1"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].pop("moe_layers"), "extra.moe_layers is None"),
-    ("llama-cpp-cpu-moe", lambda r: _relabel(r, "ktransformers"), "ktransformers keeps every MoE layer's"),
-    ("llama-cpp-cpu-moe", lambda r: _relabel(r, "fiddler"), "and fiddler places no whole layer on the host"),
+    ("llama-cpp-cpu-moe", lambda r: _relabel(r, "ktransformers"), "and ktransformers's options are cuda-graph"),
+    ("llama-cpp-cpu-moe", lambda r: _relabel(r, "ktransformers", {"cuda-graph": True}),
+     "ktransformers keeps every MoE layer's"),
+    ("llama-cpp-cpu-moe", lambda r: _relabel(r, "fiddler", {"decide": "constants"}),
+     "and fiddler places no whole layer on the host"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].update(d2h_bytes_writeback=12288), "copies no expert"),
+    ("ktransformers", lambda r: r["config"]["system_settings"].update({"cuda-graph": "maybe"}),
+     "config.system_settings.cuda-graph is 'maybe', and ktransformers's cuda-graph is a bool"),
+    ("ktransformers", lambda r: r["config"]["system_settings"].update(bogus=3), "and ktransformers's options are "
+                                                                                "cuda-graph"),
+    ("llama-cpp-cpu-moe", lambda r: r["config"]["system_settings"].update({"n-cpu-moe": 1.5}),
+     "config.system_settings.n-cpu-moe is 1.5, and llama-cpp-cpu-moe's n-cpu-moe is a int"),
 ], ids=["layer_twice", "layers_past_the_model", "not_every_layer", "layers_and_placement_disagree", "demand_bytes",
         "prefill_bytes", "no_activations", "activations_thrice", "no_host_layers", "no_activation_bytes",
         "hits_with_nothing_resident", "no_host_layer", "not_leading", "not_its_n_cpu_moe", "activations_one_byte",
-        "no_moe_layers", "relabelled_ktransformers", "relabelled_fiddler", "write_back"])
+        "no_moe_layers", "relabelled_with_its_settings", "relabelled_ktransformers", "relabelled_fiddler",
+        "write_back", "setting_not_its_type",
+        "setting_not_an_option", "blocks_not_whole"])
 def test_a_hybrid_record_edited_against_its_placement_is_refused(hybrid_records, system, edit, said, tmp_path):
     """A record of a system placing whole layers' experts is held to its placement (`record_sums.placement_problem`):
     its host layers, the experts the device keeps, no expert copied, activations exactly where experts are on the
@@ -2495,6 +2512,15 @@ def test_diff_of_two_trees_both_damaged_alike_names_the_damage(real, tmp_path, c
     (tmp_path / "b" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
     (tmp_path / "a" / "runs" / "x.jsonl").write_text(json.dumps(record) + "\n")
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+
+
+def test_a_table_no_record_makes_a_row_of_is_refused_not_written_empty(hybrid_records, tmp_path, capsys):
+    """`aggregate hit_rate` of records none of which it compares (hybrids alone) is one line, exit 2, and no file."""
+    records = _write(tmp_path, "r.jsonl", "".join(json.dumps(r) + "\n" for r in hybrid_records.values()))
+    assert main(["aggregate", "hit_rate", str(records), "--out", str(tmp_path / "hit.csv")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "none of the 2 records makes a row of the hit_rate table" in errors[0], errors
+    assert not (tmp_path / "hit.csv").exists()
 
 
 def test_diff_of_records_in_another_order_says_so_in_one_line(hybrid_records, tmp_path, capsys):

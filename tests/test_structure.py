@@ -215,18 +215,30 @@ def test_calibration_figure_draws_rows_with_and_without_a_suite_figure(tmp_path)
 
 
 def test_the_system_names_read_from_source_are_the_registrys():
-    """A table's reader checks its systems against `system_names` (no import of torch), and a row's K against
-    `speculative_names`; they must find exactly what the registry imports."""
+    """A table's reader checks its systems against `system_names` (no import of torch), a row's K against
+    `speculative_names`, a record's settings against `option_kinds` and its host layers against `host_layers_rule`;
+    they must find exactly what the registry imports."""
     import re
     import subprocess
     import sys
 
-    from specter.system_names import DEFAULT_ORDER, speculative_names, system_colours, system_names, system_order
+    from specter.system_names import (
+        DEFAULT_ORDER,
+        host_layers_rule,
+        option_kinds,
+        speculative_names,
+        system_colours,
+        system_names,
+        system_order,
+    )
     from specter.systems import registry
     from specter.systems.base import System
 
     assert system_names() == set(registry())
     assert speculative_names() == {name for name, cls in registry().items() if cls.speculative}
+    for name, cls in registry().items():  # a record's settings are held to these
+        assert option_kinds(name) == {key: spec[0].__name__ for key, spec in cls.options.items()}, name
+        assert host_layers_rule(name) == cls.host_layers_rule, name
     assert system_order() == tuple(sorted(registry(), key=lambda name: (registry()[name].order, name)))
     assert system_colours() == {name: cls.colour for name, cls in registry().items() if cls.colour}
     assert System.order == DEFAULT_ORDER

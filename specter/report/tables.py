@@ -173,6 +173,9 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     scope = list(experiments.SCOPE)
     frames.one_run_a_row(df, scope + list(spec.keys), records)
     table = _stats(df.drop(columns="_run"), scope + list(spec.keys))
+    if table.empty:  # none of the records is of a run this experiment's table reads (its systems, its settings)
+        raise SpecterError(f"none of the {len(records)} records makes a row of the {name} table (not the systems "
+                           f"or settings it compares); give the records of {name}'s own runs")
     if spec.speedups is not None:
         table = _speedups(table, scope + list(spec.speedups))
     return table[list(spec.columns)] if spec.columns else table

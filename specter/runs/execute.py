@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from specter import timing
+from specter.errors import SpecterError
 from specter.metrics import RunRecord, breakdown, tpot_seconds
 from specter.offload.memory import MemoryPlan, plan_memory
 from specter.offload.work import ModelWork
@@ -242,11 +243,16 @@ def _memory(spec: RunSpec, system: System, work: ModelWork, draft_bytes: int, k:
 
 
 def _specter_resident(spec: RunSpec, work: ModelWork, k: Window) -> int:
-    """Specter's resident part at this run's settings (the reference of a `--same-memory-as` budget)."""
+    """Specter's resident part at this run's settings (the reference of a `--same-memory-as` budget), with this
+    model's draft (one made from another model is refused, as a speculative run refuses it)."""
+    from specter.models.integrity import model_hash
     from specter.offload.memory import specter_resident_bytes
     from specter.quant.meta import DraftMeta
 
     meta = DraftMeta.read(spec.draft)
+    if meta.source_hash != model_hash(spec.model):
+        raise SpecterError(f"--same-memory-as prices Specter's memory with draft {spec.draft!r}, made from "
+                           f"{meta.source_model}, not from {spec.model!r}; quantize this model with `specter quantize`")
     per_expert = (work.quantized_expert_bytes(meta.bits, meta.group_size) if spec.cost_as
                   else meta.expert_bytes(work.expert_shapes, spec.draft))
     return specter_resident_bytes(work, per_expert, spec.prefix_tokens + spec.max_new_tokens + k.longest)
