@@ -86,29 +86,6 @@ def _config_problem(record: dict, config: dict) -> str | None:
     return None
 
 
-#: what a setting of each option type is in a record's JSON
-_SETTING_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
-
-
-def _settings_problem(record: dict, config: dict) -> str | None:
-    """Where `config.system_settings` is not its system's: each of the system's options once (as the system's source
-    declares them, `system_names.option_kinds`), none other, each value of its option's type."""
-    from specter.system_names import option_kinds
-
-    system, settings = record.get("system"), config.get("system_settings")
-    kinds = option_kinds(system) if isinstance(system, str) else None
-    if kinds is None or settings is None:
-        return None
-    if not isinstance(settings, dict) or set(settings) != set(kinds):
-        return (f"config.system_settings is {settings!r:.80}, and {system}'s options are "
-                f"{', '.join(sorted(kinds)) or 'none'}")
-    for option, kind in kinds.items():
-        value = settings[option]
-        if not isinstance(value, _SETTING_TYPES[kind]) or (kind != "bool" and isinstance(value, bool)):
-            return f"config.system_settings.{option} is {value!r:.40}, and {system}'s {option} is a {kind}"
-    return None
-
-
 def _record_problem(record: dict) -> str | None:
     from specter.runspec import MAX_WINDOW
 
@@ -215,7 +192,9 @@ def _consistency_problem(record: dict) -> str | None:
     for name in ("system", "model", "dataset", "engine"):
         if name in config and record.get(name) != config[name]:
             return f"{name} is {record.get(name)!r}, and its run's config.{name} is {config[name]!r}"
-    problem = _settings_problem(record, config)
+    from specter.record_settings import settings_problem
+
+    problem = settings_problem(record, config)
     if problem:
         return problem
     priced = config.get("cost") if "cost" in config else record.get("cost_as")

@@ -92,14 +92,15 @@ def _declared() -> dict[str, dict]:
 _KINDS = ("bool", "int", "float", "str")
 
 
-def _options(expr: ast.expr, module: str, tree: ast.Module, of_class, depth: int = 0) -> dict[str, str] | None:
-    """{option: its type's name} of a class's `options = ...`, as its source writes it: a dict of `name: (type, ...)`
+def _options(expr: ast.expr, module: str, tree: ast.Module, of_class, depth: int = 0) -> dict[str, tuple] | None:
+    """{option: (its type's name, its default)} of a class's `options = ...`, as its source writes it: a dict of
+    `name: (type, default, ...)`
     entries and `**` spreads of another class's options or of a module-level dict (this module's, or one imported
     from another module of the suite); None where it is written otherwise."""
     if depth > 4:
         return None
     if isinstance(expr, ast.Dict):
-        out: dict[str, str] = {}
+        out: dict[str, tuple] = {}
         for key, value in zip(expr.keys, expr.values):
             if key is None:
                 spread = _options(value, module, tree, of_class, depth + 1)
@@ -107,8 +108,14 @@ def _options(expr: ast.expr, module: str, tree: ast.Module, of_class, depth: int
                     return None
                 out.update(spread)
             elif isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Tuple) \
-                    and value.elts and isinstance(value.elts[0], ast.Name) and value.elts[0].id in _KINDS:
-                out[key.value] = value.elts[0].id
+                    and len(value.elts) > 1 and isinstance(value.elts[0], ast.Name) and value.elts[0].id in _KINDS:
+                default = value.elts[1]  # a negative number is a unary minus on a constant
+                if isinstance(default, ast.UnaryOp) and isinstance(default.op, ast.USub) \
+                        and isinstance(default.operand, ast.Constant):
+                    default = ast.Constant(-default.operand.value)
+                if not isinstance(default, ast.Constant):
+                    return None
+                out[key.value] = (value.elts[0].id, default.value)
             else:
                 return None
         return out
@@ -140,9 +147,9 @@ def _module_source(module: str) -> Path | None:
     return None
 
 
-def option_kinds(name: str) -> dict[str, str] | None:
-    """{option: its type's name} of system `name` (`System.options`), read from its source, or None where the source
-    does not say them plainly (a record's settings are then not held to them)."""
+def option_kinds(name: str) -> dict[str, tuple] | None:
+    """{option: (its type's name, its default)} of system `name` (`System.options`), read from its source, or None
+    where the source does not say them plainly (a record's settings are then not held to them)."""
     return (_declared().get(name) or {}).get("options")
 
 

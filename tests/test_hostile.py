@@ -1014,7 +1014,7 @@ CASES = [
      "config.hardware_sha256 is not the hash"),
     ("aggregate_a_run_cut_short", _aggregate(_config_field("num_prompts", 2)), "has 2 prompts and lacks prompt(s) [1]"),
     ("aggregate_a_field_of_another_shape", _aggregate(_config_field("system_options", ["abc"])),
-     "of another type or shape"),
+     "config.system_options is ['abc'], not options given once each as name and text"),
     ("aggregate_prediction_share_above_one", lambda w, r: ["aggregate", "main", _records_copy(
         w, r, _record_field("expert_prediction", [{"layer": 0, "distance": 1, "precision": 5.0, "recall": 1.0}])),
         "--out", "{out}.csv"], "expert_prediction holds"),
@@ -1901,7 +1901,8 @@ def _relabel(record: dict, system: str, settings: dict | None = None) -> None:
      "every MoE layer's experts are on the host"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].update(host_layers=[]), "n-cpu-moe=-1 keeps MoE layers [0] on the host"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].update(host_layers=[1]), "keeps the leading MoE layers' experts there"),
-    ("llama-cpp-cpu-moe", lambda r: r["config"]["system_settings"].update({"n-cpu-moe": 2}),
+    ("llama-cpp-cpu-moe", lambda r: (r["config"]["system_settings"].update({"n-cpu-moe": 2}),
+                                     r["config"].update(system_options=[["n-cpu-moe", "2"]])),
      "n-cpu-moe=2 keeps MoE layers [0, 1] on the host"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].update(link_bytes_activations=1), "extra.link_bytes_activations is 1"),
     ("llama-cpp-cpu-moe", lambda r: r["extra"].pop("moe_layers"), "extra.moe_layers is None"),
@@ -1915,6 +1916,12 @@ def _relabel(record: dict, system: str, settings: dict | None = None) -> None:
      "config.system_settings.cuda-graph is 'maybe', and ktransformers's cuda-graph is a bool"),
     ("ktransformers", lambda r: r["config"]["system_settings"].update(bogus=3), "and ktransformers's options are "
                                                                                 "cuda-graph"),
+    ("ktransformers", lambda r: r["config"].update(system_options=[["cuda-graph", "false"]]),
+     "config.system_options gives cuda-graph='false', and its run's setting"),
+    ("ktransformers", lambda r: r["config"]["system_settings"].update({"cuda-graph": False}),
+     "config.system_settings.cuda-graph is False, and config.system_options does not give it"),
+    ("llama-cpp-cpu-moe", lambda r: r["config"].update(system_options=[["n-cpu-moe", "1"], ["n-cpu-moe", "2"]]),
+     "not options given once each"),
     ("llama-cpp-cpu-moe", lambda r: r["config"]["system_settings"].update({"n-cpu-moe": 1.5}),
      "config.system_settings.n-cpu-moe is 1.5, and llama-cpp-cpu-moe's n-cpu-moe is a int"),
 ], ids=["layer_twice", "layers_past_the_model", "not_every_layer", "layers_and_placement_disagree", "demand_bytes",
@@ -1922,7 +1929,8 @@ def _relabel(record: dict, system: str, settings: dict | None = None) -> None:
         "hits_with_nothing_resident", "no_host_layer", "not_leading", "not_its_n_cpu_moe", "activations_one_byte",
         "no_moe_layers", "relabelled_with_its_settings", "relabelled_ktransformers", "relabelled_fiddler",
         "write_back", "setting_not_its_type",
-        "setting_not_an_option", "blocks_not_whole"])
+        "setting_not_an_option", "options_given_not_the_setting", "setting_not_given_nor_the_default",
+        "option_given_twice", "blocks_not_whole"])
 def test_a_hybrid_record_edited_against_its_placement_is_refused(hybrid_records, system, edit, said, tmp_path):
     """A record of a system placing whole layers' experts is held to its placement (`record_sums.placement_problem`):
     its host layers, the experts the device keeps, no expert copied, activations exactly where experts are on the

@@ -237,7 +237,7 @@ def test_the_system_names_read_from_source_are_the_registrys():
     assert system_names() == set(registry())
     assert speculative_names() == {name for name, cls in registry().items() if cls.speculative}
     for name, cls in registry().items():  # a record's settings are held to these
-        assert option_kinds(name) == {key: spec[0].__name__ for key, spec in cls.options.items()}, name
+        assert option_kinds(name) == {key: (spec[0].__name__, spec[1]) for key, spec in cls.options.items()}, name
         assert host_layers_rule(name) == cls.host_layers_rule, name
     assert system_order() == tuple(sorted(registry(), key=lambda name: (registry()[name].order, name)))
     assert system_colours() == {name: cls.colour for name, cls in registry().items() if cls.colour}

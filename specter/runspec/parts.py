@@ -112,3 +112,26 @@ def budget_value(kind: str, text: str):
         return int(text) if whole else float(text)
     except ValueError:
         raise SpecterError(f"{Budget.FLAGS[kind]} {text!r} must be a {'whole number' if whole else 'number'}") from None
+
+
+def parse_option(key: str, kind: type, value, bounds: tuple | None = None):
+    """A system option's value from its command-line text (`bool` takes true/false, yes/no, 1/0), finite and within
+    the option's `bounds` where it has them (`System.options`; a record's settings are held to its options' text)."""
+    if kind is bool:
+        words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+        if str(value).lower() not in words:
+            raise ValueError(f"option {key}={value!r} is not a boolean; give true or false")
+        return words[str(value).lower()]
+    try:
+        parsed = kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"option {key}={value!r} is not a {kind.__name__}") from None
+    if kind is str:
+        if bounds is not None and parsed not in bounds:
+            raise ValueError(f"option {key}={value!r} is not one of {', '.join(bounds)}")
+        return parsed
+    if kind is float and not math.isfinite(parsed):
+        raise ValueError(f"option {key}={value!r} must be finite")
+    if bounds is not None and not bounds[0] <= parsed <= bounds[1]:
+        raise ValueError(f"option {key}={parsed} must be between {bounds[0]} and {bounds[1]}")
+    return parsed

@@ -24,6 +24,7 @@ from specter.offload.executor import Executor
 from specter.offload.hooks import PassHooks, TransferStats
 from specter.offload.work import ModelWork, Upstream
 from specter.runspec import RunSpec
+from specter.runspec.parts import parse_option
 from specter.timing.cost import CostModel
 from specter.timing.engine import Engine
 
@@ -119,31 +120,6 @@ def restored_residents(work: ModelWork, slots: int) -> dict[int, list[int]]:
     return {layer: list(range(first, work.experts_per_layer)) for layer in work.moe_layers}
 
 
-def _parse(key: str, kind: type, value, bounds: tuple | None = None):
-    """A system option's value from its command-line text (`bool` takes true/false, yes/no, 1/0), finite and within
-    the option's `bounds` where it has them."""
-    import math
-
-    if kind is bool:
-        words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-        if str(value).lower() not in words:
-            raise ValueError(f"option {key}={value!r} is not a boolean; give true or false")
-        return words[str(value).lower()]
-    try:
-        parsed = kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"option {key}={value!r} is not a {kind.__name__}") from None
-    if kind is str:
-        if bounds is not None and parsed not in bounds:
-            raise ValueError(f"option {key}={value!r} is not one of {', '.join(bounds)}")
-        return parsed
-    if kind is float and not math.isfinite(parsed):
-        raise ValueError(f"option {key}={value!r} must be finite")
-    if bounds is not None and not bounds[0] <= parsed <= bounds[1]:
-        raise ValueError(f"option {key}={parsed} must be between {bounds[0]} and {bounds[1]}")
-    return parsed
-
-
 class System:
     """Base of every system: `run` schedules one prompt and returns its commits.
 
@@ -190,7 +166,7 @@ class System:
 
     def __init__(self, **options) -> None:
         for key, (kind, default, _help, *bounds) in self.options.items():
-            value = _parse(key, kind, options.pop(key), *bounds) if key in options else default
+            value = parse_option(key, kind, options.pop(key), *bounds) if key in options else default
             setattr(self, key.replace("-", "_"), value)
         if options:
             known = ", ".join(self.options) or "none"
