@@ -49,6 +49,7 @@ class Table:
     derive: str | None = None
     speedups: tuple[str, ...] | None = None
     columns: tuple[str, ...] | None = None
+    speculative: bool = False  # its rows compare draft windows: a record of a system that drafts none is refused
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         all_cases=True, all_datasets=True),
     Experiment(
         "k_sweep", "sweep",
-        Table(keys=("system", "k_setting", "k", "slots_per_layer")),
+        Table(keys=("system", "k_setting", "k", "slots_per_layer"), speculative=True),
         Figure("k_sweep", "TPOT and acceptance vs K"),
         "Specter's TPOT (mean over prompts) and greedy acceptance rate against the draft window K, on the first "
         "prompt set at the main hardware profile and budget; the dashed line is the lower bound. Each governor's "
@@ -145,17 +146,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "title gives the window recall (planned experts the verification used over experts it used)."),
     Experiment(
         "working_set", "k_sweep",
-        Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"), derive="fixed_k",
-              columns=("model", "cost_as", "dataset", "hardware", "pricing", "dispatch_us", "simulated", "system", "k",
-                       "slots_per_layer", "experts_per_layer", "window_working_set", "window_recall", "acceptance_rate",
-                       "n")),
+        Table(keys=("system", "k", "slots_per_layer", "experts_per_layer"), derive="fixed_k", speculative=True,
+              columns=(*SCOPE, "system", "k", "slots_per_layer", "experts_per_layer", "window_working_set",
+                       "window_recall", "acceptance_rate", "n")),
         Figure("working_set", "Working set of one verification vs K"),
         "Distinct experts one verification of K + 1 tokens uses per MoE layer (mean over windows and layers), "
         "against K, with the experts per layer and the device slots per layer at the main budget. Where the working "
         "set exceeds the slots, no prefetch plan can hold it all."),
     Experiment(
         "prefetch_policy", "sweep",
-        Table(keys=("system", "k", "prefetch", "slots_per_layer")),
+        Table(keys=("system", "k", "prefetch", "slots_per_layer"), speculative=True),
         Figure("bars", "Prefetch policies at equal capacity", x="prefetch", xlabel="prefetch policy"),
         "Specter's TPOT (mean over prompts) under each prefetch policy at equal device capacity: ``adaptive`` "
         "(cold start, chunks sized from measured bandwidth and draft-step time, final cleanup), ``none``, ``early`` "
@@ -178,7 +178,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         f"prompts; {_BOUND}"),
     Experiment(
         "oracle", "sweep",
-        Table(keys=("system", "forecast", "noise", "k", "slots_per_layer"), derive="oracle_forecast"),
+        Table(keys=("system", "forecast", "noise", "k", "slots_per_layer"), derive="oracle_forecast", speculative=True),
         Figure("bars", "Perfect and degraded forecasts", x="forecast", xlabel="prefetch forecast", sort="noise"),
         "Specter's prefetch planned from the draft's routing (``draft``) against plans from the target's own "
         "recorded routes with 0, 25, 50 or 75% of the expert identities replaced at random (``specter-oracle``): "

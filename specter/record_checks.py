@@ -202,9 +202,16 @@ def _consistency_problem(record: dict) -> str | None:
     if record.get("cost_as") != priced:
         return f"cost_as is {record.get('cost_as')!r}, and its run's config.cost prices it at {priced!r}"
     missing = [key for key in ("system", "model", "dataset", "engine", "cost", "seed", "hardware_sha256",
-                               "model_sha256") if key not in config]
+                               "model_sha256", "system_options", "system_settings", "expert_bits") if key not in config]
     if missing:  # what the checks here hold a record to: dropping one must not skip them
         return f"config lacks {', '.join(missing)}, which every run of this version writes"
+    from specter.runspec import EXPERT_BITS
+
+    bits, storage = config["expert_bits"], config.get("expert_storage")
+    if isinstance(bits, bool) or bits not in EXPERT_BITS or (isinstance(storage, dict) and storage.get("bits") != bits):
+        stored = f", and its experts are stored at {storage.get('bits')!r}" if isinstance(storage, dict) else ""
+        return (f"config.expert_bits is {bits!r:.20}{stored} (config.expert_storage); a run's experts are stored at "
+                f"one of {', '.join(map(str, EXPERT_BITS))}")
     for name in ("hardware_sha256", "model_sha256"):
         digest = config[name]
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):

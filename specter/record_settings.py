@@ -23,7 +23,8 @@ def settings_problem(record: dict, config: dict) -> str | None:
     for option, (kind, _default) in kinds.items():
         value = settings[option]
         if not isinstance(value, _SETTING_TYPES[kind]) or (kind != "bool" and isinstance(value, bool)):
-            return f"config.system_settings.{option} is {value!r:.40}, and {system}'s {option} is a {kind}"
+            return (f"config.system_settings.{option} is {value!r:.40}, and {system}'s {option} is "
+                    f"{'an' if kind == 'int' else 'a'} {kind}")
     return _options_problem(config.get("system_options"), settings, kinds)
 
 

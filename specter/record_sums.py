@@ -93,12 +93,14 @@ def _rule_problem(record: dict, extra: dict, config: dict, host: list, rule: str
 
 def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     """Where a record's sums and counts contradict each other: its time's parts and its TPOT, its twin's parts and
-    the twin's TPOT, its lower bound and the bound it names, its memory plan's parts and their total, its window
-    figures on a run without a window, its demand hits and misses against the decode's counts, misses without the
-    bytes they copy, a negative byte count."""
+    the twin's TPOT, draft time on a run that drafts none, its lower bound and the bound it names, its memory plan's
+    parts and their total, its window figures on a run without a window, its demand hits and misses against the
+    decode's counts, misses without the bytes they copy, a negative byte count."""
     tokens, tpot = len(record.get("output_token_ids") or []), record.get("tpot_ms")
     for name, time in (("breakdown_ms", tpot), ("simulated_breakdown_ms", extra.get("simulated_tpot_ms"))):
         parts = extra.get(name)
+        if isinstance(parts, dict) and record.get("k") is None and parts.get("draft"):
+            return f"extra.{name}.draft is {parts['draft']!r}, and {record.get('system')} drafts no window (k is null)"
         if isinstance(parts, dict) and isinstance(time, (int, float)) and tokens > 1 and not _close(
                 sum(parts.values()), time * (tokens - 1)):
             return (f"extra.{name}'s parts sum to {sum(parts.values()):g} ms, and its TPOT {time:g} ms over "

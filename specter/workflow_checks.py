@@ -299,6 +299,9 @@ def check_config(config: dict) -> None:
             if system not in systems:
                 raise ConfigError(f"config experiments.{name}.systems: unknown system {system!r}; known: "
                                   f"{', '.join(sorted(systems))}")
+            if EXPERIMENTS[name].table.speculative and not systems[system].speculative:
+                raise ConfigError(f"config experiments.{name}.systems: {system!r} drafts no window, and {name}'s "
+                                  "table compares draft windows; list speculative systems only")
         check_options(name, entry, systems)
         check_arms(name, entry, systems)
         check_governors(name, entry, systems)

@@ -950,6 +950,12 @@ CASES = [
     ("aggregate_records_writeback_not_whole_experts",
      _aggregate(_extra_edit(lambda e: e.update(d2h_bytes_writeback=7))),
      "extra.d2h_bytes_writeback is 7, and a prefetch, a prefill or a write-back copies whole experts"),
+    ("aggregate_records_without_their_options", _aggregate(_config_field("system_options", None)),
+     "config lacks system_options, which every run of this version writes"),
+    ("aggregate_records_expert_bits_not_their_storage", _aggregate(_config_field("expert_bits", "q4_k_m")),
+     "config.expert_bits is 'q4_k_m', and its experts are stored at 16"),
+    ("aggregate_records_expert_bits_no_run_takes", _aggregate(_config_field("expert_bits", 5)),
+     "config.expert_bits is 5"),
     ("aggregate_records_of_two_versions_in_one_file", _aggregate(_second_record(versions={"torch": "0.0"})),
      "one run file is written by one run of one version"),
     ("aggregate_records_lower_bound_kind_unknown", _aggregate(_extra_edit(lambda e: e.update(lower_bound_kind="x"))),
@@ -1916,6 +1922,9 @@ def _relabel(record: dict, system: str, settings: dict | None = None) -> None:
      "config.system_settings.cuda-graph is 'maybe', and ktransformers's cuda-graph is a bool"),
     ("ktransformers", lambda r: r["config"]["system_settings"].update(bogus=3), "and ktransformers's options are "
                                                                                 "cuda-graph"),
+    ("ktransformers", lambda r: r["extra"]["breakdown_ms"].update(draft=r["extra"]["breakdown_ms"]["host compute"],
+                                                                 **{"host compute": 0.0}),
+     "extra.breakdown_ms.draft is"),
     ("ktransformers", lambda r: r["config"].update(system_options=[["cuda-graph", "false"]]),
      "config.system_options gives cuda-graph='false', and its run's setting"),
     ("ktransformers", lambda r: r["config"]["system_settings"].update({"cuda-graph": False}),
@@ -1923,13 +1932,14 @@ def _relabel(record: dict, system: str, settings: dict | None = None) -> None:
     ("llama-cpp-cpu-moe", lambda r: r["config"].update(system_options=[["n-cpu-moe", "1"], ["n-cpu-moe", "2"]]),
      "not options given once each"),
     ("llama-cpp-cpu-moe", lambda r: r["config"]["system_settings"].update({"n-cpu-moe": 1.5}),
-     "config.system_settings.n-cpu-moe is 1.5, and llama-cpp-cpu-moe's n-cpu-moe is a int"),
+     "config.system_settings.n-cpu-moe is 1.5, and llama-cpp-cpu-moe's n-cpu-moe is an int"),
 ], ids=["layer_twice", "layers_past_the_model", "not_every_layer", "layers_and_placement_disagree", "demand_bytes",
         "prefill_bytes", "no_activations", "activations_thrice", "no_host_layers", "no_activation_bytes",
         "hits_with_nothing_resident", "no_host_layer", "not_leading", "not_its_n_cpu_moe", "activations_one_byte",
         "no_moe_layers", "relabelled_with_its_settings", "relabelled_ktransformers", "relabelled_fiddler",
         "write_back", "setting_not_its_type",
-        "setting_not_an_option", "options_given_not_the_setting", "setting_not_given_nor_the_default",
+        "setting_not_an_option", "draft_time_without_a_draft",
+        "options_given_not_the_setting", "setting_not_given_nor_the_default",
         "option_given_twice", "blocks_not_whole"])
 def test_a_hybrid_record_edited_against_its_placement_is_refused(hybrid_records, system, edit, said, tmp_path):
     """A record of a system placing whole layers' experts is held to its placement (`record_sums.placement_problem`):
@@ -2529,6 +2539,17 @@ def test_a_table_no_record_makes_a_row_of_is_refused_not_written_empty(hybrid_re
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
     assert len(errors) == 1 and "none of the 2 records makes a row of the hit_rate table" in errors[0], errors
     assert not (tmp_path / "hit.csv").exists()
+
+
+def test_a_table_of_draft_windows_refuses_a_system_that_drafts_none(hybrid_records, tmp_path, capsys):
+    """`aggregate k_sweep` (or oracle, working_set, prefetch_policy) of a system that drafts no window is one line,
+    exit 2, and no file: never a row with no K that the figure then refuses."""
+    records = _write(tmp_path, "r.jsonl", json.dumps(hybrid_records["ktransformers"]) + "\n")
+    for name in ("k_sweep", "oracle", "working_set", "prefetch_policy"):
+        assert main(["aggregate", name, str(records), "--out", str(tmp_path / f"{name}.csv")]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+        assert len(errors) == 1 and "compares draft windows, and ktransformers drafts none" in errors[0], errors
+        assert not (tmp_path / f"{name}.csv").exists()
 
 
 def test_diff_of_records_in_another_order_says_so_in_one_line(hybrid_records, tmp_path, capsys):

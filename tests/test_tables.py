@@ -77,10 +77,12 @@ STATS_TABLES = [name for name, e in experiments.EXPERIMENTS.items() if e.table.k
 
 def _as_its_sweep(name: str, records: list[dict]) -> list[dict]:
     """The records experiment `name`'s own sweep would hold: of the fixture's runs, one a table row (the first), as a
-    sweep over the experiment's axes alone gives."""
+    sweep over the experiment's axes alone gives (of speculative systems alone, for a table of draft windows)."""
     from specter.records import run_key
 
     definition = experiments.get(name).table
+    if definition.speculative:  # a table of draft windows: its sweep's systems draft them
+        records = [r for r in records if r["k"] is not None]
     frame = derive(definition.derive, records_frame(records).assign(_record=range(len(records))))
     keep = set()
     for _, group in frame.groupby([*experiments.SCOPE, *definition.keys], dropna=False):

@@ -168,6 +168,10 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     if spec.kind != "stats":
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
     df = records_frame(records).assign(_run=range(len(records)))
+    if spec.speculative and df["k"].isna().any():
+        system = df.loc[df["k"].isna(), "system"].iloc[0]
+        raise SpecterError(f"the {name} table compares draft windows, and {system} drafts none (its records have no "
+                           f"K); give the records of {name}'s own runs (speculative systems)")
     frames.one_record_a_prompt(df, records)
     df = derive(spec.derive, df)
     scope = list(experiments.SCOPE)

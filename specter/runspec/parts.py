@@ -125,7 +125,7 @@ def parse_option(key: str, kind: type, value, bounds: tuple | None = None):
     try:
         parsed = kind(value)
     except (TypeError, ValueError):
-        raise ValueError(f"option {key}={value!r} is not a {kind.__name__}") from None
+        raise ValueError(f"option {key}={value!r} is not {'an' if kind is int else 'a'} {kind.__name__}") from None
     if kind is str:
         if bounds is not None and parsed not in bounds:
             raise ValueError(f"option {key}={value!r} is not one of {', '.join(bounds)}")
