@@ -40,9 +40,9 @@ SCOPE = ("model", "cost_as", "dataset", "hardware", "pricing", "dispatch_us", "s
 
 @dataclass(frozen=True)
 class Table:
-    """How an experiment's table is made. `stats`: per setting (SCOPE + `keys`), means over prompts of the times and
-    rates (TPOT's median, p90, p99, n beside), sums of the counts; `derive` adds label columns first (one of
-    `specter.report.tables.DERIVES`); `speedups` adds `speedup_of_specter` in SCOPE + those; `columns` keeps those."""
+    """How an experiment's table is made. `stats`: per setting (SCOPE + `keys`), means over prompts of times and rates
+    (TPOT's median, p90, p99, n beside), sums of counts; `derive` adds label columns first (one of `tables.DERIVES`);
+    `speedups` adds `speedup_of_specter` in SCOPE + those; `columns` keeps those."""
 
     kind: str = "stats"
     keys: tuple[str, ...] = ()
@@ -50,7 +50,7 @@ class Table:
     speedups: tuple[str, ...] | None = None
     columns: tuple[str, ...] | None = None
     speculative: bool = False  # its rows compare draft windows: a record of a system that drafts none is refused
-
+    systems: tuple[str, ...] = ()  # the only systems its rows are made of (none: any): another's record is refused
 
 @dataclass(frozen=True)
 class Figure:
@@ -186,7 +186,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment(
         "hit_rate", "sweep",
         Table(keys=("policy", "specter_slots", "paper_table3", "system", "k", "slots_per_layer", "experts_per_layer"),
-              derive="hit_policy"),
+              derive="hit_policy", systems=("on-demand", "specter")),
         Figure("hit_rate", "Expert hit rate per caching policy (the policies of the paper's Table 3)",
                x="specter_slots", xlabel="Specter's expert slots per layer"),
         "The share of the experts a target pass needs that are already in a device slot when it asks for them (mean "

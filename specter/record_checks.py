@@ -202,7 +202,8 @@ def _consistency_problem(record: dict) -> str | None:
     if record.get("cost_as") != priced:
         return f"cost_as is {record.get('cost_as')!r}, and its run's config.cost prices it at {priced!r}"
     missing = [key for key in ("system", "model", "dataset", "engine", "cost", "seed", "hardware_sha256",
-                               "model_sha256", "system_options", "system_settings", "expert_bits") if key not in config]
+                               "model_sha256", "system_options", "system_settings", "expert_bits", "routing")
+               if key not in config]
     if missing:  # what the checks here hold a record to: dropping one must not skip them
         return f"config lacks {', '.join(missing)}, which every run of this version writes"
     from specter.runspec import EXPERT_BITS

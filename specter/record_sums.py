@@ -91,6 +91,45 @@ def _rule_problem(record: dict, extra: dict, config: dict, host: list, rule: str
     return None
 
 
+def lookups_problem(record: dict, counts: dict, config: dict) -> str | None:
+    """A record's expert lookups held to its routing (`config.routing`: its MoE layers L, the experts each token
+    routes to in each, top-k) and its decode passes (`extra.counts.decode_passes`: one per output token after the
+    first, or one per verified window, each reading the window's drafts and the token before them): the decode's
+    per-token lookups are its tokens x L x top-k (or none, where a system counts none); a pass's distinct experts in
+    a layer at least top-k and at most the experts of the layer or its tokens' lookups; the prefill's the same over
+    the prompt (every pass's, `demand_*`, less the decode's)."""
+    routing, passes = config.get("routing"), counts.get("decode_passes")
+    layers, top_k = (routing.get(k) for k in ("moe_layers", "top_k")) if isinstance(routing, dict) else (None, None)
+    experts = record.get("experts_per_layer")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (layers, top_k, experts)) or \
+            top_k > experts:
+        return f"config.routing is {routing!r:.80}, not MoE layers and the experts a token routes to in each"
+    outputs, proposed = len(record.get("output_token_ids") or []), counts.get("proposed", 0)
+    if not isinstance(passes, int) or isinstance(passes, bool) or not (
+            passes == outputs - 1 if record.get("k") is None else min(outputs - 1, 1) <= passes <= outputs - 1):
+        return (f"extra.counts.decode_passes is {passes!r:.20}, and {outputs} output tokens take "
+                + ("one pass each after the first" if record.get("k") is None else "a pass per window, at most one "
+                   "a token after the first"))
+    tokens = passes + proposed
+    token_lookups = counts.get("decode_token_hits", 0) + counts.get("decode_token_misses", 0)
+    if token_lookups not in (0, tokens * layers * top_k):
+        return (f"extra.counts.decode_token_hits + decode_token_misses is {token_lookups}, and {tokens} tokens through "
+                f"{layers} MoE layers at top-{top_k} look up {tokens * layers * top_k} experts")
+    decode = counts.get("decode_hits", 0) + counts.get("decode_misses", 0)
+    least, most = passes * layers * top_k, min(passes * layers * experts, tokens * layers * top_k)
+    if not least <= decode <= most:
+        return (f"extra.counts.decode_hits + decode_misses is {decode}, and {passes} decode passes of {tokens} tokens "
+                f"through {layers} MoE layers of {experts} experts at top-{top_k} need {least} to {most}")
+    prompt = len(record.get("prompt_token_ids") or [])
+    prefill = (record.get("demand_hits") or 0) + (record.get("demand_misses") or 0) - decode
+    least, most = layers * top_k, layers * min(experts, prompt * top_k)
+    if not least <= prefill <= most:
+        return (f"demand_hits + demand_misses is {prefill + decode}, and the decode's {decode} and a prefill of "
+                f"{prompt} tokens through {layers} MoE layers of {experts} experts at top-{top_k} need "
+                f"{least + decode} to {most + decode}")
+    return None
+
+
 def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     """Where a record's sums and counts contradict each other: its time's parts and its TPOT, its twin's parts and
     the twin's TPOT, draft time on a run that drafts none, its lower bound and the bound it names, its memory plan's
@@ -170,6 +209,9 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
         value, decode = record.get(field), counts.get(part)
         if isinstance(value, int) and isinstance(decode, int) and value < decode:
             return f"{field} is {value}, fewer than the decode's own (extra.counts.{part} = {decode})"
+    problem = lookups_problem(record, counts, config)
+    if problem:
+        return problem
     from specter.system_names import host_compute_names
 
     misses, copied = record.get("demand_misses"), record.get("h2d_bytes_demand")
@@ -180,8 +222,9 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
         if misses > 0 and copied == 0:
             return f"demand_misses is {misses} with no bytes copied on demand, and each miss copies its expert"
         if isinstance(each, int) and each > 0 and (copied < misses * each or copied % each):
-            return (f"h2d_bytes_demand is {copied}, and its {misses} demand misses copy at least {misses * each} bytes "
-                    f"in whole experts of {each} (config.expert_storage)")
+            return (f"h2d_bytes_demand is {copied}, and its {misses} demand misses copy "
+                    + (f"whole experts of {each} bytes" if copied % each else f"at least {misses * each} bytes")
+                    + " (config.expert_storage)")
         prefill = (record.get("extra") or {}).get("h2d_bytes_prefill")
         for name, value in (("h2d_bytes_prefetch", record.get("h2d_bytes_prefetch")),
                             ("extra.h2d_bytes_prefill", prefill),

@@ -51,7 +51,8 @@ def run_fields(spec, system, profile, work, slots: int, memory, priced_at: dict 
                 "hardware_sha256": profile_digest(profile.to_yaml_dict()), "model_sha256": model_sha256,
                 "initial_cache": spec.cache_start, "numerics": {**determinism.settings(), "device": numerics_device},
                 "cost": priced_at, "priced_ops": work.pricing(),
-                "k_source": k_source, "expert_storage": expert_storage}
+                "k_source": k_source, "expert_storage": expert_storage,
+                "routing": {"moe_layers": len(work.moe_layers), "top_k": work.top_k}}
     return dict(system=spec.system, model=spec.model, dataset=spec.dataset, engine=spec.engine, hardware=profile.name,
                 simulated=spec.engine == "sim", slots_per_layer=slots, experts_per_layer=work.experts_per_layer,
                 cost_as=priced_at["architecture"] if priced_at else None, config=resolved, versions=versions(),
@@ -107,7 +108,7 @@ def record_of(prepared, index: int, prompt: list[int], result, timeline, lower_b
                           "window_hits": result.window_hits, "window_needed": result.window_needed,
                           "window_layers": result.window_layers, "window_placed": result.window_placed,
                           "decode_hits": hits, "decode_misses": misses, "decode_token_hits": token_hits,
-                          "decode_token_misses": token_misses},
+                          "decode_token_misses": token_misses, "decode_passes": len(stats.target_passes) - 1},
                "breakdown_ms": {part: seconds * 1e3 for part, seconds in breakdown(
                    timeline.spans, result.commit_times[0], result.commit_times[-1]).items()}, **measured},
     )
@@ -185,8 +186,8 @@ def read_jsonl(path: str | Path, strict: bool = True) -> list[dict]:
                                "the file is damaged or was edited, run the rule that writes it again")
         problem = record_problem(record) if strict else None
         if problem is not None:
-            raise SpecterError(f"{path}:{number}: {problem}; no run writes that: the file is damaged or was edited, "
-                               "run the rule that writes it again")
+            raise SpecterError(f"{path}:{number}: {problem}; no run of this version writes that: the file is "
+                               "damaged, edited or of another version, run the rule that writes it again")
         if strict and out and record.get("versions") != out[0].get("versions"):
             raise SpecterError(f"{path}:{number}: versions {record.get('versions')!r}, and the file's first record's "
                                f"{out[0].get('versions')!r}: one run file is written by one run of one version; the "

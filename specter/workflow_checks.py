@@ -302,6 +302,9 @@ def check_config(config: dict) -> None:
             if EXPERIMENTS[name].table.speculative and not systems[system].speculative:
                 raise ConfigError(f"config experiments.{name}.systems: {system!r} drafts no window, and {name}'s "
                                   "table compares draft windows; list speculative systems only")
+            if EXPERIMENTS[name].table.systems and system not in EXPERIMENTS[name].table.systems:
+                raise ConfigError(f"config experiments.{name}.systems: {name}'s table compares runs of "
+                                  f"{' and '.join(EXPERIMENTS[name].table.systems)}, not of {system!r}; list those")
         check_options(name, entry, systems)
         check_arms(name, entry, systems)
         check_governors(name, entry, systems)

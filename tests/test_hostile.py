@@ -1955,6 +1955,51 @@ def test_a_hybrid_record_edited_against_its_placement_is_refused(hybrid_records,
         read_jsonl(_write(tmp_path, "edited.jsonl", json.dumps(record) + "\n"))
 
 
+def _recounted(record: dict, **counts) -> dict:
+    """`record` with `counts` (`demand_hits`, `demand_misses` or of `extra.counts`) and every hit rate they give: an
+    edit a rate check alone does not see."""
+    for name, value in counts.items():
+        (record if name.startswith("demand_") else record["extra"]["counts"])[name] = value
+    c, rate = record["extra"]["counts"], (lambda h, m: h / (h + m) if h + m else None)
+    record.update(hit_rate=rate(record["demand_hits"], record["demand_misses"]),
+                  hit_rate_pass=rate(c["decode_hits"], c["decode_misses"]),
+                  hit_rate_token=rate(c["decode_token_hits"], c["decode_token_misses"]))
+    return record
+
+
+@pytest.mark.parametrize("source, edit, said", [
+    ("ktransformers", lambda r: _recounted(r, demand_misses=1000), "demand_hits + demand_misses is 1000"),
+    ("ktransformers", lambda r: _recounted(r, decode_token_misses=1000), "decode_token_hits + decode_token_misses is"),
+    ("ktransformers", lambda r: _recounted(r, decode_token_misses=r["extra"]["counts"]["decode_token_misses"] - 1),
+     "look up"),
+    ("llama-cpp-cpu-moe", lambda r: _recounted(r, demand_hits=2 * r["demand_hits"],
+                                               demand_misses=2 * r["demand_misses"]), "demand_hits + demand_misses"),
+    ("llama-cpp-cpu-moe", lambda r: _recounted(r, decode_hits=r["extra"]["counts"]["decode_hits"] + 50,
+                                               demand_hits=r["demand_hits"] + 50), "decode_hits + decode_misses is"),
+    ("llama-cpp-cpu-moe", lambda r: r["extra"]["counts"].update(decode_passes=99), "decode_passes is 99"),
+    ("ktransformers", lambda r: r["extra"]["counts"].pop("decode_passes"), "decode_passes is None"),
+    ("ktransformers", lambda r: r["config"]["routing"].update(top_k=9), "config.routing is"),
+    ("ktransformers", lambda r: r["config"].pop("routing"), "config lacks routing"),
+    ("specter", lambda r: _recounted(r, decode_misses=r["extra"]["counts"]["decode_misses"] + 500,
+                                     demand_misses=r["demand_misses"] + 500), "decode_hits + decode_misses is"),
+    ("specter", lambda r: r["extra"]["counts"].update(decode_passes=len(r["output_token_ids"])), "a pass per window"),
+], ids=["misses_past_every_lookup", "token_lookups_past_the_tokens", "token_lookups_one_short", "counts_doubled",
+        "pass_lookups_past_the_tokens", "passes_not_the_tokens", "no_passes", "top_k_past_the_experts",
+        "no_routing", "speculative_pass_lookups_past_the_tokens", "more_windows_than_tokens"])
+def test_lookup_counts_past_what_the_routing_gives_are_refused(hybrid_records, real, source, edit, said, tmp_path):
+    """A record's hits and misses are held to the lookups its routing makes (`record_sums.lookups_problem`): its
+    tokens, MoE layers and top-k, its decode passes; a count raised or lowered with its rates is refused."""
+    from specter.errors import SpecterError
+    from specter.records import read_jsonl
+
+    record = json.loads(real["records"].read_text().splitlines()[0]) if source == "specter" else \
+        json.loads(json.dumps(hybrid_records[source]))
+    read_jsonl(_write(tmp_path, "whole.jsonl", json.dumps(record) + "\n"))  # as written: whole
+    edit(record)
+    with pytest.raises(SpecterError, match=re.escape(said)):
+        read_jsonl(_write(tmp_path, "edited.jsonl", json.dumps(record) + "\n"))
+
+
 def test_a_main_figure_of_a_system_at_two_budgets_says_so_in_one_line(real, tmp_path, capsys):
     """The main figure draws one bar a system and comparison: a table of one system at two budgets (a valid table) is
     refused by the figure in one line naming why, not as a damaged cell."""
@@ -2505,15 +2550,17 @@ def test_a_system_option_value_spelled_two_ways_is_refused(real, tmp_path, capsy
     assert len(err) == 1 and "'0.0' and '0' are one value" in err[0] and not (tmp_path / "x.jsonl").exists(), err
 
 
-def test_summary_refuses_another_experiments_table_under_mains_name(real, tmp_path, capsys):
-    """The hardware experiment's table, with its checksum, copied to tables/main.csv: the summary refuses it as `plot`
-    does, rather than print it as the main comparison."""
+@pytest.mark.parametrize("name", ["main", "budget"])
+def test_summary_refuses_another_experiments_table_under_an_experiments_name(real, name, tmp_path, capsys):
+    """The hardware experiment's table, with its checksum, written as tables/main.csv (a section of the summary) or
+    tables/budget.csv (listed with its rows): the summary refuses it as `plot` does, rather than print it as that
+    experiment's."""
     tables = tmp_path / "tree" / "tables"
-    assert main(["aggregate", "hardware", str(real["records"]), "--out", str(tables / "main.csv")]) == 0
+    assert main(["aggregate", "hardware", str(real["records"]), "--out", str(tables / f"{name}.csv")]) == 0
     capsys.readouterr()
     assert main(["summary", str(tmp_path / "tree")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "main.csv: the table is not a main table" in err[0], err
+    assert len(err) == 1 and f"{name}.csv: the table is not a {name} table" in err[0], err
 
 
 def test_diff_of_two_trees_both_damaged_alike_names_the_damage(real, tmp_path, capsys):
@@ -2532,12 +2579,27 @@ def test_diff_of_two_trees_both_damaged_alike_names_the_damage(real, tmp_path, c
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
 
 
-def test_a_table_no_record_makes_a_row_of_is_refused_not_written_empty(hybrid_records, tmp_path, capsys):
-    """`aggregate hit_rate` of records none of which it compares (hybrids alone) is one line, exit 2, and no file."""
+def test_a_table_no_record_makes_a_row_of_is_refused_not_written_empty(real, tmp_path, capsys):
+    """`aggregate hit_rate` of records none of which it compares (Specter at a share of its experts resident: the
+    table's Specter rows are at Specter's slots) is one line, exit 2, and no file."""
+    records = tmp_path / "fraction.jsonl"
+    assert main(["run", "--system", "specter", "--model", real["model"], "--draft", str(real["draft"]), "--dataset",
+                 "code", "--hardware", "t4-pcie3", "--num-prompts", "1", "--max-new-tokens", "4", "--k", "2",
+                 "--resident-fraction", "0.5", "--out", str(records), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["aggregate", "hit_rate", str(records), "--out", str(tmp_path / "hit.csv")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "none of the 1 records makes a row of the hit_rate table" in errors[0], errors
+    assert not (tmp_path / "hit.csv").exists()
+
+
+def test_a_table_of_some_systems_refuses_another_systems_record(hybrid_records, tmp_path, capsys):
+    """`aggregate hit_rate` (its rows on-demand's and Specter's caching policies) of a hybrid's records is one line
+    naming the system, exit 2, and no file: never a table that silently leaves them out."""
     records = _write(tmp_path, "r.jsonl", "".join(json.dumps(r) + "\n" for r in hybrid_records.values()))
     assert main(["aggregate", "hit_rate", str(records), "--out", str(tmp_path / "hit.csv")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
-    assert len(errors) == 1 and "none of the 2 records makes a row of the hit_rate table" in errors[0], errors
+    assert len(errors) == 1 and "runs of on-demand and specter, and a record is of ktransformers" in errors[0], errors
     assert not (tmp_path / "hit.csv").exists()
 
 
@@ -2689,3 +2751,13 @@ def test_a_table_whose_checksum_cannot_be_written_is_not_left_without_it(tmp_pat
     with pytest.raises(OSError):
         tablefile.write_table(pd.DataFrame({"x": [1]}), tmp_path / "t.csv")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_counts_the_runs_it_ran_not_those_over_budget(real, tmp_path, capsys):
+    """`specter sweep` at a device memory holding on-demand's resident part but not Specter's (its draft beside) runs
+    one of two: the line says 1 run and that 1 of 2 was skipped, never 2 runs."""
+    assert main(["sweep", "--systems", "on-demand,specter", "--model", real["model"], "--draft", str(real["draft"]),
+                 "--dataset", "code", "--hardware", "t4-pcie3", "--num-prompts", "1", "--max-new-tokens", "4",
+                 "--k", "2", "--device-memory-gb", "0.00025", "--out", str(tmp_path / "r.jsonl"), "-q"]) == 0
+    said = capsys.readouterr().out
+    assert "1 run (1 of 2 skipped: over budget), 1 records" in said, said

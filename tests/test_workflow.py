@@ -419,6 +419,8 @@ def _edited(edit, base=".test/config.yaml") -> dict:
      "0.0 and 0 are one value"),
     (lambda c: c["experiments"]["k_sweep"].update(systems=["specter", "on-demand"]), "experiments.k_sweep.systems",
      "'on-demand' drafts no window"),
+    (lambda c: c["experiments"]["hit_rate"].update(systems=["on-demand", "ktransformers"]),
+     "experiments.hit_rate.systems", "compares runs of on-demand and specter, not of 'ktransformers'"),
     (lambda c: c["experiments"]["main"].update(systems=["ktransformers"], options={"cuda-graph": [True, 1]}),
      "experiments.main.options.cuda-graph", "True and 1 are one setting of ktransformers"),
     (lambda c: c["experiments"]["hardware"]["axes"].update(
@@ -436,6 +438,7 @@ def _edited(edit, base=".test/config.yaml") -> dict:
         "live_system_it_cannot_run", "live_expert_bits_it_cannot_run",
         "slots_axis_past_the_experts", "a_file_under_a_shipped_sets_name",
         "axis_value_twice", "system_twice", "option_value_spelled_twice", "non_speculative_in_a_k_sweep",
+        "system_a_table_does_not_compare",
         "option_boolean_as_a_number",
         "preset_by_name_and_by_file",
         "dispatch_time_of_the_profile_and_profile"])

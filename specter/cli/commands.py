@@ -247,7 +247,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from specter.errors import SpecterError
     from specter.runs import grid, sweep
     from specter.runspec import Arm
     from specter.runspec.flags import split_list, sweep_from_args
@@ -258,15 +257,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     base, axes, options = sweep_from_args(args, split_list(args.systems, str, "--systems"), args.out or "")
     specs = grid(base, axes, options, [Arm.parse(text) for text in args.arm or ()])
     records = sweep(specs, args.out, args.memo_out)
-    print(f"{len(specs)} runs, {len(records)} records"
-          + (f"; wrote {args.out}" if args.out else "") + (f"; wrote {args.memo_out}" if args.memo_out else ""))
+    ran = len({json.dumps(r.config, sort_keys=True, default=str) for r in records})  # one config a run
+    skip = f" ({len(specs) - ran} of {len(specs)} skipped: over budget)" if ran < len(specs) else ""
+    print(f"{ran} run{'s' * (ran != 1)}{skip}, {len(records)} records"
+          + "".join(f"; wrote {f}" for f in (args.out, args.memo_out) if f))
     return 0
 
 
 @contextlib.contextmanager
 def _of_another_shape(what: str, fix: str):
-    """A record's field or a table's cell of a type or shape this suite never writes, met past the files' own checks
-    while a table, figure or summary is made from them: one line naming the files and the fix, not a traceback."""
+    """A field or cell of a type or shape the suite never writes, met past the files' checks: one line, no traceback."""
     try:
         yield
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, ArithmeticError) as err:

@@ -116,14 +116,7 @@ def _read(path: Path) -> pd.DataFrame | None:
     if missing:
         raise SpecterError(f"{path} lacks the column(s) {', '.join(missing)}; it was written by another version of "
                            "the suite: write it again with `specter aggregate` (or rerun the workflow)")
-    from specter.experiments import EXPERIMENTS
-    from specter.report.tablefile import its_own_table
-
-    if path.stem in EXPERIMENTS:  # another experiment's table under this one's name would be read as this one
-        try:
-            its_own_table(path.stem, EXPERIMENTS[path.stem].table, df)
-        except SpecterError as err:
-            raise SpecterError(f"{path}: {err}") from None
+    _its_own(path, df)
     return df.assign(**{c: df[c].fillna("") if c in df else "" for c in ("cost_as",)},
                      **({"memory": "same slots"} if "memory" not in df else {}))
 
@@ -178,10 +171,27 @@ def _models(results: Path) -> list[str]:
             *_markdown(rows, ["model", "stands in for", "perplexity / dense", "sha256"])]
 
 
+def _its_own(path: Path, df: pd.DataFrame) -> None:
+    """Refuse another experiment's table under an experiment's name (it would be read as that one's)."""
+    from specter.experiments import EXPERIMENTS
+    from specter.report.tablefile import its_own_table
+
+    if path.stem in EXPERIMENTS:
+        try:
+            its_own_table(path.stem, EXPERIMENTS[path.stem].table, df)
+        except SpecterError as err:
+            raise SpecterError(f"{path}: {err}") from None
+
+
 def _tables(tables: list[Path]) -> list[str]:
+    """The tables' listing, each checked to be the table its name says."""
     from specter.report.tablefile import read_table
 
-    rows = [[p.name, str(len(read_table(p))), f"`{_sha256(p)}`"] for p in tables]
+    rows = []
+    for p in tables:
+        df = read_table(p)
+        _its_own(p, df)
+        rows.append([p.name, str(len(df)), f"`{_sha256(p)}`"])
     return ["## Tables", "", *_markdown(rows, ["table", "rows", "sha256"])]
 
 

@@ -172,6 +172,10 @@ def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
         system = df.loc[df["k"].isna(), "system"].iloc[0]
         raise SpecterError(f"the {name} table compares draft windows, and {system} drafts none (its records have no "
                            f"K); give the records of {name}'s own runs (speculative systems)")
+    if spec.systems and not df["system"].isin(spec.systems).all():
+        system = df.loc[~df["system"].isin(spec.systems), "system"].iloc[0]
+        raise SpecterError(f"the {name} table's rows are runs of {' and '.join(spec.systems)}, and a record is of "
+                           f"{system}; give the records of {name}'s own runs")
     frames.one_record_a_prompt(df, records)
     df = derive(spec.derive, df)
     scope = list(experiments.SCOPE)
