@@ -24,7 +24,7 @@
   per pass for speculative systems and per committed token for the others) / (N - 1); see `specter.timing.bounds`.
 Field names carry their units. A record keeps the raw values these are computed from (`extra.commit_ms`, every
 commit's time, and `extra.counts`: proposals, checked, accepted, window hits, needs and placements, the decode
-passes' demand hits and misses per pass and per token), so any table can be
+passes' demand hits and misses per pass and per token, and how many decode passes), so any table can be
 recomputed from its records through these definitions.
 """
 
