@@ -50,6 +50,7 @@ UPSTREAM = Upstream(sources=("huggingface/accelerate v0.26.1: src/accelerate/hoo
 class Naive(System):
     name = "naive"
     order, colour = 30, "#64b5cd"
+    copies_whole_layers = True
     upstream = UPSTREAM
 
     def make_executor(self, engine, work, cache, stats, device=None, cost=None) -> Executor:

@@ -120,6 +120,11 @@ def lookups_problem(record: dict, counts: dict, config: dict) -> str | None:
     if not least <= decode <= most:
         return (f"extra.counts.decode_hits + decode_misses is {decode}, and {passes} decode passes of {tokens} tokens "
                 f"through {layers} MoE layers of {experts} experts at top-{top_k} need {least} to {most}")
+    if record.get("k") is None and token_lookups and any(counts.get(f"decode_{n}") != counts.get(f"decode_token_{n}")
+                                                          for n in ("hits", "misses")):
+        return (f"extra.counts.decode_hits/misses are {counts.get('decode_hits')}/{counts.get('decode_misses')}, and "
+                f"decode_token_hits/misses {counts.get('decode_token_hits')}/{counts.get('decode_token_misses')}: "
+                "one token a pass looks up each expert once")
     prompt = len(record.get("prompt_token_ids") or [])
     prefill = (record.get("demand_hits") or 0) + (record.get("demand_misses") or 0) - decode
     least, most = layers * top_k, layers * min(experts, prompt * top_k)
@@ -212,7 +217,7 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     problem = lookups_problem(record, counts, config)
     if problem:
         return problem
-    from specter.system_names import host_compute_names
+    from specter.system_names import host_compute_names, whole_layer_copier_names
 
     misses, copied = record.get("demand_misses"), record.get("h2d_bytes_demand")
     each = (config.get("expert_storage") or {}).get("expert_bytes") if isinstance(config.get("expert_storage"),
@@ -221,10 +226,12 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
             and record.get("engine") == "sim"):
         if misses > 0 and copied == 0:
             return f"demand_misses is {misses} with no bytes copied on demand, and each miss copies its expert"
-        if isinstance(each, int) and each > 0 and (copied < misses * each or copied % each):
+        exact = record.get("system") not in whole_layer_copier_names()  # a miss copies its expert, and only it
+        if isinstance(each, int) and each > 0 and (copied < misses * each or copied % each or (
+                exact and copied != misses * each)):
             return (f"h2d_bytes_demand is {copied}, and its {misses} demand misses copy "
-                    + (f"whole experts of {each} bytes" if copied % each else f"at least {misses * each} bytes")
-                    + " (config.expert_storage)")
+                    + (f"whole experts of {each} bytes" if copied % each else
+                       f"{'' if exact else 'at least '}{misses * each} bytes") + " (config.expert_storage)")
         prefill = (record.get("extra") or {}).get("h2d_bytes_prefill")
         for name, value in (("h2d_bytes_prefetch", record.get("h2d_bytes_prefetch")),
                             ("extra.h2d_bytes_prefill", prefill),
@@ -235,4 +242,8 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
         if isinstance(prefill, int) and isinstance(record.get("h2d_bytes_prefetch"), int) and \
                 prefill > copied + record["h2d_bytes_prefetch"]:
             return f"extra.h2d_bytes_prefill is {prefill}, more than the run's demand and prefetch bytes together"
+        first = misses - counts.get("decode_misses", 0)  # the prefill's: no window has drafted, nothing prefetched
+        if exact and isinstance(each, int) and isinstance(prefill, int) and prefill != first * each:
+            return (f"extra.h2d_bytes_prefill is {prefill}, and the prefill's {first} demand misses (demand_misses "
+                    f"less extra.counts.decode_misses) copy {first * each} bytes")
     return None

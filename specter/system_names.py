@@ -176,6 +176,11 @@ def host_compute_names() -> frozenset[str]:
     return frozenset(name for name, facts in _declared().items() if facts.get("host_compute") is True)
 
 
+def whole_layer_copier_names() -> frozenset[str]:
+    """The systems among `system_names` that copy every expert of a layer when it runs (`copies_whole_layers`)."""
+    return frozenset(name for name, facts in _declared().items() if facts.get("copies_whole_layers") is True)
+
+
 def host_layers_rule(name: str) -> str | None:
     """Which MoE layers system `name` keeps on the host for a whole run (`System.host_layers_rule`), or None."""
     return (_declared().get(name) or {}).get("host_layers_rule")

@@ -1983,9 +1983,16 @@ def _recounted(record: dict, **counts) -> dict:
     ("specter", lambda r: _recounted(r, decode_misses=r["extra"]["counts"]["decode_misses"] + 500,
                                      demand_misses=r["demand_misses"] + 500), "decode_hits + decode_misses is"),
     ("specter", lambda r: r["extra"]["counts"].update(decode_passes=len(r["output_token_ids"])), "a pass per window"),
+    ("specter", lambda r: _recounted(r, decode_hits=r["extra"]["counts"]["decode_hits"] - 1,
+                                     decode_misses=r["extra"]["counts"]["decode_misses"] + 1),
+     "extra.h2d_bytes_prefill is"),
+    ("llama-cpp-cpu-moe", lambda r: _recounted(r, decode_token_hits=r["extra"]["counts"]["decode_token_hits"] + 1,
+                                               decode_token_misses=r["extra"]["counts"]["decode_token_misses"] - 1),
+     "one token a pass looks up each expert once"),
 ], ids=["misses_past_every_lookup", "token_lookups_past_the_tokens", "token_lookups_one_short", "counts_doubled",
         "pass_lookups_past_the_tokens", "passes_not_the_tokens", "no_passes", "top_k_past_the_experts",
-        "no_routing", "speculative_pass_lookups_past_the_tokens", "more_windows_than_tokens"])
+        "no_routing", "speculative_pass_lookups_past_the_tokens", "more_windows_than_tokens",
+        "a_decode_hit_made_a_miss", "token_counts_not_the_pass_counts"])
 def test_lookup_counts_past_what_the_routing_gives_are_refused(hybrid_records, real, source, edit, said, tmp_path):
     """A record's hits and misses are held to the lookups its routing makes (`record_sums.lookups_problem`): its
     tokens, MoE layers and top-k, its decode passes; a count raised or lowered with its rates is refused."""
@@ -2761,3 +2768,18 @@ def test_a_sweep_counts_the_runs_it_ran_not_those_over_budget(real, tmp_path, ca
                  "--k", "2", "--device-memory-gb", "0.00025", "--out", str(tmp_path / "r.jsonl"), "-q"]) == 0
     said = capsys.readouterr().out
     assert "1 run (1 of 2 skipped: over budget), 1 records" in said, said
+
+
+def test_one_model_named_by_two_paths_is_refused_naming_the_paths(real, tmp_path, capsys, monkeypatch):
+    """The same run of one checkpoint given by its absolute path and by a relative one is two runs to the table; the
+    refusal says the model is one checkpoint named two ways, not only that the paths differ."""
+    monkeypatch.chdir(Path(real["model"]).parent)
+    for name, model in (("abs", real["model"]), ("rel", Path(real["model"]).name)):
+        assert main(["run", "--system", "on-demand", "--model", str(model), "--dataset", "code", "--hardware",
+                     "t4-pcie3", "--num-prompts", "1", "--max-new-tokens", "4", "--resident-per-layer", "2",
+                     "--out", str(tmp_path / f"{name}.jsonl"), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["aggregate", "main", str(tmp_path / "abs.jsonl"), str(tmp_path / "rel.jsonl"), "--out",
+                 str(tmp_path / "main.csv")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "one checkpoint (config.model_sha256) named by two paths" in errors[0], errors

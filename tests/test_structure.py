@@ -216,26 +216,31 @@ def test_calibration_figure_draws_rows_with_and_without_a_suite_figure(tmp_path)
 
 def test_the_system_names_read_from_source_are_the_registrys():
     """A table's reader checks its systems against `system_names` (no import of torch), a row's K against
-    `speculative_names`, a record's settings against `option_kinds` and its host layers against `host_layers_rule`;
-    they must find exactly what the registry imports."""
+    `speculative_names`, a record's settings against `option_kinds`, its host layers against `host_layers_rule` and
+    its copies against `host_compute_names` and `whole_layer_copier_names`; they must find exactly what the registry
+    imports."""
     import re
     import subprocess
     import sys
 
     from specter.system_names import (
         DEFAULT_ORDER,
+        host_compute_names,
         host_layers_rule,
         option_kinds,
         speculative_names,
         system_colours,
         system_names,
         system_order,
+        whole_layer_copier_names,
     )
     from specter.systems import registry
     from specter.systems.base import System
 
     assert system_names() == set(registry())
     assert speculative_names() == {name for name, cls in registry().items() if cls.speculative}
+    assert host_compute_names() == {name for name, cls in registry().items() if cls.host_compute}
+    assert whole_layer_copier_names() == {name for name, cls in registry().items() if cls.copies_whole_layers}
     for name, cls in registry().items():  # a record's settings are held to these
         assert option_kinds(name) == {key: (spec[0].__name__, spec[1]) for key, spec in cls.options.items()}, name
         assert host_layers_rule(name) == cls.host_layers_rule, name

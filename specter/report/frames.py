@@ -228,7 +228,10 @@ def _one_run(records: list[dict], rows: list[int], alike: tuple[str, ...] = ("ou
         differ = differing(first["config"] or {}, other["config"] or {})
         if set(differ) <= set(alike):  # one run written twice (two paths; K by default and given): its caller says
             return
+        one, two = first["config"] or {}, other["config"] or {}
+        named = ("; their model is one checkpoint (config.model_sha256) named by two paths: give each run the same "
+                 "path") if "model" in differ and one.get("model_sha256") == two.get("model_sha256") else ""
         raise SpecterError(f"one row of the table ({first['system']} on {first['model']}, {first['dataset']}) "
                            f"would average {len(runs)} runs that differ in config "
                            f"{', '.join(differ[:3]) or 'settings'}, which the table has no column for; aggregate "
-                           "them apart (one file each) or give the experiment that setting as an axis")
+                           f"them apart (one file each) or give the experiment that setting as an axis{named}")

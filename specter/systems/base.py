@@ -140,6 +140,9 @@ class System:
     separate_draft: bool = False
     #: computes missing experts on the host: the lower bound's link term accounts for that alternative
     host_compute: bool = False
+    #: copies every expert of a layer when the layer runs, not only the missing ones (records' demand bytes are then
+    #: whole layers' experts; a miss of every other copying system copies exactly its expert)
+    copies_whole_layers: bool = False
     #: which MoE layers keep their experts on the host for the whole run (records say in `extra.host_layers`): every
     #: one ("every"), the leading ones ("leading"), or None (a system that places no whole layer there)
     host_layers_rule: str | None = None
