@@ -137,8 +137,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "TPOT (mean over prompts) at each prompt length (prompts truncated to the first N tokens), per system, at "
         "the main settings. Longer prompts fill more KV and warm the expert cache differently during prefill."),
     Experiment(
-        "routing", "k_sweep",
-        Table(kind="routing"),
+        "routing", "k_sweep", Table(kind="routing"),
         Figure("routing", "Draft routing as a forecast of the target's experts"),
         "How well the draft's routing forecasts the target's: for each lookahead distance d (draft step d against "
         "the target's verification input d - 1, which read the same token), the precision and recall of the draft's "
@@ -252,11 +251,12 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         Table(kind="breakdown"),
         Figure("breakdown", "Where a token's time goes (the paper's Fig 4)"),
         "Each system's time per output token in the main comparison at the same slots, split by what the device was "
-        "doing at each instant between the first and the last commit: draft steps, target compute with no copy on "
-        "the link, target compute with copies overlapped, stalls on copies (no compute, a copy on the link), host "
-        "compute (Fiddler's experts on the CPU) and the rest (the host reading routes, launch gaps), drawn as shares "
-        "of each system's TPOT (mean over prompts, written beside its bar). ``results/tables/breakdown.csv`` gives "
-        "the parts in ms per token (they sum to the TPOT) and also the same-memory comparison."),
+        "doing between the first and the last commit: draft steps, target compute with no copy on the link, with "
+        "copies overlapped, stalls on copies (no compute, a copy on the link), host compute (Fiddler's experts on the "
+        "CPU) and the rest (the host reading routes, launch gaps between ops), as shares of each system's TPOT (mean "
+        "over prompts, beside its bar); an op counts from its first kernel to its last, the gaps between its kernels "
+        "as they were launched included, as events around it time it. ``results/tables/breakdown.csv`` gives the "
+        "parts in ms per token (they sum to the TPOT) and also the same-memory comparison."),
     Experiment(
         "routing_entropy", "memo",
         Table(kind="routing_entropy"),

@@ -88,8 +88,9 @@ def breakdown(spans, start: float, end: float) -> dict[str, float]:
     seconds per part of `BREAKDOWN`: `draft` (the compute stream runs a draft op: its label names a draft),
     `target compute` (it runs a target op while no copy is on the link), `target compute, copies overlapped` (a target
     op while a copy is), `stall on copies` (no compute, a copy on the link), `host compute` (no compute, no copy, the
-    host computes experts: Fiddler) and `host syncs and idle` (the rest: the host reading routes, launch gaps). The
-    parts sum to end - start, that is TPOT x (N - 1)."""
+    host computes experts: Fiddler) and `host syncs and idle` (the rest: the host reading routes, launch gaps between
+    ops). An op spans its first kernel's start to its last's end, the launch gaps between its kernels included, as
+    events around it time it live (docs/metrics.md). The parts sum to end - start, that is TPOT x (N - 1)."""
     import numpy as np
 
     from specter.timing.engine import COMPUTE, H2D, HOST

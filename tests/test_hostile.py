@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import math
 import os
 import re
 import shutil
@@ -2783,3 +2784,34 @@ def test_one_model_named_by_two_paths_is_refused_naming_the_paths(real, tmp_path
                  str(tmp_path / "main.csv")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
     assert len(errors) == 1 and "one checkpoint (config.model_sha256) named by two paths" in errors[0], errors
+
+
+def test_a_figure_of_a_table_lacking_its_columns_names_them_plainly(real, tmp_path, capsys):
+    """`plot routing_entropy` of the main table: the line names the missing column, not pandas' Index repr."""
+    assert main(["plot", "routing_entropy", "--table", str(real["table"]), "--out", str(tmp_path / "f.png")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "(missing: layer)" in errors[0] and "Index" not in errors[0], errors
+
+
+def test_a_slower_link_moves_an_ops_wait_from_compute_to_stall_at_the_same_tpot(real, tmp_path):
+    """The breakdown times an op from its first kernel to its last (as events around it do live): on a link 8x slower,
+    a launch-bound decode's TPOT is the same, and what its target compute loses its stall on copies gains, the host's
+    part unchanged (docs/metrics.md)."""
+    preset = dict(real["preset"], name="slow-link")
+    preset["link"] = dict(preset["link"], h2d_pinned_gbps=preset["link"]["h2d_pinned_gbps"] / 8,
+                          h2d_pageable_gbps=preset["link"]["h2d_pageable_gbps"] / 8)
+    (tmp_path / "slow.yaml").write_text(yaml.safe_dump(preset))
+    parts = {}
+    for name, hardware in (("fast", "t4-pcie3"), ("slow", str(tmp_path / "slow.yaml"))):
+        assert main(["run", "--system", "on-demand", "--model", real["model"], "--dataset", "code", "--hardware",
+                     hardware, "--num-prompts", "1", "--max-new-tokens", "8", "--resident-per-layer", "2",
+                     "--out", str(tmp_path / f"{name}.jsonl"), "-q"]) == 0
+        record = json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[0])
+        parts[name] = (record["tpot_ms"], record["extra"]["breakdown_ms"])
+    (fast_tpot, fast), (slow_tpot, slow) = parts["fast"], parts["slow"]
+    if fast_tpot != slow_tpot:
+        pytest.skip(f"the decode is not launch-bound on t4-pcie3 ({fast_tpot} against {slow_tpot} ms)")
+    assert slow["target compute"] < fast["target compute"] and slow["stall on copies"] > fast["stall on copies"]
+    assert math.isclose(slow["target compute"] + slow["stall on copies"], fast["target compute"]
+                        + fast["stall on copies"], rel_tol=1e-9)
+    assert slow["host syncs and idle"] == pytest.approx(fast["host syncs and idle"], rel=1e-9)

@@ -8,6 +8,7 @@ are in `specter.report.check_figures`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -57,8 +58,10 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
     sns.set_theme(style="whitegrid", context="paper")
     try:
         KINDS[figure.kind](figure, table, out, timing_note(table))
-    except KeyError as err:
-        raise SpecterError(f"the table lacks columns the {name} figure draws (missing: {err.args[0]}); give the "
+    except KeyError as err:  # a column name, or pandas' "None of [Index([...], dtype=...)] are in the [columns]"
+        listed = re.search(r"Index\(\[(.*?)\]", str(err.args[0]))
+        missing = ", ".join(re.findall(r"'([^']*)'", listed.group(1))) if listed else str(err.args[0])
+        raise SpecterError(f"the table lacks columns the {name} figure draws (missing: {missing}); give the "
                            f"table `specter aggregate {name}` wrote") from None
 
 
