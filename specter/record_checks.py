@@ -309,9 +309,9 @@ def _consistency_problem(record: dict) -> str | None:
 
 
 def _prediction_problem(record: dict, prediction: list[dict]) -> str | None:
-    """Expert prediction as a run writes it: each (MoE layer, lookahead distance) once, every layer at the same
-    distances 1 .. D (each window covers every layer, and the longest window of the prompt sets D), D within the
-    run's K where it is fixed."""
+    """Expert prediction as a run writes it: each (MoE layer, lookahead distance) once, every MoE layer of its routing
+    at the same distances 1 .. D (each window covers every layer, and the longest window of the prompt sets D), D the
+    run's K where it is fixed (every window drafts K)."""
     if not prediction:
         return None
     pairs = [(entry["layer"], entry["distance"]) for entry in prediction]
@@ -323,8 +323,11 @@ def _prediction_problem(record: dict, prediction: list[dict]) -> str | None:
         return (f"expert_prediction holds layers {sorted(layers)[:8]} at distances other than 1 to {longest} each (a "
                 "run predicts every layer at every distance of its longest window)")
     fixed = str((record.get("config") or {}).get("k")) not in GOVERNORS
-    if fixed and isinstance(record.get("k"), int) and longest > record["k"]:
-        return f"expert_prediction reaches distance {longest}, past the run's K of {record['k']}"
+    if fixed and isinstance(record.get("k"), int) and longest != record["k"]:
+        return f"expert_prediction reaches distance {longest}, and every window of the run drafts K = {record['k']}"
+    moe = ((record.get("config") or {}).get("routing") or {}).get("moe_layers")
+    if isinstance(moe, int) and len(layers) != moe:
+        return f"expert_prediction holds {len(layers)} layers, and the run's routing has {moe} MoE layers"
     return None
 
 

@@ -135,6 +135,35 @@ def lookups_problem(record: dict, counts: dict, config: dict) -> str | None:
     return None
 
 
+def budget_problem(record: dict, config: dict, memory: dict) -> str | None:
+    """A record's memory plan held to the budget its run was given (`config`'s one budget flag): its kind, its bytes
+    (`--device-memory-gb`), its slots (`--resident-per-layer`, `--resident-fraction` of the experts), and for a budget
+    in bytes the most slots a layer whose rows fit beside the resident part (`offload.memory.plan_memory`)."""
+    from specter.runspec.parts import Budget
+
+    kind, given = memory.get("budget_kind"), [k for k, name in Budget.KINDS.items() if config.get(name) is not None]
+    if given != [kind]:
+        return (f"config.memory.budget_kind is {kind!r:.20}, and its run was given "
+                f"{', '.join(Budget.FLAGS[k] for k in given) or 'no budget'}")
+    value, slots, experts = config[Budget.KINDS[kind]], record.get("slots_per_layer"), record.get("experts_per_layer")
+    budget, resident, rows = memory.get("budget_bytes"), memory.get("resident_bytes"), memory.get("expert_slot_bytes")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, experts, resident, rows)) or slots < 1:
+        return None  # the plan's own checks name these
+    if kind in ("slots", "fraction"):
+        want = int(value) if kind == "slots" else max(1, round(value * experts))
+        if budget is not None or slots != want:
+            return (f"slots_per_layer is {slots} (budget_bytes {budget!r}), and {Budget.FLAGS[kind]} {value!r:.20} "
+                    f"of {experts} experts gives {want} slots")
+        return None
+    if kind == "gb" and budget != int(value * 1e9):
+        return f"config.memory.budget_bytes is {budget!r:.20}, and --device-memory-gb {value!r:.20} is that x 1e9"
+    fit = min(experts, (budget - resident) // (rows // slots)) if isinstance(budget, int) and rows else None
+    if slots != fit:
+        return (f"slots_per_layer is {slots}, and a budget of {budget!r:.20} bytes beside the resident {resident} "
+                f"holds {fit!r} slots a layer of {rows // slots} bytes")
+    return None
+
+
 def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     """Where a record's sums and counts contradict each other: its time's parts and its TPOT, its twin's parts and
     the twin's TPOT, draft time on a run that drafts none, its lower bound and the bound it names, its memory plan's
@@ -179,6 +208,9 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
             return (f"config.memory.expert_slot_bytes is {memory['expert_slot_bytes']}, and its {slots} slots in each "
                     f"of {layers} MoE layers hold {held} bytes of experts of {each} "
                     "(config.expert_storage)")
+        problem = budget_problem(record, config, memory)
+        if problem:
+            return problem
         placed = memory.get("placed_slot_bytes")
         if placed is not None and not (isinstance(placed, int) and 0 <= placed <= memory["expert_slot_bytes"]
                                        and (not isinstance(each, int) or each <= 0 or placed % each == 0)):

@@ -2815,3 +2815,72 @@ def test_a_slower_link_moves_an_ops_wait_from_compute_to_stall_at_the_same_tpot(
     assert math.isclose(slow["target compute"] + slow["stall on copies"], fast["target compute"]
                         + fast["stall on copies"], rel_tol=1e-9)
     assert slow["host syncs and idle"] == pytest.approx(fast["host syncs and idle"], rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def budget_records(real, tmp_path_factory):
+    """One record each of a run at a device memory in GB (llama.cpp's CPU experts, n-cpu-moe=-1) and at a resident
+    fraction (naive), on the tiny Mixtral."""
+    root, out = tmp_path_factory.mktemp("budgets"), {}
+    for name, system, budget in (("gb", "llama-cpp-cpu-moe", ["--device-memory-gb", "0.0004"]),
+                                 ("fraction", "naive", ["--resident-fraction", "0.25"])):
+        assert main(["run", "--system", system, "--model", real["model"], "--dataset", "code", "--hardware",
+                     "a100-40gb-pcie4", "--num-prompts", "1", "--max-new-tokens", "4", *budget,
+                     "--out", str(root / f"{name}.jsonl"), "-q"]) == 0
+        out[name] = json.loads((root / f"{name}.jsonl").read_text().splitlines()[0])
+    return out
+
+
+@pytest.mark.parametrize("budget, edit, said", [
+    ("gb", lambda r: r["config"]["memory"].update(budget_bytes=300000), "and --device-memory-gb 0.0004 is that"),
+    ("gb", lambda r: r["config"].update(device_memory_gb=0.0003), "and --device-memory-gb 0.0003 is that"),
+    ("gb", lambda r: (r["config"].update(device_memory_gb=0.0003), r["config"]["memory"].update(budget_bytes=300000)),
+     "and a budget of 300000 bytes beside the resident"),
+    ("fraction", lambda r: r["config"]["memory"].update(budget_kind="gb"), "and its run was given --resident-fraction"),
+    ("fraction", lambda r: r["config"].update(resident_fraction=0.75), "--resident-fraction 0.75 of 8 experts gives 6"),
+    ("fraction", lambda r: r["config"].update(resident_fraction=None, resident_per_layer=5),
+     "and its run was given --resident-per-layer"),
+    ("fraction", lambda r: (r["config"].update(resident_fraction=None, resident_per_layer=5),
+                            r["config"]["memory"].update(budget_kind="slots")),
+     "--resident-per-layer 5 of 8 experts gives 5 slots"),
+], ids=["budget_bytes_not_the_flag", "flag_not_the_budget_bytes", "plan_past_its_budget", "kind_not_the_flag",
+        "fraction_not_the_slots", "flag_not_the_kind", "slots_flag_not_the_slots"])
+def test_a_memory_plan_edited_against_its_budget_is_refused(budget_records, budget, edit, said, tmp_path):
+    """A record's memory plan is held to the one budget flag its run was given (`record_sums.budget_problem`): its
+    kind, its bytes, the slots a fraction or a per-layer count gives, and the slots a budget in bytes holds."""
+    from specter.errors import SpecterError
+    from specter.records import read_jsonl
+
+    record = json.loads(json.dumps(budget_records[budget]))
+    read_jsonl(_write(tmp_path, "whole.jsonl", json.dumps(record) + "\n"))  # as written: whole
+    edit(record)
+    with pytest.raises(SpecterError, match=re.escape(said)):
+        read_jsonl(_write(tmp_path, "edited.jsonl", json.dumps(record) + "\n"))
+
+
+def test_a_draft_whose_sidecar_is_a_pipe_says_so(tmp_path):
+    """A draft directory whose meta.json is a FIFO is refused as such, not as having no meta.json."""
+    from specter.errors import SpecterError
+    from specter.quant.meta import DraftMeta
+
+    (tmp_path / "draft").mkdir()
+    os.mkfifo(tmp_path / "draft" / "meta.json")
+    with pytest.raises(SpecterError, match="its meta.json is not a regular file"):
+        DraftMeta.read(tmp_path / "draft")
+
+
+@pytest.mark.parametrize("keep, said", [
+    (lambda e: e["layer"] == 0 and e["distance"] == 1, "and every window of the run drafts K = 2"),
+    (lambda e: e["layer"] == 0, "expert_prediction holds 1 layers, and the run's routing has 2 MoE layers"),
+], ids=["one_distance_left", "one_layer_left"])
+def test_an_expert_prediction_cut_short_is_refused(real, keep, said, tmp_path):
+    """A fixed-K run's expert prediction covers every MoE layer at every distance 1 .. K: a list cut to some of them
+    (a routing table would silently lose the rest) is refused."""
+    from specter.errors import SpecterError
+    from specter.records import read_jsonl
+
+    record = json.loads(real["records"].read_text().splitlines()[0])
+    assert record["k"] == 2 and len(record["expert_prediction"]) == 4
+    record["expert_prediction"] = [e for e in record["expert_prediction"] if keep(e)]
+    with pytest.raises(SpecterError, match=re.escape(said)):
+        read_jsonl(_write(tmp_path, "edited.jsonl", json.dumps(record) + "\n"))

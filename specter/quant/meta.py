@@ -76,10 +76,9 @@ class DraftMeta:
     def read(cls, draft_dir: str | Path) -> DraftMeta:
         path = Path(draft_dir) / META_FILE
         if not path.is_file():
-            raise SpecterError(
-                f"{str(draft_dir)!r} is not a draft (no {META_FILE}); make one with "
-                "`specter quantize --model DIR --out DIR`"
-            )
+            why = f"its {META_FILE} is not a regular file" if path.exists() or path.is_symlink() else f"no {META_FILE}"
+            raise SpecterError(f"{str(draft_dir)!r} is not a draft ({why}); make one with "
+                               "`specter quantize --model DIR --out DIR`")
         try:
             meta = cls(**json_strict(read_at_most(path, MAX_META_BYTES)))
         except (ValueError, TypeError) as err:  # JSON's errors, a key given twice, bytes other than UTF-8, too long
