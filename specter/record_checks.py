@@ -325,7 +325,8 @@ def _prediction_problem(record: dict, prediction: list[dict]) -> str | None:
     fixed = str((record.get("config") or {}).get("k")) not in GOVERNORS
     if fixed and isinstance(record.get("k"), int) and longest != record["k"]:
         return f"expert_prediction reaches distance {longest}, and every window of the run drafts K = {record['k']}"
-    moe = ((record.get("config") or {}).get("routing") or {}).get("moe_layers")
+    routing = (record.get("config") or {}).get("routing")
+    moe = routing.get("moe_layers") if isinstance(routing, dict) else None
     if isinstance(moe, int) and len(layers) != moe:
         return f"expert_prediction holds {len(layers)} layers, and the run's routing has {moe} MoE layers"
     return None

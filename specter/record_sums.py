@@ -146,6 +146,8 @@ def budget_problem(record: dict, config: dict, memory: dict) -> str | None:
         return (f"config.memory.budget_kind is {kind!r:.20}, and its run was given "
                 f"{', '.join(Budget.FLAGS[k] for k in given) or 'no budget'}")
     value, slots, experts = config[Budget.KINDS[kind]], record.get("slots_per_layer"), record.get("experts_per_layer")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        return f"config.{Budget.KINDS[kind]} is {value!r:.20}, not a budget (a positive finite number)"
     budget, resident, rows = memory.get("budget_bytes"), memory.get("resident_bytes"), memory.get("expert_slot_bytes")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, experts, resident, rows)) or slots < 1:
         return None  # the plan's own checks name these

@@ -2843,8 +2843,11 @@ def budget_records(real, tmp_path_factory):
     ("fraction", lambda r: (r["config"].update(resident_fraction=None, resident_per_layer=5),
                             r["config"]["memory"].update(budget_kind="slots")),
      "--resident-per-layer 5 of 8 experts gives 5 slots"),
+    ("fraction", lambda r: r["config"].update(resident_fraction="x"), "config.resident_fraction is 'x', not a budget"),
+    ("gb", lambda r: r["config"].update(device_memory_gb=float("nan")), "config.device_memory_gb is nan, not a budget"),
 ], ids=["budget_bytes_not_the_flag", "flag_not_the_budget_bytes", "plan_past_its_budget", "kind_not_the_flag",
-        "fraction_not_the_slots", "flag_not_the_kind", "slots_flag_not_the_slots"])
+        "fraction_not_the_slots", "flag_not_the_kind", "slots_flag_not_the_slots",
+        "fraction_not_a_number", "gb_nan"])
 def test_a_memory_plan_edited_against_its_budget_is_refused(budget_records, budget, edit, said, tmp_path):
     """A record's memory plan is held to the one budget flag its run was given (`record_sums.budget_problem`): its
     kind, its bytes, the slots a fraction or a per-layer count gives, and the slots a budget in bytes holds."""
