@@ -225,10 +225,10 @@ def _one_run(records: list[dict], rows: list[int], alike: tuple[str, ...] = ("ou
     runs = {run_key(records[i]): i for i in rows}
     if len(runs) > 1:
         first, other = (records[i] for i in list(runs.values())[:2])
-        differ = differing(first["config"] or {}, other["config"] or {})
+        one, two = first["config"] or {}, other["config"] or {}
+        differ = differing(one, two)
         if set(differ) <= set(alike):  # one run written twice (two paths; K by default and given): its caller says
             return
-        one, two = first["config"] or {}, other["config"] or {}
         named = ("; their model is one checkpoint (config.model_sha256) named by two paths: give each run the same "
                  "path") if "model" in differ and one.get("model_sha256") == two.get("model_sha256") else ""
         raise SpecterError(f"one row of the table ({first['system']} on {first['model']}, {first['dataset']}) "
