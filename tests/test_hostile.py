@@ -156,8 +156,17 @@ def _two_prompts_other_configs(path: Path) -> None:
     record = json.loads(path.read_text().splitlines()[0])
     record["config"]["num_prompts"] = 2
     other = json.loads(json.dumps({**record, "prompt_index": 1}))
+    other["prompt_token_ids"] = other["prompt_token_ids"][::-1]  # a run's prompts are distinct
     other["config"]["numerics"] = {**other["config"]["numerics"], "threads": 7}
     path.write_text(json.dumps(record) + "\n" + json.dumps(other) + "\n")
+
+
+def _one_prompt_relabelled(path: Path) -> None:
+    """A damage: the first record as prompt 0 of a 2-prompt run, then the same record relabelled as its prompt 1 (a
+    table would count one prompt twice)."""
+    record = json.loads(path.read_text().splitlines()[0])
+    record["config"]["num_prompts"] = 2
+    path.write_text(json.dumps(record) + "\n" + json.dumps({**record, "prompt_index": 1}) + "\n")
 
 
 def _table_copy(w: Path, real, damage, checksum: bool = True) -> str:
@@ -852,7 +861,7 @@ CASES = [
         w, r, lambda d: _index_of(d, misplace=False))), "the index and its shards disagree"),
     ("run_dataset_fewer_prompts_than_asked", lambda w, r: _run(r, "--dataset", _write(
         w, "p.jsonl", '{"prompt": "def f(x): return x"}\n{"prompt": "def g(y): return y"}\n'), "--num-prompts", "5"),
-     "has 2 inputs of at least 8 tokens"),
+     "has 2 distinct inputs of at least 8 tokens"),
     ("live_weights_two_tensors_on_the_same_bytes", lambda w, r: _live(r, _model_copy(w, r, _overlapping)),
      "byte ranges overlap or leave gaps"),
     ("sweep_arm_name_with_a_line_separator", lambda w, r: _sweep(r, "--arm", "full", "--arm",
@@ -932,6 +941,7 @@ CASES = [
      "config.pricing is 'upstream' (upstream), and its priced ops are 'fused'"),
     ("aggregate_records_dispatch_not_its_profiles", _aggregate(_config_field("dispatch_us", 5.0)),
      "config.dispatch_us is 5.0, and its profile's dispatch is"),
+    ("aggregate_one_prompt_relabelled_as_another", _aggregate(_one_prompt_relabelled), "a run's prompts are distinct"),
     ("aggregate_records_of_one_run_with_two_configs", _aggregate(_two_prompts_other_configs),
      "differ in config numerics.threads: one run's records share one config"),
     ("aggregate_records_expert_slots_not_slots_times_layers", lambda w, r: _aggregate(_config_field("memory", {

@@ -217,6 +217,23 @@ def test_local_jsonl_dataset_runs(tiny_dirs, rtn_drafts, tmp_path):
     assert proc.returncode == 2 and "has no input of at least 64 tokens (2 shorter ones passed over)" in proc.stderr
 
 
+def test_an_input_repeating_an_earlier_ones_prompt_tokens_is_passed_over(tmp_path):
+    """A run's prompts are distinct: an input whose first --prefix-tokens tokens are an earlier one's is passed over
+    (a run would measure one prompt twice, and its tables count it as two), and a set left too small says so."""
+    from specter.data.prompts import load_prompts
+    from specter.errors import SpecterError
+    from specter.models.tiny import byte_tokenizer
+
+    tok = byte_tokenizer()
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"question": q}) + "\n" for q in ["def f(x): 1", "def f(x): 2", "def g()"]))
+    assert load_prompts(str(data), tok, num_prompts=2, prefix_tokens=7) == [
+        tok("def f(x", add_special_tokens=False)["input_ids"], tok("def g()", add_special_tokens=False)["input_ids"]]
+    with pytest.raises(SpecterError, match=r"has 2 distinct inputs of at least 7 tokens \(1 repeating an earlier "
+                                           r"one's first 7 passed over\)"):
+        load_prompts(str(data), tok, num_prompts=3, prefix_tokens=7)
+
+
 def test_the_memory_plan_reserves_kv_for_the_window_each_system_runs(tiny_dirs, rtn_drafts, tmp_path):
     """One source of truth for K: the run's --k for Specter, SpecMoEOff's own k option for it, none for a system
     that does not speculate, whatever --k the run was given."""

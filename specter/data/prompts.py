@@ -106,7 +106,8 @@ def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int 
                  field: str | None = None) -> list[list[int]]:
     """Token ids of the first `num_prompts` inputs of `name` (a shipped set or a file) that hold at least
     `prefix_tokens` tokens, each cut to that length: every prompt of a run is `--prefix-tokens` long, as its record
-    says (a shorter input is passed over, as an empty one is)."""
+    says (a shorter input is passed over, as an empty one is, and so is one whose cut tokens are an earlier input's:
+    a run would measure one prompt twice and its tables count it as two)."""
     if num_prompts < 1 or prefix_tokens < 1:
         raise SpecterError(f"need at least one prompt of at least one token, got {num_prompts} x {prefix_tokens}")
     if name in DATASETS:
@@ -115,11 +116,14 @@ def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int 
         texts = read_texts(name, field)
     else:
         raise SpecterError(f"unknown dataset {name!r}: not a shipped set ({', '.join(DATASETS)}) and not a file")
-    prompts, shorter = [], 0
+    prompts, shorter, repeated, seen = [], 0, 0, set()
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:prefix_tokens]
-        if len(ids) == prefix_tokens:
+        if len(ids) == prefix_tokens and tuple(ids) in seen:
+            repeated += 1
+        elif len(ids) == prefix_tokens:
             prompts.append(ids)
+            seen.add(tuple(ids))
         elif ids:
             shorter += 1
         if len(prompts) == num_prompts:
@@ -128,9 +132,11 @@ def load_prompts(name: str, tokenizer, num_prompts: int = 5, prefix_tokens: int 
         raise SpecterError(f"dataset {name!r} has no non-empty inputs")
     # refused, not run on fewer or shorter: a record says how many prompts of what length its run asked for, and the
     # tables hold every run to it
-    passed = f" ({shorter} shorter ones passed over)" if shorter else ""
-    raise SpecterError(f"dataset {name!r} has {len(prompts)} inputs of at least {prefix_tokens} tokens{passed}, and "
-                       f"--num-prompts asks for {num_prompts}; give --num-prompts {len(prompts) or 1} or a smaller "
-                       "--prefix-tokens, or a dataset with more inputs" if prompts else
+    passed = "; ".join(([f"{shorter} shorter ones"] if shorter else [])
+                       + ([f"{repeated} repeating an earlier one's first {prefix_tokens}"] if repeated else []))
+    passed = f" ({passed} passed over)" if passed else ""
+    raise SpecterError(f"dataset {name!r} has {len(prompts)} distinct inputs of at least {prefix_tokens} tokens"
+                       f"{passed}, and --num-prompts asks for {num_prompts}; give --num-prompts {len(prompts) or 1} "
+                       "or a smaller --prefix-tokens, or a dataset with more inputs" if prompts else
                        f"dataset {name!r} has no input of at least {prefix_tokens} tokens{passed}; give a smaller "
                        "--prefix-tokens, or a dataset with longer inputs")

@@ -111,6 +111,13 @@ def _same_model_and_prompts(record: dict, path, number: int, named: dict) -> Non
         raise SpecterError(f"record {number} of {path} and record {first[2]} of {first[1]} both give prompt "
                            f"{record.get('prompt_index')} of {record.get('dataset')!r}, as other tokens: two prompt "
                            "files of one name; give each prompt set its own file name")
+    if isinstance(tokens, list):  # a run passes over an input whose tokens repeat an earlier one's (`load_prompts`)
+        first = named.setdefault(("tokens", *key[1:4], tuple(tokens)), (record.get("prompt_index"), path, number))
+        if first[0] != record.get("prompt_index"):
+            raise SpecterError(f"record {number} of {path} gives prompt {record.get('prompt_index')} of "
+                               f"{record.get('dataset')!r} as the tokens record {first[2]} of {first[1]} gives as "
+                               f"prompt {first[0]}, and a run's prompts are distinct: a record relabelled as another "
+                               "prompt, or of another version; run it again")
     out = record.get("output_token_ids")
     if record.get("engine") != "sim" or (config.get("temperature") or 0) != 0 or not isinstance(out, list):
         return
