@@ -143,6 +143,7 @@ class LlamaCppCpuMoe(System):
     order, colour = 75, "#8c613c"
     upstream = UPSTREAM
     host_compute = True
+    stall_free = True  # the host synchronizes on each split's copy before the device waits for it
     host_layers_rule = "leading"
     options = {
         "n-cpu-moe": (int, -1, "the first N blocks keep their routed experts on the host (-1: the fewest that leave "

@@ -71,6 +71,7 @@ class SpecMoEOff(Specter):
     upstream = UPSTREAM
     separate_draft = True
     takes_window = False
+    prefetch_in_window = False  # its second plan of a window releases the first's experts (`_FrequencyPlans`)
     options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)", (1, 1024)),
                "verify-waits": (bool, True, "the verification waits for the window's prefetches to land (the "
                                             "artifact's before_verify)")}

@@ -110,6 +110,10 @@ def lookups_problem(record: dict, counts: dict, config: dict) -> str | None:
         return (f"extra.counts.decode_passes is {passes!r:.20}, and {outputs} output tokens take "
                 + ("one pass each after the first" if record.get("k") is None else "a pass per window, at most one "
                    "a token after the first"))
+    windows = sum((record.get("accepted_length_histogram") or {}).values())
+    if record.get("k") is not None and windows and windows != passes:
+        return (f"accepted_length_histogram counts {windows} windows, and extra.counts.decode_passes is {passes}: "
+                "a window's verification is one decode pass")
     tokens = passes + proposed
     token_lookups = counts.get("decode_token_hits", 0) + counts.get("decode_token_misses", 0)
     if token_lookups not in (0, tokens * layers * top_k):
@@ -132,6 +136,36 @@ def lookups_problem(record: dict, counts: dict, config: dict) -> str | None:
         return (f"demand_hits + demand_misses is {prefill + decode}, and the decode's {decode} and a prefill of "
                 f"{prompt} tokens through {layers} MoE layers of {experts} experts at top-{top_k} need "
                 f"{least + decode} to {most + decode}")
+    return None
+
+
+def traffic_problem(record: dict, extra: dict, config: dict) -> str | None:
+    """A record's stall and prefetch held to what its engine and system can book: the wall clock on the CPU as device
+    books no stall (its work runs as it is launched), nor does a simulated run of a system whose device waits only
+    on copies its host already waited for (`System.stall_free`) or of one that copies nothing and computes on no host;
+    a system whose prefetches stay protected to the window's verification (`System.prefetch_in_window`) prefetches at
+    most the experts its windows placed (`extra.counts.window_placed`)."""
+    from specter.system_names import host_compute_names, prefetch_in_window_names, stall_free_names
+
+    stall, system, engine = record.get("stall_ms"), record.get("system"), record.get("engine")
+    device = config.get("device") if isinstance(config.get("device"), dict) else {}
+    copied = [record.get("h2d_bytes_demand"), record.get("h2d_bytes_prefetch"), extra.get("h2d_bytes_prefill"),
+              extra.get("d2h_bytes_writeback"), extra.get("link_bytes_activations")]
+    why = ("the wall clock on the CPU as device books none (its work runs as it is launched)"
+           if engine == "live" and device.get("kind") == "cpu" else
+           f"{system}'s device waits only for copies its host has waited for" if engine == "sim" and
+           system in stall_free_names() else
+           "a simulated run that copies nothing and computes on no host waits on nothing" if engine == "sim" and
+           system not in host_compute_names() and not any(copied) else None)
+    if why and stall:
+        return f"stall_ms is {stall!r}, and {why}"
+    each = (config.get("expert_storage") or {}).get("expert_bytes") if isinstance(config.get("expert_storage"),
+                                                                                 dict) else None
+    placed, fetched = (extra.get("counts") or {}).get("window_placed"), record.get("h2d_bytes_prefetch")
+    if system in prefetch_in_window_names() and all(isinstance(v, int) for v in (each, placed, fetched)) and \
+            fetched > placed * each:
+        return (f"h2d_bytes_prefetch is {fetched}, and {system}'s prefetches are among the {placed} experts its "
+                f"windows placed (extra.counts.window_placed), {placed * each} bytes (config.expert_storage)")
     return None
 
 
@@ -248,7 +282,7 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
         value, decode = record.get(field), counts.get(part)
         if isinstance(value, int) and isinstance(decode, int) and value < decode:
             return f"{field} is {value}, fewer than the decode's own (extra.counts.{part} = {decode})"
-    problem = lookups_problem(record, counts, config)
+    problem = lookups_problem(record, counts, config) or traffic_problem(record, extra, config)
     if problem:
         return problem
     from specter.system_names import host_compute_names, whole_layer_copier_names

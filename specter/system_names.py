@@ -181,6 +181,17 @@ def whole_layer_copier_names() -> frozenset[str]:
     return frozenset(name for name, facts in _declared().items() if facts.get("copies_whole_layers") is True)
 
 
+def stall_free_names() -> frozenset[str]:
+    """The systems among `system_names` whose simulated runs book no stall (`System.stall_free`)."""
+    return frozenset(name for name, facts in _declared().items() if facts.get("stall_free") is True)
+
+
+def prefetch_in_window_names() -> frozenset[str]:
+    """The systems among `system_names` whose prefetches are all among their windows' placed experts
+    (`System.prefetch_in_window`)."""
+    return frozenset(name for name, facts in _declared().items() if facts.get("prefetch_in_window") is True)
+
+
 def host_layers_rule(name: str) -> str | None:
     """Which MoE layers system `name` keeps on the host for a whole run (`System.host_layers_rule`), or None."""
     return (_declared().get(name) or {}).get("host_layers_rule")

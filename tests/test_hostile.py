@@ -1880,15 +1880,17 @@ def test_bytecode_flagged_as_never_checked_against_its_source_is_compiled_again(
 @pytest.fixture(scope="module")
 def hybrid_records(tiny_dirs, tmp_path_factory):
     """One record each of the hybrids on the tiny Mixtral (4 of 8 slots: llama.cpp keeps layer 0's experts on the
-    host, KTransformers both layers')."""
+    host, KTransformers both layers'), of every expert resident, and of on-demand live on the CPU."""
     root = tmp_path_factory.mktemp("hybrid")
     out = {}
-    for system in ("ktransformers", "llama-cpp-cpu-moe"):
-        path = root / f"{system}.jsonl"
+    for system, *extra in (("ktransformers",), ("llama-cpp-cpu-moe",), ("resident",),
+                           ("on-demand", "--engine", "live", "--device", "cpu")):
+        name = system + ("-live" if extra else "")
+        path = root / f"{name}.jsonl"
         assert main(["run", "--system", system, "--model", tiny_dirs["mixtral"], "--dataset", "code", "--hardware",
                      "t4-pcie3", "--num-prompts", "1", "--max-new-tokens", "4", "--resident-per-layer", "4",
-                     "--out", str(path), "-q"]) == 0
-        out[system] = json.loads(path.read_text().splitlines()[0])
+                     *extra, "--out", str(path), "-q"]) == 0
+        out[name] = json.loads(path.read_text().splitlines()[0])
     return out
 
 
@@ -2000,10 +2002,19 @@ def _recounted(record: dict, **counts) -> dict:
     ("llama-cpp-cpu-moe", lambda r: _recounted(r, decode_token_hits=r["extra"]["counts"]["decode_token_hits"] + 1,
                                                decode_token_misses=r["extra"]["counts"]["decode_token_misses"] - 1),
      "one token a pass looks up each expert once"),
+    ("specter", lambda r: r["accepted_length_histogram"].update(
+        {"0": r["accepted_length_histogram"].get("0", 0) + 1}), "a window's verification is one decode pass"),
+    ("llama-cpp-cpu-moe", lambda r: r.update(stall_ms=0.3), "waits only for copies its host has waited for"),
+    ("resident", lambda r: r.update(stall_ms=0.3), "a simulated run that copies nothing"),
+    ("on-demand-live", lambda r: r.update(stall_ms=0.3), "the wall clock on the CPU as device books none"),
+    ("specter", lambda r: r.update(h2d_bytes_prefetch=(r["extra"]["counts"]["window_placed"] + 1)
+                                   * r["config"]["expert_storage"]["expert_bytes"]), "its windows placed"),
 ], ids=["misses_past_every_lookup", "token_lookups_past_the_tokens", "token_lookups_one_short", "counts_doubled",
         "pass_lookups_past_the_tokens", "passes_not_the_tokens", "no_passes", "top_k_past_the_experts",
         "no_routing", "speculative_pass_lookups_past_the_tokens", "more_windows_than_tokens",
-        "a_decode_hit_made_a_miss", "token_counts_not_the_pass_counts"])
+        "a_decode_hit_made_a_miss", "token_counts_not_the_pass_counts", "a_window_more_than_the_passes",
+        "a_stall_where_the_host_waited", "a_stall_with_nothing_copied", "a_stall_on_the_wall_clock",
+        "prefetches_past_what_the_windows_placed"])
 def test_lookup_counts_past_what_the_routing_gives_are_refused(hybrid_records, real, source, edit, said, tmp_path):
     """A record's hits and misses are held to the lookups its routing makes (`record_sums.lookups_problem`): its
     tokens, MoE layers and top-k, its decode passes; a count raised or lowered with its rates is refused."""

@@ -143,6 +143,12 @@ class System:
     #: copies every expert of a layer when the layer runs, not only the missing ones (records' demand bytes are then
     #: whole layers' experts; a miss of every other copying system copies exactly its expert)
     copies_whole_layers: bool = False
+    #: its device never waits on work of another stream that the host has not already waited for itself (llama.cpp's
+    #: blocking copies at each change of backend): the simulator books it no stall (records' `stall_ms` is 0)
+    stall_free: bool = False
+    #: every expert it prefetches stays protected until the window's verification, so its prefetches are among the
+    #: experts the window placed (records' prefetch bytes at most `extra.counts.window_placed` experts)
+    prefetch_in_window: bool = False
     #: which MoE layers keep their experts on the host for the whole run (records say in `extra.host_layers`): every
     #: one ("every"), the leading ones ("leading"), or None (a system that places no whole layer there)
     host_layers_rule: str | None = None

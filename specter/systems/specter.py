@@ -52,6 +52,7 @@ class Specter(System):
     order, colour = 120, "#c44e52"
     upstream = SPECTER_ARTIFACT
     speculative = True
+    prefetch_in_window = True
     options = {"serialize-demand": (bool, False, "ablation: a demand copy waits for the compute issued before it "
                                                  "(no hot-first overlap)"),
                "draft-kv": (str, "shared", "ablation: copied gives the draft a KV cache of its own, the target's KV "
