@@ -72,6 +72,7 @@ class SpecMoEOff(Specter):
     separate_draft = True
     takes_window = False
     prefetch_in_window = False  # its second plan of a window releases the first's experts (`_FrequencyPlans`)
+    window_plans = 2  # one after each of FRACTIONS' draft steps, a layer's top slots each
     options = {"k": (int, 3, "draft window K (the artifact's SpecMoEOff setting: 3)", (1, 1024)),
                "verify-waits": (bool, True, "the verification waits for the window's prefetches to land (the "
                                             "artifact's before_verify)")}

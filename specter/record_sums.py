@@ -144,8 +144,9 @@ def traffic_problem(record: dict, extra: dict, config: dict) -> str | None:
     books no stall (its work runs as it is launched), nor does a simulated run of a system whose device waits only
     on copies its host already waited for (`System.stall_free`) or of one that copies nothing and computes on no host;
     a system whose prefetches stay protected to the window's verification (`System.prefetch_in_window`) prefetches at
-    most the experts its windows placed (`extra.counts.window_placed`)."""
-    from specter.system_names import host_compute_names, prefetch_in_window_names, stall_free_names
+    most the experts its windows placed (`extra.counts.window_placed`), and one of a few plans a window
+    (`System.window_plans`) at most those plans' slots in every MoE layer of every window."""
+    from specter.system_names import host_compute_names, prefetch_in_window_names, stall_free_names, window_plans
 
     stall, system, engine = record.get("stall_ms"), record.get("system"), record.get("engine")
     device = config.get("device") if isinstance(config.get("device"), dict) else {}
@@ -166,6 +167,13 @@ def traffic_problem(record: dict, extra: dict, config: dict) -> str | None:
             fetched > placed * each:
         return (f"h2d_bytes_prefetch is {fetched}, and {system}'s prefetches are among the {placed} experts its "
                 f"windows placed (extra.counts.window_placed), {placed * each} bytes (config.expert_storage)")
+    plans, passes = window_plans(str(system)), (extra.get("counts") or {}).get("decode_passes")
+    layers = (config.get("routing") or {}).get("moe_layers") if isinstance(config.get("routing"), dict) else None
+    slots = record.get("slots_per_layer")
+    if plans is not None and all(isinstance(v, int) for v in (each, fetched, passes, layers, slots)) and \
+            fetched > plans * passes * layers * slots * each:
+        return (f"h2d_bytes_prefetch is {fetched}, and {passes} windows of at most {plans} plans of {slots} slots in "
+                f"each of {layers} MoE layers prefetch at most {plans * passes * layers * slots * each} bytes")
     return None
 
 

@@ -192,6 +192,12 @@ def prefetch_in_window_names() -> frozenset[str]:
     return frozenset(name for name, facts in _declared().items() if facts.get("prefetch_in_window") is True)
 
 
+def window_plans(name: str) -> int | None:
+    """The prefetch plans a window of system `name` makes at most (`System.window_plans`), or None."""
+    plans = (_declared().get(name) or {}).get("window_plans")
+    return plans if isinstance(plans, int) and not isinstance(plans, bool) else None
+
+
 def host_layers_rule(name: str) -> str | None:
     """Which MoE layers system `name` keeps on the host for a whole run (`System.host_layers_rule`), or None."""
     return (_declared().get(name) or {}).get("host_layers_rule")

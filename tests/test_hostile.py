@@ -2009,19 +2009,27 @@ def _recounted(record: dict, **counts) -> dict:
     ("on-demand-live", lambda r: r.update(stall_ms=0.3), "the wall clock on the CPU as device books none"),
     ("specter", lambda r: r.update(h2d_bytes_prefetch=(r["extra"]["counts"]["window_placed"] + 1)
                                    * r["config"]["expert_storage"]["expert_bytes"]), "its windows placed"),
+    ("specmoeoff", lambda r: r.update(h2d_bytes_prefetch=(2 * r["extra"]["counts"]["decode_passes"] * 2 * 2 + 1)
+                                      * r["config"]["expert_storage"]["expert_bytes"]), "windows of at most 2 plans"),
 ], ids=["misses_past_every_lookup", "token_lookups_past_the_tokens", "token_lookups_one_short", "counts_doubled",
         "pass_lookups_past_the_tokens", "passes_not_the_tokens", "no_passes", "top_k_past_the_experts",
         "no_routing", "speculative_pass_lookups_past_the_tokens", "more_windows_than_tokens",
         "a_decode_hit_made_a_miss", "token_counts_not_the_pass_counts", "a_window_more_than_the_passes",
         "a_stall_where_the_host_waited", "a_stall_with_nothing_copied", "a_stall_on_the_wall_clock",
-        "prefetches_past_what_the_windows_placed"])
+        "prefetches_past_what_the_windows_placed", "prefetches_past_the_plans_slots"])
 def test_lookup_counts_past_what_the_routing_gives_are_refused(hybrid_records, real, source, edit, said, tmp_path):
     """A record's hits and misses are held to the lookups its routing makes (`record_sums.lookups_problem`): its
     tokens, MoE layers and top-k, its decode passes; a count raised or lowered with its rates is refused."""
     from specter.errors import SpecterError
     from specter.records import read_jsonl
 
+    if source == "specmoeoff":  # 2 slots of each of the tiny Mixtral's 2 MoE layers
+        assert main(["run", "--system", source, "--model", real["model"], "--draft", str(real["draft"]), "--dataset",
+                     "code", "--hardware", "t4-pcie3", "--num-prompts", "1", "--prefix-tokens", "8",
+                     "--max-new-tokens", "6", "--resident-per-layer", "2", "--out", str(tmp_path / "s.jsonl"),
+                     "-q"]) == 0
     record = json.loads(real["records"].read_text().splitlines()[0]) if source == "specter" else \
+        json.loads((tmp_path / "s.jsonl").read_text().splitlines()[0]) if source == "specmoeoff" else \
         json.loads(json.dumps(hybrid_records[source]))
     read_jsonl(_write(tmp_path, "whole.jsonl", json.dumps(record) + "\n"))  # as written: whole
     edit(record)

@@ -149,6 +149,9 @@ class System:
     #: every expert it prefetches stays protected until the window's verification, so its prefetches are among the
     #: experts the window placed (records' prefetch bytes at most `extra.counts.window_placed` experts)
     prefetch_in_window: bool = False
+    #: the prefetch plans a window makes at most, each at most a layer's slots of experts in each MoE layer (records'
+    #: prefetch bytes at most plans x decode passes x layers x slots experts); None where no such count bounds them
+    window_plans: int | None = None
     #: which MoE layers keep their experts on the host for the whole run (records say in `extra.host_layers`): every
     #: one ("every"), the leading ones ("leading"), or None (a system that places no whole layer there)
     host_layers_rule: str | None = None
