@@ -268,7 +268,8 @@ def writable_problem(path: str | Path, directory: bool = False) -> str | None:
     if not ancestor.is_dir():
         return f"{str(ancestor)!r} is not a directory, so {str(path)!r} cannot be made under it"
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot write in {str(ancestor)!r} (permission denied)"
+        read_only = os.statvfs(ancestor).f_flag & os.ST_RDONLY
+        return f"cannot write in {str(ancestor)!r} ({'a read-only file system' if read_only else 'permission denied'})"
     return None
 
 

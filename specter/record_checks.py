@@ -156,6 +156,12 @@ def _record_problem(record: dict) -> str | None:
     if record.get("simulated") is True and record.get("hardware") != profile.get("name"):
         return (f"hardware is {record.get('hardware')!r}, and the profile it was simulated on is named "
                 f"{profile.get('name')!r}")
+    given = (record.get("config") or {}).get("hardware")
+    from specter.timing import preset_names
+
+    if isinstance(given, str) and given in preset_names() and given != profile.get("name"):
+        return (f"config.hardware is the preset {given!r}, and the profile its run was given is named "
+                f"{profile.get('name')!r} (a preset's profile carries its name)")
     for name in _COUNTS:
         if record.get(name) is not None and (record[name] < 0 or not math.isfinite(float(record[name]))):
             return f"{name} is {record[name]!r}, and a count is never negative"

@@ -622,6 +622,8 @@ CASES = [
     ("system_option_nan", lambda w, r: _run(r, "--system-option", "noise=nan", system="specter-oracle"), "noise"),
     ("system_option_unknown", lambda w, r: _run(r, "--system-option", "bogus=1"), "bogus"),
     ("system_option_not_key_value", lambda w, r: _run(r, "--system-option", "noise"), "NAME=VALUE"),
+    ("system_option_given_twice", lambda w, r: _run(r, "--system-option", "noise=0.1", "--system-option", "noise=0.2",
+                                                    system="specter-oracle"), "noise is given twice"),
     ("group_size_zero", lambda w, r: ["quantize", "--model", r["model"], "--method", "rtn", "--group-size", "0",
                                       "--out", "{out}"], "--group-size"),
     ("fidelity_new_tokens_beyond_positions", lambda w, r: ["fidelity", "--model", r["model"], "--draft",
@@ -941,6 +943,8 @@ CASES = [
      "config.pricing is 'upstream' (upstream), and its priced ops are 'fused'"),
     ("aggregate_records_dispatch_not_its_profiles", _aggregate(_config_field("dispatch_us", 5.0)),
      "config.dispatch_us is 5.0, and its profile's dispatch is"),
+    ("aggregate_config_names_another_preset", _aggregate(_config_field("hardware", "rtx4090-pcie4")),
+     "config.hardware is the preset 'rtx4090-pcie4'"),
     ("aggregate_one_prompt_relabelled_as_another", _aggregate(_one_prompt_relabelled), "a run's prompts are distinct"),
     ("aggregate_records_of_one_run_with_two_configs", _aggregate(_two_prompts_other_configs),
      "differ in config numerics.threads: one run's records share one config"),
@@ -2320,6 +2324,30 @@ def test_a_fifo_as_the_tiers_manifest_is_damage_not_a_wait(tmp_path):
     reader.start()
     reader.join(30)
     assert found == [f"{MANIFEST} is not a regular file"]
+
+
+def test_a_manifest_giving_a_files_size_as_text_says_so(tmp_path):
+    """A manifest entry whose byte count is not a whole number is named as that, not as a file of its own size
+    "built as" the same size."""
+    from specter.models.disk_tier import MANIFEST, tier_problem
+
+    (tmp_path / "layer-0.bin").write_bytes(b"\0" * 64)
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": 3, "files": {"layer-0.bin": {"bytes": "64"}}}))
+    assert tier_problem(tmp_path) == f"{MANIFEST} gives layer-0.bin's bytes as '64', not a whole number"
+
+
+def test_an_output_on_a_read_only_file_system_is_named_so(tmp_path, monkeypatch):
+    """Root may write where the permissions forbid, never on a read-only file system: the refusal names that cause."""
+    from specter import io
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(io.os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(io.os, "statvfs", lambda path: ReadOnly())
+    assert io.writable_problem(tmp_path / "out.jsonl") == f"cannot write in {str(tmp_path)!r} (a read-only file system)"
+    ReadOnly.f_flag = 0
+    assert io.writable_problem(tmp_path / "out.jsonl") == f"cannot write in {str(tmp_path)!r} (permission denied)"
 
 
 def test_a_sparse_manifest_of_gigabytes_is_damage_not_read_whole(tmp_path):

@@ -131,6 +131,8 @@ def tier_problem(tier: Path, expected: set[str] | None = None, identity: str | N
             return f"{MANIFEST} damaged at {name}"
         if not file.is_file():
             return f"{name} is not a file"
+        if type(want.get("bytes")) is not int:
+            return f"{MANIFEST} gives {name}'s bytes as {want.get('bytes')!r:.40}, not a whole number"
         if st.st_size != want.get("bytes"):
             return f"{name} is {st.st_size} bytes, built as {want.get('bytes')}"
         if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (want.get("inode"), want.get("mtime_ns"),

@@ -52,6 +52,9 @@ def key_values(items: list[str] | None, flag: str = "--system-option") -> list[t
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SpecterError(f"{flag} {item!r} must look like NAME=VALUE")
+        given = next((v for k, v in out if k == key), None)
+        if given is not None:
+            raise SpecterError(f"{flag} {key} is given twice ({key}={given} and {item}); give it once")
         out.append((key, value))
     return out
 
