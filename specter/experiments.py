@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specter.errors import SpecterError
+from specter.registry import Registry
 from specter.runspec.parts import GOVERNORS  # K settings that are governors rather than a window size
 
 #: where an experiment's records come from, besides another experiment's name (see the module docstring)
@@ -85,7 +85,7 @@ def governed_label(system: str, k_setting: str) -> str:
 
 _BOUND = "black ticks: the lower bound."
 
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+EXPERIMENTS: Registry[Experiment] = Registry("experiment", {e.name: e for e in [
     Experiment(
         "claims", "main",
         Table(kind="claims"),
@@ -327,12 +327,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
         "set); the table adds the set overlap (exact = hard + soft, partial, none). Right: the greedy acceptance rate "
         "(accepted proposals over proposals checked, as in run records) for K = 1..16 with the draft speculating on "
         "the target's committed prefix; the table adds the window utilization (accepted / K)."),
-]}
+]})
 
 
 def get(name: str) -> Experiment:
-    if name not in EXPERIMENTS:
-        raise SpecterError(f"unknown experiment {name!r}; experiments: {', '.join(EXPERIMENTS)}")
     return EXPERIMENTS[name]
 
 

@@ -228,11 +228,14 @@ def test_the_system_names_read_from_source_are_the_registrys():
         host_compute_names,
         host_layers_rule,
         option_kinds,
+        prefetch_in_window_names,
         speculative_names,
+        stall_free_names,
         system_colours,
         system_names,
         system_order,
         whole_layer_copier_names,
+        window_plans,
     )
     from specter.systems import registry
     from specter.systems.base import System
@@ -241,9 +244,12 @@ def test_the_system_names_read_from_source_are_the_registrys():
     assert speculative_names() == {name for name, cls in registry().items() if cls.speculative}
     assert host_compute_names() == {name for name, cls in registry().items() if cls.host_compute}
     assert whole_layer_copier_names() == {name for name, cls in registry().items() if cls.copies_whole_layers}
+    assert stall_free_names() == {name for name, cls in registry().items() if cls.stall_free}
+    assert prefetch_in_window_names() == {name for name, cls in registry().items() if cls.prefetch_in_window}
     for name, cls in registry().items():  # a record's settings are held to these
         assert option_kinds(name) == {key: (spec[0].__name__, spec[1]) for key, spec in cls.options.items()}, name
         assert host_layers_rule(name) == cls.host_layers_rule, name
+        assert window_plans(name) == cls.window_plans, name
     assert system_order() == tuple(sorted(registry(), key=lambda name: (registry()[name].order, name)))
     assert system_colours() == {name: cls.colour for name, cls in registry().items() if cls.colour}
     assert System.order == DEFAULT_ORDER
@@ -270,3 +276,23 @@ def test_no_source_file_passes_400_lines():
     long = {str(path.relative_to(ROOT)): n for path in [*ROOT.glob("specter/**/*.py"), *ROOT.glob("baselines/*.py")]
             if (n := len(path.read_text("utf-8").splitlines())) > 400}
     assert not long, long
+
+
+def test_every_registry_names_its_choices_on_an_unknown_name():
+    """Systems, engines, experiments, table kinds, figure kinds and derived labels are each one `Registry`: an unknown
+    name is one error naming the kind and every choice; the engines a run may name are those the timing layer makes."""
+    from specter import experiments, runspec, timing
+    from specter.registry import Registry, UnknownName
+    from specter.report import figures, tables
+    from specter.systems import SYSTEMS
+
+    for registry, kind in ((SYSTEMS, "system"), (timing.ENGINES, "engine"), (experiments.EXPERIMENTS, "experiment"),
+                           (tables.FROM_RECORDS, "table kind"), (tables.FROM_FILES, "table kind"),
+                           (figures.KINDS, "figure kind"), (tables.DERIVES, "derive")):
+        assert isinstance(registry, Registry) and registry.kind == kind
+        with pytest.raises(UnknownName, match=f"unknown {kind} 'nonesuch'; {kind}s: {re.escape(', '.join(registry))}"):
+            registry["nonesuch"]
+    assert runspec.ENGINES == tuple(timing.ENGINES)
+    assert {e.table.kind for e in experiments.EXPERIMENTS.values()} <= {*tables.FROM_RECORDS, *tables.FROM_FILES}
+    assert {e.figure.kind for e in experiments.EXPERIMENTS.values()} <= set(figures.KINDS)
+    assert not set(tables.FROM_RECORDS) & set(tables.FROM_FILES)

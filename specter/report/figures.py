@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from specter.errors import SpecterError  # noqa: E402
+from specter.registry import Registry  # noqa: E402
 from specter.report.check_figures import (  # noqa: E402
     plot_calibration,
     plot_claims,
@@ -50,14 +51,13 @@ def plot(name: str, table: pd.DataFrame, out: str | Path) -> None:
 
     spec = experiments.get(name)
     figure = spec.figure
-    if figure.kind not in KINDS:
-        raise SpecterError(f"experiment {name!r}: no figure kind {figure.kind!r}; kinds: {', '.join(KINDS)}")
+    draw = KINDS[figure.kind]
     if table.empty:
         raise SpecterError(f"the {name} table has no rows; aggregate the experiment's records again")
     its_own_table(name, spec.table, table)
     sns.set_theme(style="whitegrid", context="paper")
     try:
-        KINDS[figure.kind](figure, table, out, timing_note(table))
+        draw(figure, table, out, timing_note(table))
     except KeyError as err:  # a column name, or pandas' "None of [Index([...], dtype=...)] are in the [columns]"
         listed = re.search(r"Index\(\[(.*?)\]", str(err.args[0]))
         missing = ", ".join(re.findall(r"'([^']*)'", listed.group(1))) if listed else str(err.args[0])
@@ -383,10 +383,12 @@ def _plot_routing_entropy(figure, table: pd.DataFrame, out, timing: str) -> None
     finish(fig, f"{figure.title} (the target's routes on the prompts it decoded)", out)
 
 
-KINDS = {"system_bars": _plot_system_bars, "sim_vs_measured": plot_sim_vs_measured, "calibration": plot_calibration,
+KINDS = Registry("figure kind", {
+         "system_bars": _plot_system_bars, "sim_vs_measured": plot_sim_vs_measured, "calibration": plot_calibration,
          "claims": plot_claims,
          "bars": _plot_bars,
          "grouped_bars": _plot_grouped_bars, "lines": _plot_lines, "k_sweep": _plot_k_sweep, "routing": _plot_routing,
          "working_set": _plot_working_set, "fidelity": plot_fidelity, "hit_rate": _plot_hit_rate,
          "breakdown": _plot_breakdown, "memory": _plot_memory,
-         "routing_entropy": _plot_routing_entropy, "routing_locality": plot_routing_locality}
+         "routing_entropy": _plot_routing_entropy, "routing_locality": plot_routing_locality},
+                 fix="name one in the experiment's Figure(kind=...)")

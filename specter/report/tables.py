@@ -15,6 +15,7 @@ import pandas as pd
 
 from specter import experiments
 from specter.errors import SpecterError
+from specter.registry import Registry
 from specter.report import frames
 from specter.report.frames import COUNTS, METRICS, read_records, records_frame, scope
 
@@ -136,37 +137,27 @@ def _hit_policy(df):
                                     zip(out["cost_as"], out["policy"], out["specter_slots"])])
 
 
-DERIVES = {"main_rows": _main_rows, "memory_label": _memory_label, "ablation_arm": _ablation_arm,
-           "fixed_k": _fixed_k, "oracle_forecast": _oracle_forecast, "hit_policy": _hit_policy}
+DERIVES = Registry("derive", {"main_rows": _main_rows, "memory_label": _memory_label, "ablation_arm": _ablation_arm,
+                              "fixed_k": _fixed_k, "oracle_forecast": _oracle_forecast, "hit_policy": _hit_policy},
+                   fix="name one of them in the experiment's Table(derive=...)")
 
 
 def derive(name: str | None, df: pd.DataFrame) -> pd.DataFrame:
     """The records' frame with the label columns `name` (of `DERIVES`) adds; unchanged for None."""
-    if name is None:
-        return df
-    if name not in DERIVES:
-        raise SpecterError(f"a table derives {name!r}, which is not one of {', '.join(DERIVES)}; name one of them in "
-                           "the experiment's Table(derive=...)")
-    return DERIVES[name](df)
+    return df if name is None else DERIVES[name](df)
 
 
 def experiment_table(name: str, records: list[dict]) -> pd.DataFrame:
     """The tidy table of experiment `name` from its run records."""
     spec = experiments.get(name).table
-    if spec.kind == "routing":
-        return routing_table(records)
-    if spec.kind == "breakdown":
-        return breakdown_table(records)
-    if spec.kind == "memory":
-        return memory_table(records)
-    if spec.kind == "calibration":
-        from specter.report.calibration import calibration_table
-
-        return calibration_table(records)
-    if spec.kind == "sim_vs_measured":
-        return sim_vs_measured_table(records)
-    if spec.kind != "stats":
+    if spec.kind in FROM_FILES:
         raise SpecterError(f"experiment {name!r} is not built from run records (its table kind is {spec.kind!r})")
+    return FROM_RECORDS[spec.kind](name, records)
+
+
+def _stats_table(name: str, records: list[dict]) -> pd.DataFrame:
+    """A `stats` table (`experiments.Table`): per setting, means over prompts of times and rates and sums of counts."""
+    spec = experiments.get(name).table
     df = records_frame(records).assign(_run=range(len(records)))
     if spec.speculative and df["k"].isna().any():
         system = df.loc[df["k"].isna(), "system"].iloc[0]
@@ -193,23 +184,26 @@ def build_table(name: str, inputs: list[str | Path]) -> pd.DataFrame:
     """Experiment `name`'s table from its input files: fidelity summaries (.json), memos (.json.gz) or run records
     (.jsonl); the claims read run records and fidelity summaries together."""
     kind = experiments.get(name).table.kind
-    if kind == "fidelity":
-        from specter.report.fidelity import fidelity_table
-
-        return fidelity_table(inputs)
-    if kind == "claims":  # run records (.jsonl) and the drafts' fidelity reports (.json)
-        from specter.report.claims import claims_table
-
-        reports = [p for p in inputs if str(p).endswith(".json")]
-        runs = [p for p in inputs if p not in reports]
-        return claims_table(read_records(runs) if runs else [], reports)
-    if kind == "routing_entropy":
-        return routing_entropy_table(inputs)
-    if kind == "routing_locality":  # the proxies' model cards
-        from specter.report.locality import routing_locality_table
-
-        return routing_locality_table(inputs)
+    if kind in FROM_FILES:
+        return FROM_FILES[kind](inputs)
     return experiment_table(name, read_records(inputs))
+
+
+def _lazy(module: str, function: str):
+    """`function` of `module`, imported when it is first called (a table kind's module that others need not load)."""
+    import importlib
+
+    return lambda *args: getattr(importlib.import_module(module), function)(*args)
+
+
+def _claims(inputs: list[str | Path]) -> pd.DataFrame:
+    """The claims: from run records (.jsonl) and the drafts' fidelity reports (.json) together."""
+    from specter.report.claims import claims_table
+
+    reports = [p for p in inputs if str(p).endswith(".json")]
+    runs = [p for p in inputs if p not in reports]
+    return claims_table(read_records(runs) if runs else [], reports)
+
 
 
 def breakdown_table(records: list[dict]) -> pd.DataFrame:
@@ -387,3 +381,17 @@ def routing_table(records: list[dict]) -> pd.DataFrame:
     return (df.groupby(["model", "dataset", "system", "k", "distance"]).agg(
         precision=("precision", "mean"), recall=("recall", "mean"), window_recall=("window_recall", "mean"),
         layers=("layer", "nunique")).reset_index())
+
+
+#: the table kinds built from run records (`experiments.Table.kind`): (experiment name, records) -> table
+FROM_RECORDS = Registry("table kind", {
+    "stats": _stats_table, "routing": lambda name, records: routing_table(records),
+    "breakdown": lambda name, records: breakdown_table(records), "memory": lambda name, records: memory_table(records),
+    "calibration": lambda name, records: _lazy("specter.report.calibration", "calibration_table")(records),
+    "sim_vs_measured": lambda name, records: sim_vs_measured_table(records)},
+    fix="name one in the experiment's Table(kind=...)")
+#: the table kinds built from other files (fidelity reports, routing statistics, model cards): inputs -> table
+FROM_FILES = Registry("table kind", {
+    "fidelity": _lazy("specter.report.fidelity", "fidelity_table"), "claims": _claims,
+    "routing_entropy": routing_entropy_table, "routing_locality": _lazy("specter.report.locality",
+                                                                        "routing_locality_table")})

@@ -25,6 +25,7 @@ from specter.data.prompts import DATASETS
 from specter.errors import SpecterError
 from specter.runspec.parts import GOVERNORS, PROFILE_KS, Budget, Window
 
+#: the engines a run may name (`specter.timing.ENGINES` makes each; a test holds the two to one list)
 ENGINES = ("sim", "live")
 #: engine names this suite does not have, with what to give instead
 NOT_ENGINES = {"cuda": "a GPU measures with --engine live --device cuda"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from specter.errors import SpecterError
+from specter.registry import Registry
 from specter.system_names import system_modules
 from specter.systems.base import DecodeConfig, PassHooks, PredictionCounts, PromptContext, PromptResult, System
 
@@ -17,24 +18,30 @@ __all__ = ["DecodeConfig", "PassHooks", "PredictionCounts", "PromptContext", "Pr
            "registry", "schedule"]
 
 
-def registry() -> dict[str, type[System]]:
-    """{name: System class} of every system the suite knows (the modules `specter.system_names.system_modules`
-    names)."""
+def _scan() -> dict[str, type[System]]:
+    """{name: System class} of every system in the modules `specter.system_names.system_modules` names, by name."""
     modules = system_modules()
     found: dict[str, type[System]] = {}
     for module_name in sorted(modules):
         for obj in vars(importlib.import_module(module_name)).values():
             if isinstance(obj, type) and issubclass(obj, System) and obj is not System and obj.name:
                 found[obj.name] = obj
-    return found
+    return dict(sorted(found.items()))
+
+
+#: every system the suite knows, by name (its modules imported on first use)
+SYSTEMS: Registry[type[System]] = Registry("system", load=_scan, fix="`specter systems` lists them")
+
+
+def registry() -> Registry[type[System]]:
+    """{name: System class} of every system the suite knows (`SYSTEMS`)."""
+    return SYSTEMS
 
 
 def get_system(name: str, options: dict[str, str] | None = None) -> System:
-    systems = registry()
-    if name not in systems:
-        raise SpecterError(f"unknown system {name!r}; known systems: {', '.join(sorted(systems))}")
+    cls = SYSTEMS[name]
     try:
-        return systems[name](**(options or {}))
+        return cls(**(options or {}))
     except ValueError as err:
         raise SpecterError(f"bad --system-option for {name!r}: {err}") from None
 
