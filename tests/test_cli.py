@@ -303,3 +303,22 @@ def test_a_runs_summary_line_counts_prompts_and_timed_repeats_apart(tiny_dirs, t
     assert "over 1 prompt x 2 timed repeats," in capsys.readouterr().out
     assert main([*common, "--num-prompts", "2", "--out", str(tmp_path / "sim.jsonl")]) == 0
     assert "over 2 prompts, 2/8 experts" in capsys.readouterr().out
+
+
+def test_each_command_is_one_module_of_its_flags_and_its_main():
+    """`specter.cli.commands` holds one module per command, each listed once in `COMMANDS` (the help's order) with its
+    name, help, example, flags and main; the parser has exactly those commands."""
+    import pkgutil
+
+    from specter.cli import commands
+    from specter.cli.parser import build_parser
+
+    found = {m.name for m in pkgutil.iter_modules(commands.__path__)}
+    assert found == set(commands.COMMANDS) and len(commands.COMMANDS) == len(found)
+    names = []
+    for module in commands.modules():
+        assert all(hasattr(module, a) for a in ("NAME", "HELP", "EXAMPLE", "add_arguments", "main")), module.__name__
+        assert module.__name__.rsplit(".", 1)[1] in (module.NAME.replace("-", "_"), "inspect_model"), module.NAME
+        names.append(module.NAME)
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert list(sub.choices) == names

@@ -1,8 +1,9 @@
 """The `specter` command line: parse, call one library function, print. Bad input exits 2 with a one-line error.
 
 This module runs a command and turns what stops it (a SpecterError, a signal, a file system's refusal) into one line;
-`specter.cli.parser` builds the parser, `specter.cli.commands` holds what each command does, and
-`specter.cli.arguments` the argument types that check a flag's text and the flags several commands share."""
+`specter.cli.parser` builds the parser from `specter.cli.commands` (one module per command: its flags, its example and
+what it does), `specter.cli.arguments` holds the argument types that check a flag's text and the flags several
+commands share, and `specter.cli.output` how the commands word what they print."""
 
 from __future__ import annotations
 

@@ -89,3 +89,10 @@ def _system_list(text: str) -> str:
             raise argparse.ArgumentTypeError(f"unknown system {name!r}: give comma-separated names from "
                                              f"{', '.join(names)}")
     return text
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """Pin the thread count a command computes with (`--threads`) before it computes."""
+    from specter import determinism
+
+    determinism.use(args.threads)
