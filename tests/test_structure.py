@@ -116,15 +116,16 @@ def test_a_made_up_experiment_needs_only_a_registry_entry_and_config(tiny_dirs, 
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_every_registered_experiment_has_a_known_table_and_figure_kind():
+def test_every_registered_experiment_has_a_known_table_and_figure_kind_and_its_caption_file():
     from specter.report.figures import KINDS
-    from specter.report.tables import KINDS as TABLE_KINDS
+    from specter.report.tables import FROM_FILES, FROM_RECORDS
 
     for e in experiments.EXPERIMENTS.values():
         assert e.figure.kind in KINDS, e.name
-        assert e.table.kind in TABLE_KINDS, e.name
+        assert e.table.kind in {*FROM_RECORDS, *FROM_FILES}, e.name
         assert e.caption.strip(), e.name
         assert e.source in experiments.SOURCES or e.source in experiments.EXPERIMENTS, e.name
+    assert {p.stem for p in experiments.CAPTIONS.glob("*.rst")} == set(experiments.EXPERIMENTS)
 
 
 #: the commands a new user's first session runs, in a fresh venv with the suite installed as a wheel

@@ -19,9 +19,6 @@ from specter.registry import Registry
 from specter.report import frames
 from specter.report.frames import COUNTS, METRICS, read_records, records_frame, scope
 
-#: the table kinds an experiment's registry entry can name
-KINDS = ("stats", "routing", "breakdown", "memory", "routing_entropy", "routing_locality", "calibration", "claims",
-         "sim_vs_measured", "fidelity")
 
 def timing_note(table: pd.DataFrame, many: str = "each profile shown") -> str:
     """What a table's times are, from its simulated and hardware columns: 'simulated on a100-40gb-pcie4' (`many` for
