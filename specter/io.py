@@ -329,9 +329,23 @@ def files_sha256(paths) -> str:
     if key_path is not None:
         try:
             atomic_write_text(key_path, f"{digest} {key_path.name} {_entry_tag(digest, key_path.name, paths)}\n")
-        except OSError:  # an unwritable cache costs the next check its hashing, nothing else
-            pass
+        except OSError as err:  # an unwritable cache costs the next check its hashing, nothing else: said once
+            _say_cache_unusable(key_path.parents[2], err)
     return digest
+
+
+_CACHE_SAID: set[str] = set()
+
+
+def _say_cache_unusable(root: Path, err: OSError) -> None:
+    """One warning a process for a cache it cannot write in (a file where the directory goes, read-only, full)."""
+    if str(root) not in _CACHE_SAID:
+        import logging
+
+        _CACHE_SAID.add(str(root))
+        logging.getLogger(__name__).warning(
+            "the suite's cache %s cannot be written (%s): file hashes are computed again on every run; point "
+            "SPECTER_CACHE_DIR at a writable directory", root, err.strerror or err)
 
 
 def _hash_cache_entry(paths: list[Path]) -> Path | None:

@@ -49,6 +49,36 @@ def placement_problem(record: dict, extra: dict, config: dict) -> str | None:
     return None
 
 
+def split_problem(record: dict, extra: dict, config: dict) -> str | None:
+    """A whole-layer placement's (`extra.host_layers`) hits and misses as it counts them: every lookup in a layer on the
+    device a hit, every one in a layer on the host a miss; a decode pass reads one token, top-k experts in each layer;
+    the prefill's are the layers' distinct experts over the prompt (at least top-k, at most the experts or the
+    prompt's lookups)."""
+    routing, counts, host = config.get("routing"), extra.get("counts"), extra.get("host_layers")
+    layers, top_k = (routing.get(k) for k in ("moe_layers", "top_k")) if isinstance(routing, dict) else (None, None)
+    experts, prompt = record.get("experts_per_layer"), len(record.get("prompt_token_ids") or [])
+    if not (isinstance(host, list) and isinstance(counts, dict)
+            and all(isinstance(v, int) for v in (layers, top_k, experts))):
+        return None  # a system placing no whole layer, or one the lookups' own check refuses
+    passes, device, host = counts.get("decode_passes"), layers - len(host), len(host)
+    for name, want, where, does in (("decode_token_hits", device, "on the device", "hit"),
+                                    ("decode_token_misses", host, "on the host", "miss"),
+                                    ("decode_hits", device, "on the device", "hit"),
+                                    ("decode_misses", host, "on the host", "miss")):
+        if counts.get(name) != passes * want * top_k:
+            return (f"extra.counts.{name} is {counts.get(name)!r}, and {passes} decode passes through {want} of "
+                    f"{layers} MoE layers {where} {does} {passes * want * top_k} times (a device layer's lookups hit, "
+                    "a host layer's miss)")
+    most = min(experts, prompt * top_k)
+    for name, part, want, where in (("demand_hits", "decode_hits", device, "on the device"),
+                                    ("demand_misses", "decode_misses", host, "on the host")):
+        first = (record.get(name) or 0) - (counts.get(part) or 0)
+        if not want * top_k <= first <= want * most:
+            return (f"{name} less extra.counts.{part} is {first}, and a prefill of {prompt} tokens through {want} "
+                    f"MoE layers {where} counts {want * top_k} to {want * most} there")
+    return None
+
+
 def _layer_list(value) -> bool:
     return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value) \
         and value == sorted(set(value))
@@ -290,7 +320,8 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
         value, decode = record.get(field), counts.get(part)
         if isinstance(value, int) and isinstance(decode, int) and value < decode:
             return f"{field} is {value}, fewer than the decode's own (extra.counts.{part} = {decode})"
-    problem = lookups_problem(record, counts, config) or traffic_problem(record, extra, config)
+    problem = (lookups_problem(record, counts, config) or split_problem(record, extra, config)
+               or traffic_problem(record, extra, config))
     if problem:
         return problem
     from specter.system_names import host_compute_names, whole_layer_copier_names

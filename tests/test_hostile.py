@@ -2013,6 +2013,14 @@ def _recounted(record: dict, **counts) -> dict:
     ("on-demand-live", lambda r: r.update(stall_ms=0.3), "the wall clock on the CPU as device books none"),
     ("specter", lambda r: r.update(h2d_bytes_prefetch=(r["extra"]["counts"]["window_placed"] + 1)
                                    * r["config"]["expert_storage"]["expert_bytes"]), "its windows placed"),
+    ("llama-cpp-cpu-moe", lambda r: _recounted(
+        r, **{name: r["extra"]["counts"][name] + step for name, step in (
+            ("decode_hits", -1), ("decode_misses", 1), ("decode_token_hits", -1), ("decode_token_misses", 1))},
+        demand_hits=r["demand_hits"] - 1, demand_misses=r["demand_misses"] + 1), "a device layer's lookups hit"),
+    ("llama-cpp-cpu-moe", lambda r: _recounted(
+        r, demand_hits=r["extra"]["counts"]["decode_hits"],
+        demand_misses=r["demand_misses"] + r["demand_hits"] - r["extra"]["counts"]["decode_hits"]),
+     "MoE layers on the device counts"),
     ("specmoeoff", lambda r: r.update(h2d_bytes_prefetch=(2 * r["extra"]["counts"]["decode_passes"] * 2 * 2 + 1)
                                       * r["config"]["expert_storage"]["expert_bytes"]), "windows of at most 2 plans"),
 ], ids=["misses_past_every_lookup", "token_lookups_past_the_tokens", "token_lookups_one_short", "counts_doubled",
@@ -2020,7 +2028,8 @@ def _recounted(record: dict, **counts) -> dict:
         "no_routing", "speculative_pass_lookups_past_the_tokens", "more_windows_than_tokens",
         "a_decode_hit_made_a_miss", "token_counts_not_the_pass_counts", "a_window_more_than_the_passes",
         "a_stall_where_the_host_waited", "a_stall_with_nothing_copied", "a_stall_on_the_wall_clock",
-        "prefetches_past_what_the_windows_placed", "prefetches_past_the_plans_slots"])
+        "prefetches_past_what_the_windows_placed", "a_device_layers_hit_made_a_miss", "the_prefills_hits_made_misses",
+        "prefetches_past_the_plans_slots"])
 def test_lookup_counts_past_what_the_routing_gives_are_refused(hybrid_records, real, source, edit, said, tmp_path):
     """A record's hits and misses are held to the lookups its routing makes (`record_sums.lookups_problem`): its
     tokens, MoE layers and top-k, its decode passes; a count raised or lowered with its rates is refused."""
@@ -2944,3 +2953,48 @@ def test_an_expert_prediction_cut_short_is_refused(real, keep, said, tmp_path):
     record["expert_prediction"] = [e for e in record["expert_prediction"] if keep(e)]
     with pytest.raises(SpecterError, match=re.escape(said)):
         read_jsonl(_write(tmp_path, "edited.jsonl", json.dumps(record) + "\n"))
+
+
+def test_two_records_of_one_model_with_other_non_expert_bytes_are_refused(hybrid_records, tmp_path, capsys):
+    """Two runs of one model priced alike (its shape, engine and precision) hold one size for its weights besides the
+    experts: a memory plan edited with its sum kept is refused beside the other's, not drawn as two sizes."""
+    edited = json.loads(json.dumps(hybrid_records["llama-cpp-cpu-moe"]))
+    for name in ("non_expert_bytes", "resident_bytes"):
+        edited["config"]["memory"][name] += 1000
+    records = _write(tmp_path, "r.jsonl", "".join(json.dumps(r) + "\n" for r in (
+        hybrid_records["ktransformers"], edited)))
+    assert main(["aggregate", "memory", records, "--out", str(tmp_path / "memory.csv")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "their memory plans give its weights besides the experts as" in errors[0], errors
+    assert not (tmp_path / "memory.csv").exists()
+
+
+def test_a_pipe_as_the_drafts_experts_is_one_line_not_a_wait(real, tmp_path):
+    """safetensors' own open of a pipe would wait for a writer, deaf to SIGTERM: the draft's experts file that is not
+    a regular file is refused before it is opened."""
+    import subprocess
+    import sys
+
+    draft = tmp_path / "draft"
+    shutil.copytree(real["draft"], draft)
+    (draft / "experts.safetensors").unlink()
+    os.mkfifo(draft / "experts.safetensors")
+    argv = [a.format(out=tmp_path / "out") for a in _run(real, draft=str(draft))]
+    proc = subprocess.run([sys.executable, "-m", "specter", *argv], capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("specter: error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "experts.safetensors is not a regular file" in errors[0] and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_cache_that_cannot_be_written_is_said_once(tmp_path, monkeypatch, caplog):
+    """A regular file where the suite's cache goes costs every run its hashing, nothing else: one warning says so,
+    naming the cache and the fix, however many files are hashed."""
+    from specter import io
+
+    monkeypatch.setenv("SPECTER_CACHE_DIR", _write(tmp_path, "cache", "x"))
+    monkeypatch.setattr(io, "_CACHE_SAID", set())
+    files = [Path(_write(tmp_path, f"f{i}", f"bytes {i}")) for i in range(2)]
+    for file in files:
+        assert io.files_sha256([file]) == io._files_sha256([file])
+    said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(said) == 1 and str(tmp_path / "cache") in said[0] and "SPECTER_CACHE_DIR" in said[0], said

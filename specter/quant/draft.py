@@ -179,6 +179,9 @@ def read_packed(target: MoEModel, draft_dir: str | Path, meta: DraftMeta | None 
     """The draft's stored experts as packed: {(layer, expert): {projection: (PackedLinear, bias or None)}}."""
     meta = meta or DraftMeta.read(draft_dir)
     path = Path(draft_dir) / "experts.safetensors"
+    if path.exists() and not path.is_file():  # safetensors' own open of a pipe waits for a writer, deaf to signals
+        raise SpecterError(f"draft {draft_dir}'s experts.safetensors is not a regular file (a pipe, a device or a "
+                           "directory); quantize the draft again")
     tensors: dict[str, torch.Tensor] = {}
     try:
         with safe_open(str(path), "pt") as f:

@@ -97,6 +97,15 @@ def _same_model_and_prompts(record: dict, path, number: int, named: dict) -> Non
                            f"{record.get('model')!r}, but their weights differ (config.model_sha256 {str(digest)[:12]} "
                            f"and {str(first[0])[:12]}): a table would average two models as one row; give each model "
                            "directory its own name")
+    memory = config.get("memory") if isinstance(config.get("memory"), dict) else {}
+    if memory.get("non_expert_bytes") is not None:  # one model at one priced shape and precision: one size
+        key = ("non-expert", digest, record.get("cost_as"), record.get("engine"), config.get("dtype"))
+        first = named.setdefault(key, (memory["non_expert_bytes"], path, number))
+        if first[0] != memory["non_expert_bytes"]:
+            raise SpecterError(f"record {number} of {path} and record {first[2]} of {first[1]} price one model "
+                               f"{record.get('model')!r} alike, and their memory plans give its weights besides the "
+                               f"experts as {memory['non_expert_bytes']} and {first[0]} bytes: a plan edited, or of "
+                               "another version; run it again")
     label = Path(str(record.get("dataset"))).stem  # what the tables call it
     first = named.setdefault(("label", label), (record.get("dataset"), path, number))
     if first[0] != record.get("dataset"):
