@@ -252,6 +252,12 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
                 sum(parts.values()), time * (tokens - 1)):
             return (f"extra.{name}'s parts sum to {sum(parts.values()):g} ms, and its TPOT {time:g} ms over "
                     f"{tokens - 1} tokens is {time * (tokens - 1):g} ms")
+        from specter.system_names import host_compute_names
+
+        host = parts.get("host compute") if isinstance(parts, dict) else None
+        if host and (record.get("system") not in host_compute_names() or extra.get("host_layers") == []):
+            return (f"extra.{name}['host compute'] is {host!r}, and this run of {record.get('system')} computes no "
+                    "expert on the host")
     kind, bound = extra.get("lower_bound_kind"), record.get("lower_bound_tpot_ms")
     if bound is not None and kind not in ("per-pass", "per-token"):
         return f"extra.lower_bound_kind is {kind!r}, and a lower bound is per-pass or per-token"

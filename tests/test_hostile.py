@@ -2021,6 +2021,9 @@ def _recounted(record: dict, **counts) -> dict:
         r, demand_hits=r["extra"]["counts"]["decode_hits"],
         demand_misses=r["demand_misses"] + r["demand_hits"] - r["extra"]["counts"]["decode_hits"]),
      "MoE layers on the device counts"),
+    ("resident", lambda r: r["extra"]["breakdown_ms"].update({
+        "target compute": r["extra"]["breakdown_ms"]["target compute"] - 0.01, "host compute": 0.01}),
+     "computes no expert on the host"),
     ("specmoeoff", lambda r: r.update(h2d_bytes_prefetch=(2 * r["extra"]["counts"]["decode_passes"] * 2 * 2 + 1)
                                       * r["config"]["expert_storage"]["expert_bytes"]), "windows of at most 2 plans"),
 ], ids=["misses_past_every_lookup", "token_lookups_past_the_tokens", "token_lookups_one_short", "counts_doubled",
@@ -2029,7 +2032,7 @@ def _recounted(record: dict, **counts) -> dict:
         "a_decode_hit_made_a_miss", "token_counts_not_the_pass_counts", "a_window_more_than_the_passes",
         "a_stall_where_the_host_waited", "a_stall_with_nothing_copied", "a_stall_on_the_wall_clock",
         "prefetches_past_what_the_windows_placed", "a_device_layers_hit_made_a_miss", "the_prefills_hits_made_misses",
-        "prefetches_past_the_plans_slots"])
+        "host_compute_where_none_is", "prefetches_past_the_plans_slots"])
 def test_lookup_counts_past_what_the_routing_gives_are_refused(hybrid_records, real, source, edit, said, tmp_path):
     """A record's hits and misses are held to the lookups its routing makes (`record_sums.lookups_problem`): its
     tokens, MoE layers and top-k, its decode passes; a count raised or lowered with its rates is refused."""
