@@ -3001,3 +3001,17 @@ def test_a_cache_that_cannot_be_written_is_said_once(tmp_path, monkeypatch, capl
         assert io.files_sha256([file]) == io._files_sha256([file])
     said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
     assert len(said) == 1 and str(tmp_path / "cache") in said[0] and "SPECTER_CACHE_DIR" in said[0], said
+
+
+def test_a_main_table_of_runs_at_other_slots_than_specters_is_not_written(real, tmp_path, capsys):
+    """`main` at the same slots compares each system's run at Specter's slots: a baseline run at other slots, given
+    beside Specter's, is refused in one line naming both, never a "same slots" row with a speedup over them."""
+    other = tmp_path / "on-demand.jsonl"
+    argv = [a.format(out=tmp_path / "unused") for a in _run(real, "--resident-per-layer", "4", "--max-new-tokens", "6",
+                                                           out=str(other), system="on-demand")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["aggregate", "main", str(real["records"]), str(other), "--out", str(tmp_path / "main.csv")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and "has slots_per_layer 4, and the Specter row its speedup is over 2" in errors[0], errors
+    assert not (tmp_path / "main.csv").exists()

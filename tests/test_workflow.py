@@ -101,6 +101,7 @@ def test_a_same_memory_budget_past_the_device_fails_before_any_job(tmp_path):
     ({"x": {"draft-kv": "own"}}, "option draft-kv='own' is not one of shared"),
     ({"x": {"depth": 2}}, "config experiments.ablation.arms.x: --arm 'x:depth=2': no listed system has option 'depth'"),
     ({"x": {"k": 4}}, "an arm cannot set k"),
+    ({"x": {"expert_bits": "q5_k"}}, "expert_bits='q5_k' is not one of 16, 2, 3, 4, q4_k_m"),
     ({"a:b": {}}, "an arm's name cannot be empty or hold ':'"),
     ({"a\nb": {}}, "or a control character (a newline, a tab)"),
 ])

@@ -314,24 +314,37 @@ def _checked(text: str, path: Path, fix: str) -> pd.DataFrame:
 
 def _check_speedups(df: pd.DataFrame, path: Path, fix: str) -> None:
     """Each `speedup_of_specter` is its row's TPOT over a Specter row's of the same scope (model, prompt set,
-    hardware, pricing, dispatch: `experiments.SCOPE`), as `tables._speedups` computes it."""
+    hardware, pricing, dispatch: `experiments.SCOPE`), as `tables._speedups` computes it, and of the same protocol:
+    as many prompts, and at the same slots where the comparison is at the same slots (`memory`; a system that keeps
+    every expert excepted)."""
     from specter.experiments import SCOPE
 
     if not {"speedup_of_specter", "system", "tpot_ms"} <= set(df.columns):
         return
     scope = [c for c in SCOPE if c in df.columns]
-    ours: dict[tuple, list[float]] = {}
+    ours: dict[tuple, list] = {}
     for _, row in df[df["system"] == "specter"].iterrows():
-        ours.setdefault(tuple(str(row[c]) for c in scope), []).append(float(row["tpot_ms"]))
+        ours.setdefault(tuple(str(row[c]) for c in scope), []).append(row)
     for i, row in df.iterrows():
         ratio = _cell_number(row["speedup_of_specter"])
         if ratio is None or math.isnan(ratio):
             continue
-        tpots = ours.get(tuple(str(row[c]) for c in scope), [])
-        if not any(math.isclose(ratio, float(row["tpot_ms"]) / tpot, rel_tol=1e-6) for tpot in tpots):
+        over = [r for r in ours.get(tuple(str(row[c]) for c in scope), [])
+                if math.isclose(ratio, float(row["tpot_ms"]) / float(r["tpot_ms"]), rel_tol=1e-6)]
+        if not over:
             raise SpecterError(f"{path}:{i + 2}: speedup_of_specter is {ratio:g}, and no Specter row of its model, "
                                f"prompt set and hardware has {float(row['tpot_ms']) / ratio:g} ms, its TPOT over it; "
                                f"{fix}")
+        same = ["n"] if "n" in df.columns else []
+        if row.get("memory") == "same slots" and "slots_per_layer" in df.columns and str(
+                row["slots_per_layer"]) != str(row.get("experts_per_layer")):
+            same.append("slots_per_layer")
+        for column in same:
+            if all(str(r[column]) != str(row[column]) for r in over):
+                raise SpecterError(f"{path}:{i + 2}: {row['system']} ({row.get('memory', 'its comparison')}) has "
+                                   f"{column} {row[column]}, and the Specter row its speedup is over "
+                                   f"{over[0][column]}: a comparison of runs of two protocols (give every system's "
+                                   f"run at Specter's slots and prompts); {fix}")
 
 
 def write_table(table: pd.DataFrame, out: str | Path) -> None:
@@ -343,8 +356,8 @@ def write_table(table: pd.DataFrame, out: str | Path) -> None:
     buffer = io.StringIO()
     table.to_csv(buffer, index=False)
     # what `read_table` would refuse is never written: the inputs hold it, not the table
-    _checked(buffer.getvalue(), Path(out), "not written: the records it was made from hold a value no run gives; run "
-                                           "the rules that write them again")
+    _checked(buffer.getvalue(), Path(out), "not written: the records it was made from hold a value no run gives, or "
+                                           "runs no one table compares; run the rules that write them again")
     data = buffer.getvalue().encode("utf-8")
     atomic_write(out, lambda f: f.write(data), binary=True)
     try:

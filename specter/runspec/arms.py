@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from specter.errors import SpecterError
-from specter.runspec import ARM_SETTINGS, RunSpec
+from specter.runspec import ARM_SETTINGS, EXPERT_BITS, RunSpec
 from specter.runspec.parts import Budget, budget_value
 
 
@@ -55,6 +55,9 @@ class Arm:
                 if choices and value not in choices:
                     raise SpecterError(f"--arm {text!r}: {key}={value!r} is not one of {', '.join(choices)}")
                 settings[key] = f.metadata["parse"](value)
+                if key == "expert_bits" and (isinstance(settings[key], bool) or settings[key] not in EXPERT_BITS):
+                    raise SpecterError(f"--arm {text!r}: expert_bits={value!r} is not one of "
+                                       f"{', '.join(map(str, EXPERT_BITS))}")
             elif key.replace("-", "_") in {f.name for f in fields(RunSpec)}:
                 raise SpecterError(f"--arm {text!r}: an arm cannot set {key} (arms set {', '.join(ARM_SETTINGS)}, "
                                    "a budget and system options; sweep the others as axes)")
