@@ -48,8 +48,8 @@ def _check_path(key: str, value: str) -> None:
 
 def _check_prompt_file(key: str, value: str, num_prompts: int, field: str | None = None) -> None:
     """A prompt set given as a file: a safe path to an existing file of a format the suite reads, with its text field
-    and at least `num_prompts` non-empty texts (each must also hold the prompt's tokens, which the first run checks:
-    counting them needs the model's tokenizer)."""
+    and at least `num_prompts` distinct non-empty texts (each must also hold the prompt's tokens, distinct from the
+    others', which the first run checks: counting them needs the model's tokenizer)."""
     from specter.data.prompts import READERS, read_texts
     from specter.errors import SpecterError
 
@@ -63,13 +63,14 @@ def _check_prompt_file(key: str, value: str, num_prompts: int, field: str | None
         texts = read_texts(path, field)
     except SpecterError as err:
         raise ConfigError(f"config {key}: {err}") from None
-    _enough_prompts(key, value, len(texts), num_prompts)
+    _enough_prompts(key, value, len(set(texts)), num_prompts)
 
 
 def _enough_prompts(key: str, name: str, held: int, num_prompts: int) -> None:
     if held < num_prompts:
-        raise ConfigError(f"config {key}: {name!r} holds {held} non-empty prompts, and num_prompts asks for "
-                          f"{num_prompts}; give num_prompts {held} or fewer, or a set with more prompts")
+        fix = f"give num_prompts {held} or fewer, or a set with more prompts" if held else "add prompts to it"
+        raise ConfigError(f"config {key}: {name!r} holds {held} distinct non-empty prompts, and num_prompts asks for "
+                          f"{num_prompts}; {fix}")
 
 
 def _model_widths(name: str, spec: dict) -> tuple[int, int, int, int, int | None]:

@@ -2158,18 +2158,22 @@ def _prompt_file(tmp_path, rows: list[dict]) -> str:
 
 @pytest.mark.parametrize("edit, message", [
     (lambda c, t: c["datasets"].update(mine={"path": _prompt_file(t, [{"prompt": "def f(x):"}])}),
-     "config datasets.mine.path: '{tmp}/mine.jsonl' holds 1 non-empty prompts, and num_prompts asks for {n}"),
+     "config datasets.mine.path: '{tmp}/mine.jsonl' holds 1 distinct non-empty prompts, and num_prompts asks for {n}"),
+    (lambda c, t: c["datasets"].update(mine={"path": _prompt_file(t, [{"prompt": "def f(x): return x"}] * 9)}),
+     "config datasets.mine.path: '{tmp}/mine.jsonl' holds 1 distinct non-empty prompts"),
+    (lambda c, t: c["datasets"].update(mine={"path": _prompt_file(t, [{"prompt": " "}])}),
+     "holds 0 distinct non-empty prompts, and num_prompts asks for {n}; add prompts to it"),
     (lambda c, t: c["datasets"].update(mine={"path": _prompt_file(t, [{"prompt": "def f(x):"}] * 9),
                                              "field": "nosuch"}),
      "config datasets.mine.path: {tmp}/mine.jsonl has no field 'nosuch'; its columns: ['prompt']"),
     (lambda c, t: (c["protocol"].update(num_prompts=165), c["datasets"].update(humaneval={})),
      "config datasets.humaneval: 'humaneval' holds 164"),
     (lambda c, t: c["fidelity"].update(num_prompts=81, dataset="mtbench"),
-     "config fidelity.dataset: 'mtbench' holds 80 non-empty prompts, and num_prompts asks for 81"),
+     "config fidelity.dataset: 'mtbench' holds 80 distinct non-empty prompts, and num_prompts asks for 81"),
     (lambda c, t: c["fidelity"].update(dataset=_prompt_file(t, [{"text": "  "}, {"text": "one"}])),
-     "config fidelity.dataset: '{tmp}/mine.jsonl' holds 1 non-empty prompts"),
-], ids=["file_of_one_prompt", "field_nosuch", "shipped_set_too_small", "fidelity_set_too_small",
-        "fidelity_file_too_small"])
+     "config fidelity.dataset: '{tmp}/mine.jsonl' holds 1 distinct non-empty prompts"),
+], ids=["file_of_one_prompt", "one_prompt_repeated", "no_prompt", "field_nosuch", "shipped_set_too_small",
+        "fidelity_set_too_small", "fidelity_file_too_small"])
 def test_a_prompt_set_too_small_for_the_protocol_is_refused_with_the_config(edit, message, tmp_path):
     """A prompt set that cannot give the protocol's prompts (too few texts, or no such text field) is refused before
     any job, naming the key, not met by the first run after the builds."""
@@ -3014,4 +3018,27 @@ def test_a_main_table_of_runs_at_other_slots_than_specters_is_not_written(real, 
     assert main(["aggregate", "main", str(real["records"]), str(other), "--out", str(tmp_path / "main.csv")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
     assert len(errors) == 1 and "has slots_per_layer 4, and the Specter row its speedup is over 2" in errors[0], errors
+    assert not (tmp_path / "main.csv").exists()
+
+
+@pytest.mark.parametrize("specter_flags, other_flags, said", [
+    (("--resident-per-layer", "2"), ("--resident-per-layer", "2", "--max-new-tokens", "4"),
+     "differ in config.max_new_tokens (4 and 6)"),
+    (("--same-memory-as", "2"), ("--same-memory-as", "1"), "given the memory specter holds at 1 slots a layer"),
+], ids=["other_output_lengths", "other_memories"])
+def test_a_speedup_over_a_specter_run_of_another_protocol_is_refused(real, tmp_path, capsys, specter_flags,
+                                                                     other_flags, said):
+    """A speedup is one system's TPOT over Specter's in runs of one protocol: a baseline decoding other lengths, or
+    given another run's memory in a same-memory comparison, is refused in one line naming the setting, never a ratio
+    the table has no column to explain."""
+    paths = {}
+    for system, flags in (("specter", specter_flags), ("on-demand", other_flags)):
+        paths[system] = tmp_path / f"{system}.jsonl"
+        argv = _without(_run(real, "--max-new-tokens", "6", out=str(paths[system]), system=system),
+                        "--resident-per-layer")
+        assert main([*argv, *flags]) == 0
+    capsys.readouterr()
+    assert main(["aggregate", "main", *map(str, paths.values()), "--out", str(tmp_path / "main.csv")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specter: error:")]
+    assert len(errors) == 1 and said in errors[0], errors
     assert not (tmp_path / "main.csv").exists()

@@ -251,3 +251,34 @@ def _one_run(records: list[dict], rows: list[int], alike: tuple[str, ...] = ("ou
                            f"would average {len(runs)} runs that differ in config "
                            f"{', '.join(differ[:3]) or 'settings'}, which the table has no column for; aggregate "
                            f"them apart (one file each) or give the experiment that setting as an axis{named}")
+
+
+#: the run settings a speedup's two runs share (besides the scope its table's rows share): the prompts, what each
+#: decodes, the experts' storage and the cache at each prompt's start
+PROTOCOL = ("num_prompts", "prefix_tokens", "max_new_tokens", "seed", "temperature", "field", "dtype", "expert_bits",
+            "cache_start", "repeats")
+
+
+def one_protocol(df: pd.DataFrame, keys: list[str], records: list[dict], name: str, of: str = "specter") -> None:
+    """Refuse a table whose speedups (each row's TPOT over `of`'s with the same `keys`) would compare runs of two
+    protocols (`PROTOCOL`), which the table has no column to show, or a run given the memory Specter holds at some
+    slots (`--same-memory-as`) over a Specter run at others. `_run` is each row's record, by its place in `records`."""
+    from specter.records import run_key
+
+    for _, group in df.groupby(keys, dropna=False, sort=False):
+        ours = {run_key(records[i]): records[i] for i in group.loc[group["system"] == of, "_run"]}  # rows' names
+        first = next(iter(ours.values())) if len(ours) == 1 else None  # the one run a speedup is over, if any
+        for i in group["_run"] if first is not None else ():
+            for key in PROTOCOL:
+                mine, theirs = (records[i].get("config") or {}).get(key), (first.get("config") or {}).get(key)
+                if mine != theirs:
+                    raise SpecterError(f"the {name} table would compare {records[i].get('system')} with "
+                                       f"{first.get('system')} (a speedup of one over the other) across runs that "
+                                       f"differ in config.{key} ({mine!r} and {theirs!r}); give every system's runs "
+                                       "at one setting of it")
+            memory = (records[i].get("config") or {}).get("same_memory_as")
+            if memory is not None and memory != first.get("slots_per_layer") and records[i] is not first:
+                raise SpecterError(f"the {name} table would compare {records[i].get('system')}, given the memory "
+                                   f"{of} holds at {memory} slots a layer (--same-memory-as), with {of} at "
+                                   f"{first.get('slots_per_layer')}; give it --same-memory-as "
+                                   f"{first.get('slots_per_layer')}")

@@ -168,6 +168,8 @@ def _stats_table(name: str, records: list[dict]) -> pd.DataFrame:
     df = derive(spec.derive, df)
     scope = list(experiments.SCOPE)
     frames.one_run_a_row(df, scope + list(spec.keys), records)
+    if spec.speedups is not None:
+        frames.one_protocol(df, scope + list(spec.speedups), records, name)
     table = _stats(df.drop(columns="_run"), scope + list(spec.keys))
     if table.empty:  # none of the records is of a run this experiment's table reads (its systems, its settings)
         raise SpecterError(f"none of the {len(records)} records makes a row of the {name} table (not the systems "
