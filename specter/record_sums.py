@@ -261,6 +261,9 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     kind, bound = extra.get("lower_bound_kind"), record.get("lower_bound_tpot_ms")
     if bound is not None and kind not in ("per-pass", "per-token"):
         return f"extra.lower_bound_kind is {kind!r}, and a lower bound is per-pass or per-token"
+    if bound is not None and kind != ("per-token" if record.get("k") is None else "per-pass"):
+        return (f"extra.lower_bound_kind is {kind!r}, and a run's bound is per-pass where it drafts windows, per-token "
+                "where it does not (timing/bounds.py)")
     for name in ("lower_bound_per_pass_ms", "lower_bound_per_token_ms"):
         value = extra.get(name)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -975,6 +975,8 @@ CASES = [
      "one run file is written by one run of one version"),
     ("aggregate_records_lower_bound_kind_unknown", _aggregate(_extra_edit(lambda e: e.update(lower_bound_kind="x"))),
      "extra.lower_bound_kind is 'x', and a lower bound is per-pass or per-token"),
+    ("aggregate_records_lower_bound_kind_of_another_run", _aggregate(_extra_edit(lambda e: e.update(
+        lower_bound_kind="per-token"))), "a run's bound is per-pass where it drafts windows"),
     ("aggregate_records_lower_bound_kind_missing", _aggregate(_extra_edit(lambda e: e.pop("lower_bound_kind"))),
      "extra.lower_bound_kind is None"),
     ("aggregate_records_other_bound_negative", _aggregate(_extra_edit(lambda e: e.update(lower_bound_per_token_ms=-1))),
@@ -1316,6 +1318,10 @@ CASES = [
         "--quiet"], "record the memo again"),
     ("memo_trace_count_edited", lambda w, r: _replay(w, r, lambda h, _t: h.update(traces=5)), "header says"),
     ("memo_without_a_digest", lambda w, r: _replay(w, r, lambda h, _t: h.pop("digest")), "no digest"),
+    ("memo_precision_edited_in_its_header", lambda w, r: _replay(w, r, lambda h, _t: h.update(dtype="bfloat16")),
+     "does not match its digest"),
+    ("memo_of_another_precision", lambda w, r: _replay(w, r, lambda h, _t: h.update(dtype="bfloat16"),
+                                                       redigest=True), "was recorded in bfloat16"),
     ("memo_of_another_model_header_hash_edited", lambda w, r: _replay(w, r, _own_hash(r), system="on-demand",
                                                                       foreign=True), "digest"),
     ("memo_of_another_model_header_hash_and_digest_rewritten", lambda w, r: _replay(

@@ -137,7 +137,8 @@ def _dtype(service: ForwardService) -> str:
 def _lines(path: Path, model_hash: str, dtype: str, shape: MemoShape):
     """The memo's trace lines, parsed, after its header was checked (a memo without a dtype was recorded in float32),
     each checked against the model's `shape`; the digest is checked once the last line is read, so nothing is
-    replayed before the whole memo passed."""
+    replayed before the whole memo passed, and a header that says what no run wrote (its precision) is named only
+    once the digest vouches for it."""
     with path.open("rb") as raw:
         if raw.read(1) == _FIRST_FORMAT:
             raise SpecterError(f"--memo {str(path)!r} is a memo of the first format (serialized Python objects, "
@@ -153,10 +154,6 @@ def _lines(path: Path, model_hash: str, dtype: str, shape: MemoShape):
             raise SpecterError(f"--memo {str(path)!r} was recorded on another model (hash "
                                f"{str(header.get('model_hash'))[:12]}, this one {model_hash[:12]}); record it again "
                                "on this model")
-        if header.get("dtype", "float32") != dtype:
-            raise SpecterError(f"--memo {str(path)!r} was recorded in {header.get('dtype', 'float32')}, and this run "
-                               f"computes in {dtype}; record it again with this --dtype, or run with "
-                               f"--dtype {header.get('dtype', 'float32')}")
         if not isinstance(header.get("digest"), str):
             raise SpecterError(f"--memo {str(path)!r} carries no digest (it was recorded before memos were bound to "
                                "their model's content); record it again with `specter sweep --memo-out`")
@@ -172,6 +169,10 @@ def _lines(path: Path, model_hash: str, dtype: str, shape: MemoShape):
             raise SpecterError(f"--memo {str(path)!r}: its content does not match its digest for this model (edited, "
                                "or recorded on another model with its header's hash changed); record it again with "
                                "`specter sweep --memo-out`")
+        if header.get("dtype", "float32") != dtype:
+            raise SpecterError(f"--memo {str(path)!r} was recorded in {header.get('dtype', 'float32')}, and this run "
+                               f"computes in {dtype}; record it again with this --dtype, or run with "
+                               f"--dtype {header.get('dtype', 'float32')}")
     return parsed
 
 
