@@ -14,6 +14,7 @@ this host whose process is gone (`sweep_stale`). Nothing else there is touched.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -330,22 +331,18 @@ def files_sha256(paths) -> str:
         try:
             atomic_write_text(key_path, f"{digest} {key_path.name} {_entry_tag(digest, key_path.name, paths)}\n")
         except OSError as err:  # an unwritable cache costs the next check its hashing, nothing else: said once
-            _say_cache_unusable(key_path.parents[2], err)
+            cache_unusable(str(key_path.parents[2]), str(err.strerror or err))
     return digest
 
 
-_CACHE_SAID: set[str] = set()
+@functools.cache
+def cache_unusable(root: str, why: str) -> None:
+    """One warning a process for a cache it cannot write in (a file where the directory goes, read-only, full): called
+    again with the same cache and cause, it says nothing."""
+    import logging
 
-
-def _say_cache_unusable(root: Path, err: OSError) -> None:
-    """One warning a process for a cache it cannot write in (a file where the directory goes, read-only, full)."""
-    if str(root) not in _CACHE_SAID:
-        import logging
-
-        _CACHE_SAID.add(str(root))
-        logging.getLogger(__name__).warning(
-            "the suite's cache %s cannot be written (%s): file hashes are computed again on every run; point "
-            "SPECTER_CACHE_DIR at a writable directory", root, err.strerror or err)
+    logging.getLogger(__name__).warning("the suite's cache %s cannot be written (%s): file hashes are computed again "
+                                        "on every run; point SPECTER_CACHE_DIR at a writable directory", root, why)
 
 
 def _hash_cache_entry(paths: list[Path]) -> Path | None:

@@ -2999,17 +2999,28 @@ def test_a_pipe_as_the_drafts_experts_is_one_line_not_a_wait(real, tmp_path):
     assert "experts.safetensors is not a regular file" in errors[0] and not (tmp_path / "out.jsonl").exists()
 
 
-def test_a_cache_that_cannot_be_written_is_said_once(tmp_path, monkeypatch, caplog):
+def test_a_cache_that_cannot_be_written_is_said_once(tmp_path, monkeypatch):
     """A regular file where the suite's cache goes costs every run its hashing, nothing else: one warning says so,
     naming the cache and the fix, however many files are hashed."""
+    import logging
+
     from specter import io
 
+    class Said(logging.Handler):  # on the module's own logger: the CLI's logging setup may stop it propagating
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    said: list[str] = []
+    handler = Said(logging.WARNING)
+    logging.getLogger(io.__name__).addHandler(handler)
     monkeypatch.setenv("SPECTER_CACHE_DIR", _write(tmp_path, "cache", "x"))
-    monkeypatch.setattr(io, "_CACHE_SAID", set())
-    files = [Path(_write(tmp_path, f"f{i}", f"bytes {i}")) for i in range(2)]
-    for file in files:
-        assert io.files_sha256([file]) == io._files_sha256([file])
-    said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    io.cache_unusable.cache_clear()
+    try:
+        for file in [Path(_write(tmp_path, f"f{i}", f"bytes {i}")) for i in range(2)]:
+            assert io.files_sha256([file]) == io._files_sha256([file])
+    finally:
+        logging.getLogger(io.__name__).removeHandler(handler)
+    said = [line for line in said if "cannot be written" in line]
     assert len(said) == 1 and str(tmp_path / "cache") in said[0] and "SPECTER_CACHE_DIR" in said[0], said
 
 
