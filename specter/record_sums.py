@@ -243,6 +243,8 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
     the twin's TPOT, draft time on a run that drafts none, its lower bound and the bound it names, its memory plan's
     parts and their total, its window figures on a run without a window, its demand hits and misses against the
     decode's counts, misses without the bytes they copy, a negative byte count."""
+    from specter.system_names import host_compute_names, whole_layer_copier_names
+
     tokens, tpot = len(record.get("output_token_ids") or []), record.get("tpot_ms")
     for name, time in (("breakdown_ms", tpot), ("simulated_breakdown_ms", extra.get("simulated_tpot_ms"))):
         parts = extra.get(name)
@@ -252,8 +254,6 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
                 sum(parts.values()), time * (tokens - 1)):
             return (f"extra.{name}'s parts sum to {sum(parts.values()):g} ms, and its TPOT {time:g} ms over "
                     f"{tokens - 1} tokens is {time * (tokens - 1):g} ms")
-        from specter.system_names import host_compute_names
-
         host = parts.get("host compute") if isinstance(parts, dict) else None
         if host and (record.get("system") not in host_compute_names() or extra.get("host_layers") == []):
             return (f"extra.{name}['host compute'] is {host!r}, and this run of {record.get('system')} computes no "
@@ -333,8 +333,6 @@ def arithmetic_problem(record: dict, extra: dict, config: dict) -> str | None:
                or traffic_problem(record, extra, config))
     if problem:
         return problem
-    from specter.system_names import host_compute_names, whole_layer_copier_names
-
     misses, copied = record.get("demand_misses"), record.get("h2d_bytes_demand")
     each = (config.get("expert_storage") or {}).get("expert_bytes") if isinstance(config.get("expert_storage"),
                                                                                  dict) else None
