@@ -342,8 +342,8 @@ def _check_speedups(df: pd.DataFrame, path: Path, fix: str) -> None:
         for column in same:
             if all(str(r[column]) != str(row[column]) for r in over):
                 raise SpecterError(f"{path}:{i + 2}: {row['system']} ({row.get('memory', 'its comparison')}) has "
-                                   f"{column} {row[column]}, and the Specter row its speedup is over "
-                                   f"{over[0][column]}: a comparison of runs of two protocols (give every system's "
+                                   f"{column} {row[column]}, and the Specter row its speedup divides by has "
+                                   f"{over[0][column]}: a speedup compares runs of one protocol (give every system's "
                                    f"run at Specter's slots and prompts); {fix}")
 
 
